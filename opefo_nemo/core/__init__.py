@@ -1,0 +1,21 @@
+"""Pure-torch OPEFO core: ΔH, λ*, advantages, objectives, metrics (SPEC §2–§6).
+
+Nothing in this package communicates; see :mod:`opefo_nemo.core.reduction` for the contract with
+the layer that does.
+"""
+
+from . import advantages, entropy_flow, metrics, objectives, reduction
+from .advantages import group_advantages
+from .reduction import BatchReducer, SingleProcessReducer, Threshold
+
+__all__ = [
+    "BatchReducer",
+    "SingleProcessReducer",
+    "Threshold",
+    "advantages",
+    "entropy_flow",
+    "group_advantages",
+    "metrics",
+    "objectives",
+    "reduction",
+]

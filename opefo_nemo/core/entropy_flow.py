@@ -1,0 +1,134 @@
+"""Per-token entropy change ΔH_t, entropy-flow sums and the balancing coefficient λ* (SPEC §2–§3).
+
+All functions work on per-token tensors of any shape ``[*]`` (typically ``[batch, seq]`` or flat
+``[tokens]``); ``mask`` selects response tokens. Nothing here communicates: :func:`flow_sums` gives
+*local* sums that the caller adds over micro-batches and ranks, and :func:`balance` takes the
+*global* sums. ΔH and λ* are statistics, never differentiated.
+"""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from .validation import as_bool_mask, check_finite, check_same_shape
+
+ESTIMATORS = ("paper", "tabular")
+BALANCES = ("adaptive", "static", "pos_only", "neg_only", "none")
+LAMBDA_EPS = 1e-12
+
+
+@torch.no_grad()
+def delta_entropy(
+    logprob: Tensor,
+    entropy: Tensor,
+    advantages: Tensor,
+    estimator: str = "paper",
+    sum_p2: Tensor | None = None,
+    sum_p2_logp: Tensor | None = None,
+) -> Tensor:
+    """First-order entropy change of each token's state under its own policy-gradient step.
+
+    SPEC §2, with ``p = exp(logprob)`` and the learning rate η omitted:
+
+    * ``paper``:   ``ΔH = −A (1 − p)² (logprob + H)`` (the paper's Eq. 5 at the sampled token);
+    * ``tabular``: ``ΔH = −A [p (logprob + H) − (Σπ² log π + H Σπ²)]``, the exact first-order change
+      of ``H(·|s)`` for the logit step ``A (onehot(y) − π)``; needs ``sum_p2`` and ``sum_p2_logp``.
+
+    All inputs have the same shape ``[*]``; the result is fp32 of that shape, without gradient.
+    """
+    if estimator not in ESTIMATORS:
+        raise ValueError(f"unknown entropy estimator {estimator!r}; expected one of {ESTIMATORS}")
+    check_same_shape("logprob", logprob, entropy=entropy, advantages=advantages)
+    for name, tensor in (("logprob", logprob), ("entropy", entropy), ("advantages", advantages)):
+        check_finite(name, tensor)
+    lp = logprob.detach().float()
+    h = entropy.detach().float()
+    adv = advantages.detach().float()
+    p = lp.exp()
+    if estimator == "paper":
+        return -adv * (1.0 - p).square() * (lp + h)
+    if sum_p2 is None or sum_p2_logp is None:
+        raise ValueError(
+            "the 'tabular' estimator needs sum_p2 and sum_p2_logp (token_stats tabular=True)"
+        )
+    check_same_shape("logprob", logprob, sum_p2=sum_p2, sum_p2_logp=sum_p2_logp)
+    check_finite("sum_p2", sum_p2)
+    check_finite("sum_p2_logp", sum_p2_logp)
+    s2 = sum_p2.detach().float()
+    s2l = sum_p2_logp.detach().float()
+    return -adv * (p * (lp + h) - (s2l + h * s2))
+
+
+@torch.no_grad()
+def flow_sums(delta_h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Local entropy-flow sums over the masked tokens (SPEC §3), as 0-d float64 tensors.
+
+    ``P = Σ_{ΔH>0} ΔH`` and ``N = Σ_{ΔH<0} |ΔH|``. Sums of disjoint chunks add up to the sums of
+    their union, so callers add them over micro-batches and data-parallel ranks.
+    """
+    check_same_shape("delta_h", delta_h, mask=mask)
+    check_finite("delta_h", delta_h)
+    dh = delta_h.detach().double() * as_bool_mask(mask)
+    return dh.clamp(min=0).sum(), (-dh).clamp(min=0).sum()
+
+
+def lambda_star(pos: Tensor | float, neg: Tensor | float, eps: float = LAMBDA_EPS) -> Tensor:
+    """Balancing coefficient ``λ* = (N − P) / max(N + P, eps)`` from *global* sums (SPEC §3).
+
+    λ* ∈ [−1, 1]; it makes ``(1 + λ*) P − (1 − λ*) N = 0`` whenever ``N + P > 0``, and is 0 when
+    there is no flow. Returns a 0-d float64 tensor.
+    """
+    pos_t = torch.as_tensor(pos, dtype=torch.float64)
+    neg_t = torch.as_tensor(neg, dtype=torch.float64)
+    if pos_t.dim() or neg_t.dim():
+        raise ValueError("lambda_star takes the scalar global sums P and N")
+    if bool(pos_t < 0) or bool(neg_t < 0):
+        raise ValueError(f"flow sums must be non-negative, got P={float(pos_t)}, N={float(neg_t)}")
+    return (neg_t - pos_t) / (neg_t + pos_t).clamp(min=eps)
+
+
+def side_weights(
+    pos: Tensor | float,
+    neg: Tensor | float,
+    balance: str = "adaptive",
+    static_lambda: float = 0.001,
+    eps: float = LAMBDA_EPS,
+) -> tuple[Tensor, Tensor, Tensor]:
+    """``(λ, w₊, w₋)``: the coefficient a variant applies and the weights of S+ and S− (SPEC §3).
+
+    ``λ`` is λ* for every variant but ``static``, where it is ``static_lambda``; ``none`` applies
+    no weight but still reports λ*. All three are 0-d float64 tensors.
+    """
+    if balance not in BALANCES:
+        raise ValueError(f"unknown entropy_flow.balance {balance!r}; expected one of {BALANCES}")
+    lam = torch.tensor(float(static_lambda), dtype=torch.float64)
+    if balance != "static":
+        lam = lambda_star(pos, neg, eps)
+    one = torch.ones((), dtype=torch.float64)
+    w_pos = one + lam if balance in ("adaptive", "static", "pos_only") else one
+    w_neg = one - lam if balance in ("adaptive", "static", "neg_only") else one
+    return lam, w_pos, w_neg
+
+
+@torch.no_grad()
+def balance(
+    delta_h: Tensor,
+    mask: Tensor,
+    pos: Tensor | float,
+    neg: Tensor | float,
+    balance: str = "adaptive",
+    static_lambda: float = 0.001,
+) -> tuple[Tensor, Tensor]:
+    """Per-token weights ``w_t`` and the applied λ, from the *global* flow sums P and N (SPEC §3).
+
+    ``w_t = w₊`` on S+ (ΔH > 0), ``w₋`` on S− (ΔH < 0), and 1 on tokens with ΔH = 0 or outside
+    ``mask``. Returns ``(weights [*] fp32, λ 0-d float64)``; neither carries gradient.
+    """
+    check_same_shape("delta_h", delta_h, mask=mask)
+    lam, w_pos, w_neg = side_weights(pos, neg, balance, static_lambda)
+    valid = as_bool_mask(mask)
+    weights = torch.ones_like(delta_h, dtype=torch.float32)
+    weights = torch.where(valid & (delta_h > 0), w_pos.float(), weights)
+    weights = torch.where(valid & (delta_h < 0), w_neg.float(), weights)
+    return weights, lam

@@ -1,0 +1,73 @@
+"""SPEC §6 metrics as ratios of global sums, so that they reduce correctly over chunks and ranks.
+
+Producers return 0-d float64 sums; callers add them over micro-batches and data-parallel ranks
+and only then turn them into the logged figures here.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import torch
+from torch import Tensor
+
+
+def flow_metrics(
+    sums: Mapping[str, Tensor], lam_star: Tensor, w_pos: Tensor, w_neg: Tensor
+) -> dict[str, float]:
+    """Entropy and entropy-flow metrics from the global sums of ``prepare`` (SPEC §3, §6)."""
+    n = float(sums["tokens"])
+    pos, neg = float(sums["flow_pos"]), float(sums["flow_neg"])
+    return {
+        "entropy/mean": float(sums["entropy"]) / n,
+        "flow/pos": pos,
+        "flow/neg": neg,
+        "flow/net": pos - neg,
+        "flow/lambda": float(lam_star),
+        "flow/frac_pos": float(sums["count_pos"]) / n,
+        "flow/frac_neg": float(sums["count_neg"]) / n,
+        "flow/net_after_balance": float(w_pos) * pos - float(w_neg) * neg,
+    }
+
+
+def loss_metrics(sums: Mapping[str, Tensor], n_tokens: int) -> dict[str, float]:
+    """Loss and clipping metrics from the summed ``LossOutput.sums`` (SPEC §6)."""
+    return {
+        "loss": float(sums["loss"]) / n_tokens,
+        "clip/frac_upper": float(sums["clip_upper"]) / n_tokens,
+        "clip/frac_lower": float(sums["clip_lower"]) / n_tokens,
+        "clip/dh_upper": float(sums["dh_upper"]),
+        "clip/dh_lower": float(sums["dh_lower"]),
+        "select/frac": float(sums["selected"]) / n_tokens,
+    }
+
+
+def rollout_sums(rewards: Tensor, lengths: Tensor, truncated: Tensor) -> dict[str, Tensor]:
+    """Per-response sums ``[B] → 0-d float64``: responses, reward, length, truncations."""
+    return {
+        "responses": torch.tensor(float(rewards.numel()), dtype=torch.float64),
+        "reward": rewards.double().sum(),
+        "length": lengths.double().sum(),
+        "truncated": truncated.double().sum(),
+    }
+
+
+def rollout_metrics(sums: Mapping[str, Tensor]) -> dict[str, float]:
+    """``reward/mean``, ``response/length_mean`` and ``response/clip_frac`` (SPEC §6)."""
+    n = float(sums["responses"])
+    if n == 0:
+        raise ValueError("rollout metrics of an empty batch")
+    return {
+        "reward/mean": float(sums["reward"]) / n,
+        "response/length_mean": float(sums["length"]) / n,
+        "response/clip_frac": float(sums["truncated"]) / n,
+    }
+
+
+def add_sums(total: Mapping[str, Tensor], part: Mapping[str, Tensor]) -> dict[str, Tensor]:
+    """Key-wise sum of two sum dictionaries with the same keys (an empty ``total`` starts one)."""
+    if not total:
+        return dict(part)
+    if set(total) != set(part):
+        raise ValueError(f"cannot add sums with keys {sorted(total)} and {sorted(part)}")
+    return {name: total[name] + part[name] for name in total}

@@ -1,0 +1,96 @@
+"""Per-token tensors that flow through the two phases of a step (ARCHITECTURE.md).
+
+* :class:`TokenChunk`: phase-1 statistics of one chunk (a micro-batch, or a rank's share), no grad.
+* :class:`Coefficients`: what ``prepare`` derives for that chunk from the *global* sums.
+* :class:`LossInputs`: what a registered per-token loss sees in phase 3 (logprob with gradient).
+
+Every tensor of one object has the same shape ``[*]`` (e.g. ``[micro_batch, seq]``).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..validation import as_bool_mask, check_finite, check_same_shape
+
+
+@dataclass(frozen=True)
+class TokenChunk:
+    """Phase-1 statistics of a chunk of tokens.
+
+    ``logprob``/``entropy``: of the current policy (SPEC §1), fp32. ``advantages``: per token,
+    broadcast from the sequence (SPEC §4). ``mask``: response tokens. ``old_logprob``: of the
+    policy that generated the rollout, for the multi-update baselines; ``None`` in strict mode.
+    ``token_ids``: unique global int64 id of each token (e.g. ``sample * max_len + position``),
+    needed by the Clip-Cov / KL-Cov selections so they do not depend on the layout.
+    ``sum_p2``/``sum_p2_logp``: for the ``tabular`` estimator.
+    """
+
+    logprob: Tensor
+    entropy: Tensor
+    advantages: Tensor
+    mask: Tensor
+    old_logprob: Tensor | None = None
+    token_ids: Tensor | None = None
+    sum_p2: Tensor | None = None
+    sum_p2_logp: Tensor | None = None
+
+    def __post_init__(self) -> None:
+        check_same_shape(
+            "logprob",
+            self.logprob,
+            entropy=self.entropy,
+            advantages=self.advantages,
+            mask=self.mask,
+            old_logprob=self.old_logprob,
+            token_ids=self.token_ids,
+            sum_p2=self.sum_p2,
+            sum_p2_logp=self.sum_p2_logp,
+        )
+        for name in ("logprob", "entropy", "advantages", "old_logprob", "sum_p2", "sum_p2_logp"):
+            check_finite(name, getattr(self, name))
+        if self.token_ids is not None and torch.is_floating_point(self.token_ids):
+            raise ValueError(f"token_ids must be integers, got dtype {self.token_ids.dtype}")
+        object.__setattr__(self, "mask", as_bool_mask(self.mask))
+
+    @property
+    def reference_logprob(self) -> Tensor:
+        """``logprob_old`` of SPEC §5: the rollout policy's, or the current one (strict)."""
+        return self.logprob if self.old_logprob is None else self.old_logprob
+
+
+@dataclass(frozen=True)
+class Coefficients:
+    """Per-token coefficients of one chunk, derived from global sums; no gradient.
+
+    ``delta_h``: ΔH_t (SPEC §2). ``weight``: w_t (SPEC §3). ``selected``: tokens chosen by the
+    method's batch-level selection (Clip-Cov: gradient removed; KL-Cov: penalised), else all False.
+    """
+
+    delta_h: Tensor
+    weight: Tensor
+    selected: Tensor
+
+
+@dataclass(frozen=True)
+class LossInputs:
+    """What a per-token loss ``ℓ_t`` is computed from (phase 3).
+
+    ``logprob``/``entropy`` carry gradient (``entropy`` only when the objective asks for it);
+    ``old_logprob`` is detached (``logprob.detach()`` in strict mode, so ``ρ ≡ 1``).
+    """
+
+    logprob: Tensor
+    old_logprob: Tensor
+    advantages: Tensor
+    weight: Tensor
+    selected: Tensor
+    entropy: Tensor | None = None
+
+    @property
+    def ratio(self) -> Tensor:
+        """``ρ_t = exp(logprob − logprob_old)`` (SPEC §5), with gradient through ``logprob``."""
+        return torch.exp(self.logprob - self.old_logprob)
