@@ -34,7 +34,7 @@ class Threshold:
 
 @runtime_checkable
 class BatchReducer(Protocol):
-    """The global operations an objective needs. Every method is collective over the batch's ranks."""
+    """The global operations an objective needs; every method is collective over the ranks."""
 
     def sum(self, sums: Mapping[str, Tensor]) -> dict[str, Tensor]:
         """Sum each named 0-d float64 tensor over all ranks; same keys, same order on every rank."""

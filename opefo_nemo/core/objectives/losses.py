@@ -57,7 +57,7 @@ def clip_cov(inputs: LossInputs, config: MethodConfig) -> Tensor:
 
 @register_objective("kl_cov", strict=False, selection="kl_cov")
 def kl_cov(inputs: LossInputs, config: MethodConfig) -> Tensor:
-    """``−A ρ`` plus ``κ |logprob − logprob_old|`` on the globally selected top-covariance tokens."""
+    """``−A ρ`` plus ``κ |logprob − logprob_old|`` on the globally selected top-cov tokens."""
     penalty = config.kl_cov.coef * (inputs.logprob - inputs.old_logprob).abs()
     return -inputs.advantages * inputs.ratio + torch.where(
         inputs.selected, penalty, torch.zeros_like(penalty)

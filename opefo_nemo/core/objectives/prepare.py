@@ -88,7 +88,7 @@ def prepare(
     for chunk, delta_h in zip(chunks, delta_hs, strict=True):
         local = add_sums(local, local_sums(chunk, delta_h))
     sums = reducer.sum(local)
-    n_tokens = int(round(float(sums["tokens"])))
+    n_tokens = round(float(sums["tokens"]))
     if n_tokens == 0:
         raise ValueError("the optimizer-step batch has no valid response token (mask is all False)")
 
