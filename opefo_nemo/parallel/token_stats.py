@@ -1,0 +1,223 @@
+"""``token_stats``: fused, chunked, vocab-parallel per-token statistics with autograd (SPEC §1).
+
+The public entry point the trainer, the engines and outside checks call. The chunk math lives in
+``vocab_stats``; this module checks the input, loops over token chunks, wires autograd and turns
+non-finite results into errors.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from opefo_nemo.parallel.groups import VocabShard
+from opefo_nemo.parallel.vocab_stats import ChunkStats, chunk_backward, chunk_forward
+
+#: Default chunk: as many tokens as fit this many bytes of fp32 ``[tokens, V/TP]`` working buffer.
+DEFAULT_CHUNK_BYTES = 256 * 2**20
+
+
+@dataclass(frozen=True)
+class TokenStats:
+    """Per-token statistics, fp32, shaped like the targets (``[tokens]`` or ``[batch, seq]``).
+
+    ``logprob`` = log π(y_t) and ``entropy`` = H_t carry autograd when the logits do;
+    ``sum_p2`` = Σ_a π(a)² and ``sum_p2_logp`` = Σ_a π(a)² log π(a) are ``None`` unless requested
+    (``tabular=True``) and never carry gradient.
+    """
+
+    logprob: Tensor
+    entropy: Tensor
+    sum_p2: Tensor | None = None
+    sum_p2_logp: Tensor | None = None
+
+
+class NonFiniteLogitsError(FloatingPointError):
+    """NaN or +inf logits reached the token statistics."""
+
+
+@dataclass(frozen=True)
+class _Plan:
+    shard: VocabShard
+    inv_t: float
+    group: dist.ProcessGroup | None
+    tabular: bool
+    chunk_size: int
+
+
+def _forward(logits: Tensor, targets: Tensor, plan: _Plan) -> tuple[ChunkStats, ...]:
+    check_widths = plan.shard.world > 1
+    chunks = []
+    for start in range(0, logits.shape[0], plan.chunk_size):
+        rows = slice(start, start + plan.chunk_size)
+        chunks.append(
+            chunk_forward(
+                logits[rows],
+                targets[rows],
+                plan.shard,
+                plan.inv_t,
+                plan.group,
+                plan.tabular,
+                check_widths,
+            )
+        )
+        check_widths = False
+    return tuple(chunks)
+
+
+def _cat(chunks: tuple[ChunkStats, ...], field: str, like: Tensor) -> Tensor:
+    parts = [getattr(c, field) for c in chunks]
+    return torch.cat(parts) if parts else torch.empty(0, dtype=torch.float32, device=like.device)
+
+
+class _VocabParallelTokenStats(torch.autograd.Function):
+    """Autograd for ``logprob`` and ``entropy``; backward recomputes ``p`` chunk by chunk from the
+    saved input logits and the saved global row statistics (no fp32 softmax is kept)."""
+
+    @staticmethod
+    def forward(ctx, logits: Tensor, targets: Tensor, plan: _Plan):  # type: ignore[override]
+        chunks = _forward(logits, targets, plan)
+        fields = ["logprob", "entropy", "local_bad"] + (
+            ["sum_p2", "sum_p2_logp"] if plan.tabular else []
+        )
+        outputs = tuple(_cat(chunks, f, logits) for f in fields)
+        ctx.save_for_backward(
+            logits,
+            targets,
+            _cat(chunks, "row_max", logits),
+            _cat(chunks, "log_sum_exp", logits),
+            outputs[1],
+        )
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*outputs[2:])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None, *_):  # type: ignore[override]
+        if grad_logprob is None and grad_entropy is None:
+            return None, None, None
+        logits, targets, row_max, log_sum_exp, entropy = ctx.saved_tensors
+        plan: _Plan = ctx.plan
+        grad = torch.zeros_like(logits)
+        for start in range(0, logits.shape[0], plan.chunk_size):
+            rows = slice(start, start + plan.chunk_size)
+            grad[rows, : plan.shard.valid] = chunk_backward(
+                logits[rows],
+                targets[rows],
+                plan.shard,
+                plan.inv_t,
+                row_max[rows],
+                log_sum_exp[rows],
+                entropy[rows],
+                None if grad_logprob is None else grad_logprob[rows],
+                None if grad_entropy is None else grad_entropy[rows],
+            )
+        return grad, None, None
+
+
+def _check_targets(targets: Tensor, vocab_size: int) -> None:
+    if targets.dtype not in (torch.int64, torch.int32):
+        raise TypeError(f"targets must be int64 vocabulary ids, got {targets.dtype}")
+    bad = (targets < 0) | (targets >= vocab_size)
+    if bool(bad.any()):
+        where = torch.nonzero(bad.reshape(-1))[0].item()
+        raise ValueError(
+            f"target id {int(targets.reshape(-1)[where])} at flat position {where} is outside the "
+            f"vocabulary [0, {vocab_size}) ({int(bad.sum())} such targets)"
+        )
+
+
+def _check_finite(stats: TokenStats, local_bad: Tensor, shard: VocabShard) -> None:
+    """Raise if any token's statistics are NaN: from the per-token outputs, not the logits."""
+    bad = torch.isnan(stats.logprob) | ~torch.isfinite(stats.entropy)
+    if not bool(bad.any()):
+        return
+    here = int(local_bad.sum())
+    global_rank = dist.get_rank() if dist.is_initialized() else 0
+    raise NonFiniteLogitsError(
+        f"token_stats on TP rank {shard.rank} (global rank {global_rank}): {int(bad.sum())} "
+        f"tokens have non-finite statistics from NaN or +inf logits; {here} of them have such "
+        f"logits in this rank's vocabulary columns [{shard.start}, {shard.start + shard.width})"
+    )
+
+
+def token_stats(
+    logits: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    group: dist.ProcessGroup | None = None,
+    vocab_size: int | None = None,
+    tabular: bool = False,
+    chunk_size: int | None = None,
+) -> TokenStats:
+    """Per-token ``logprob``, ``entropy`` (and with ``tabular`` Σπ², Σπ² log π) of ``targets``.
+
+    Args:
+        logits: this rank's vocabulary slice, ``[tokens, V/TP]`` or ``[batch, seq, V/TP]``,
+            bf16/fp16/fp32 (megatron-core's output layer with ``parallel_output=True``). All
+            statistics are of ``softmax(logits / temperature)`` computed in fp32.
+        targets: int64 global vocabulary ids, ``[tokens]`` or ``[batch, seq]``; the same on every
+            rank of ``group``.
+        temperature: sampling temperature ``T > 0``.
+        group: the tensor-parallel group (megatron-core's or a plain one); ``None`` = TP 1.
+        vocab_size: the true vocabulary size; columns with global index ``>= vocab_size`` are
+            padding and excluded. Default: no padding (``V/TP × TP``).
+        tabular: also return ``sum_p2`` and ``sum_p2_logp`` (no gradient).
+        chunk_size: tokens per chunk; default fits ``DEFAULT_CHUNK_BYTES`` of fp32 working buffer.
+
+    Communication per chunk: one all-reduce MAX and one all-reduce SUM of a packed tensor; the
+    vocabulary is never gathered. With grad enabled and ``logits.requires_grad`` the result is
+    differentiable in ``logprob`` and ``entropy``; otherwise no graph is built.
+
+    Raises:
+        ValueError: a target outside ``[0, vocab_size)``, a bad shape, ``vocab_size`` larger than
+            the sharded vocabulary, or shards of different widths across the group.
+        NonFiniteLogitsError: NaN or +inf logits (on every rank of the group, naming the count).
+    """
+    if logits.dim() not in (2, 3) or tuple(targets.shape) != tuple(logits.shape[:-1]):
+        raise ValueError(
+            f"expected logits [tokens, V/TP] or [batch, seq, V/TP] and targets of the leading "
+            f"shape, got logits {tuple(logits.shape)} and targets {tuple(targets.shape)}"
+        )
+    if not logits.is_floating_point():
+        raise TypeError(f"logits must be floating point, got {logits.dtype}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    width = logits.shape[-1]
+    shard = VocabShard.of(width, group, vocab_size)
+    _check_targets(targets, shard.vocab_size)
+    if chunk_size is None:
+        chunk_size = max(1, DEFAULT_CHUNK_BYTES // (4 * max(width, 1)))
+    if chunk_size < 1:
+        raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
+    plan = _Plan(shard, 1.0 / temperature, group, tabular, chunk_size)
+    flat_logits = logits.reshape(-1, width)
+    flat_targets = targets.reshape(-1).long()
+    if torch.is_grad_enabled() and logits.requires_grad:
+        outs = _VocabParallelTokenStats.apply(flat_logits, flat_targets, plan)
+        logprob, entropy, local_bad = outs[:3]
+        extra = outs[3:] if tabular else (None, None)
+    else:
+        chunks = _forward(flat_logits, flat_targets, plan)
+        logprob, entropy, local_bad = (
+            _cat(chunks, f, logits) for f in ("logprob", "entropy", "local_bad")
+        )
+        extra = (
+            (_cat(chunks, "sum_p2", logits), _cat(chunks, "sum_p2_logp", logits))
+            if tabular
+            else (None, None)
+        )
+    shape = targets.shape
+    stats = TokenStats(
+        logprob=logprob.reshape(shape),
+        entropy=entropy.reshape(shape),
+        sum_p2=None if extra[0] is None else extra[0].reshape(shape),
+        sum_p2_logp=None if extra[1] is None else extra[1].reshape(shape),
+    )
+    _check_finite(stats, local_bad, shard)
+    return stats

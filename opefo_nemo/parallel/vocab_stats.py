@@ -1,0 +1,195 @@
+"""Chunk kernels of the vocab-parallel token statistics (SPEC §1), in plain torch.
+
+Notation for one token row: ``z`` the raw logits of the whole vocabulary, ``T`` the temperature,
+``m = max_a z_a``, ``d_a = (z_a - m) / T`` (so ``max_a d_a = 0``), ``e_a = exp(d_a)``,
+``S0 = Σ_a e_a``. Every global sum is a sum of per-shard partial sums, so one all-reduce MAX
+(of ``m``) and one all-reduce SUM of the packed partials
+``[S0, Σ e·d, d_y, (Σ e², Σ e²·d)]`` (``d_y`` contributed only by the rank owning the target)
+give, with ``p = e / S0``:
+
+- ``logprob = d_y - log S0``
+- ``entropy = log S0 - Σ e·d / S0``                       (= logsumexp - Σ p z/T)
+- ``sum_p2 = Σ e² / S0²``
+- ``sum_p2_logp = Σ e²·d / S0² - log S0 · sum_p2``         (= Σ p² log p)
+
+Backward needs only the global row statistics ``m``, ``log S0`` and ``H``:
+``∂logprob/∂z = (onehot(y) - p) / T`` and ``∂H/∂z = -p (log p + H) / T``, so the local shard's
+gradient is ``(g_l onehot(y) - p (g_l + g_H (log p + H))) / T``; no communication.
+
+Products ``e·d`` are taken as ``xlogy(e, e)`` so that masked logits (``-inf``, ``e = 0``)
+contribute 0 instead of ``0 · -inf``. Padded columns (global index ``>= vocab_size``) are sliced
+off before any arithmetic, which is the same as giving them logit ``-inf``.
+
+Working memory per chunk of ``c`` tokens: one fp32 ``[c, width]`` buffer for ``logprob``/``entropy``
+(forward) and for the ``logprob``-only gradient; two when the tabular sums or the entropy
+gradient are requested.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from opefo_nemo.parallel.groups import VocabShard
+
+
+@dataclass
+class ChunkStats:
+    """Per-token results of one chunk, all fp32 ``[c]``."""
+
+    row_max: Tensor  # m, the raw (unscaled) global row max
+    log_sum_exp: Tensor  # log S0
+    logprob: Tensor
+    entropy: Tensor
+    sum_p2: Tensor | None
+    sum_p2_logp: Tensor | None
+    local_bad: Tensor  # bool: this shard's slice of the row holds NaN or +inf
+
+
+class ShardWidthError(ValueError):
+    """The vocabulary shards of a TP group do not all have the same width."""
+
+
+def _target_in_shard(targets: Tensor, shard: VocabShard) -> tuple[Tensor, Tensor]:
+    """``(owned [c] bool, local column [c] clamped into the shard)`` of global ``targets``."""
+    local = targets - shard.start
+    owned = (local >= 0) & (local < shard.valid)
+    return owned, local.clamp(0, max(shard.valid - 1, 0))
+
+
+def _shifted(logits: Tensor, row_max: Tensor, inv_t: float) -> Tensor:
+    """``d = (z - m) / T`` as a new fp32 ``[c, valid]`` tensor (the chunk's fp32 copy)."""
+    d = logits - row_max[:, None]  # bf16/fp16 - fp32 promotes to fp32 in the same pass
+    if d.dtype != torch.float32:
+        d = d.float()
+    if inv_t != 1.0:
+        d.mul_(inv_t)
+    return d
+
+
+def _all_reduce(t: Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None) -> None:
+    if group is not None and dist.get_world_size(group) > 1:
+        dist.all_reduce(t, op=op, group=group)
+
+
+def _global_row_max(
+    logits: Tensor, shard: VocabShard, group: dist.ProcessGroup | None, check_widths: bool
+) -> tuple[Tensor, Tensor]:
+    """One all-reduce MAX: ``(global row max m [c] fp32, this shard holds NaN/+inf [c] bool)``.
+
+    With ``check_widths`` the packet also carries ``(width, -width)`` so that every rank learns the
+    largest and smallest shard width of the group and all fail together if they differ.
+    """
+    rows = logits.shape[0]
+    if shard.valid > 0:
+        local_max = logits.amax(dim=1).float()
+    else:
+        local_max = torch.full((rows,), float("-inf"), device=logits.device)
+    local_bad = torch.isnan(local_max) | (local_max == float("inf"))
+    if check_widths:
+        widths = torch.tensor([shard.width, -shard.width], dtype=torch.float32)
+        packet = torch.cat([local_max, widths.to(logits.device)])
+        _all_reduce(packet, dist.ReduceOp.MAX, group)
+        widest, narrowest = int(packet[rows]), -int(packet[rows + 1])
+        if widest != narrowest:
+            raise ShardWidthError(
+                f"TP rank {shard.rank}: vocabulary shards of the group differ in width "
+                f"({narrowest} to {widest} columns); the (padded) vocabulary must be divisible by "
+                f"TP={shard.world}"
+            )
+        return packet[:rows], local_bad
+    _all_reduce(local_max, dist.ReduceOp.MAX, group)
+    return local_max, local_bad
+
+
+def chunk_forward(
+    logits: Tensor,
+    targets: Tensor,
+    shard: VocabShard,
+    inv_t: float,
+    group: dist.ProcessGroup | None,
+    tabular: bool,
+    check_widths: bool,
+) -> ChunkStats:
+    """Statistics of one chunk: ``logits`` ``[c, width]`` (any float dtype), ``targets`` ``[c]``.
+
+    Collective over ``group``: one all-reduce MAX, then one all-reduce SUM of ``[c, 3]``
+    (``[c, 5]`` with ``tabular``) fp32 partial sums.
+    """
+    logits = logits[:, : shard.valid]
+    row_max, local_bad = _global_row_max(logits, shard, group, check_widths)
+    d = _shifted(logits, row_max, inv_t)
+    owned, local = _target_in_shard(targets, shard)
+    if shard.valid > 0:
+        d_target = torch.where(owned, d.gather(1, local[:, None]).squeeze(1), 0.0)
+    else:
+        d_target = torch.zeros_like(row_max)
+    if tabular:
+        e = torch.exp(d)
+        e_d = torch.special.xlogy(e, e, out=d)
+        partial = [
+            e.sum(1),
+            e_d.sum(1),
+            d_target,
+            torch.einsum("ij,ij->i", e, e),
+            torch.einsum("ij,ij->i", e, e_d),
+        ]
+    else:
+        e = d.exp_()
+        sum_e = e.sum(1)
+        partial = [sum_e, e.xlogy_(e).sum(1), d_target]
+    sums = torch.stack(partial, dim=1)
+    _all_reduce(sums, dist.ReduceOp.SUM, group)
+    s0, s_ed, d_y = sums[:, 0], sums[:, 1], sums[:, 2]
+    log_s0 = torch.log(s0)
+    sum_p2 = sum_p2_logp = None
+    if tabular:
+        sum_p2 = sums[:, 3] / (s0 * s0)
+        sum_p2_logp = sums[:, 4] / (s0 * s0) - log_s0 * sum_p2
+    return ChunkStats(
+        row_max=row_max,
+        log_sum_exp=log_s0,
+        logprob=d_y - log_s0,
+        entropy=log_s0 - s_ed / s0,
+        sum_p2=sum_p2,
+        sum_p2_logp=sum_p2_logp,
+        local_bad=local_bad,
+    )
+
+
+def chunk_backward(
+    logits: Tensor,
+    targets: Tensor,
+    shard: VocabShard,
+    inv_t: float,
+    row_max: Tensor,
+    log_sum_exp: Tensor,
+    entropy: Tensor,
+    grad_logprob: Tensor | None,
+    grad_entropy: Tensor | None,
+) -> Tensor:
+    """Gradient w.r.t. this shard's real columns ``[c, valid]`` fp32, recomputed from ``logits``.
+
+    ``(g_l onehot(y) - p (g_l + g_H (log p + H))) / T`` with ``p`` rebuilt from the saved global
+    row max and ``log S0``; ``grad_logprob``/``grad_entropy`` ``[c]`` or ``None`` (zero).
+    """
+    logits = logits[:, : shard.valid]
+    log_p = _shifted(logits, row_max, inv_t).sub_(log_sum_exp[:, None])
+    if grad_entropy is None:
+        grad = log_p.exp_().mul_(-grad_logprob[:, None])
+    else:
+        coef = grad_entropy * entropy
+        if grad_logprob is not None:
+            coef = coef + grad_logprob
+        p = torch.exp(log_p)
+        grad = torch.special.xlogy(p, p, out=log_p).mul_(grad_entropy[:, None])
+        grad.addcmul_(p, coef[:, None]).neg_()
+    if grad_logprob is not None and shard.valid > 0:
+        owned, local = _target_in_shard(targets, shard)
+        grad.scatter_add_(1, local[:, None], torch.where(owned, grad_logprob, 0.0)[:, None])
+    if inv_t != 1.0:
+        grad.mul_(inv_t)
+    return grad
