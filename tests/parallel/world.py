@@ -1,0 +1,57 @@
+"""Run a function on every rank of a real multi-process gloo world (torch.multiprocessing spawn).
+
+Every process group gets a timeout, so a rank that fails makes its peers fail at their next
+collective instead of hanging; ``spawn`` re-raises the first failure in the test process.
+Worker functions live in importable modules (``tests.parallel.workers_*``) so spawn can find them.
+"""
+
+from __future__ import annotations
+
+import datetime
+import os
+import tempfile
+import warnings
+from collections.abc import Callable
+
+import torch
+import torch.distributed as dist
+import torch.multiprocessing as mp
+
+#: Timeout of every process group in these tests: long enough for two busy CPU cores.
+GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+
+
+def run_world(fn: Callable[..., None], world_size: int, *args: object) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks."""
+    with tempfile.TemporaryDirectory() as tmp:
+        init = f"file://{os.path.join(tmp, 'rendezvous')}"
+        mp.spawn(_entry, args=(fn, world_size, init, args), nprocs=world_size, join=True)
+
+
+def _entry(
+    rank: int, fn: Callable[..., None], world_size: int, init: str, args: tuple[object, ...]
+) -> None:
+    warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
+    torch.set_num_threads(1)
+    dist.init_process_group(
+        "gloo", init_method=init, rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT
+    )
+    try:
+        fn(rank, world_size, *args)
+    finally:
+        dist.destroy_process_group()
+
+
+def subgroups(size: int, world_size: int) -> dist.ProcessGroup | None:
+    """Split the world into consecutive groups of ``size`` ranks; this rank's group.
+
+    Collective: every rank creates every group (torch.distributed's rule). ``None`` for ranks
+    beyond the last full group.
+    """
+    mine = None
+    for start in range(0, world_size - size + 1, size):
+        ranks = list(range(start, start + size))
+        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
+        if dist.get_rank() in ranks:
+            mine = group
+    return mine
