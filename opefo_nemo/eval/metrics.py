@@ -1,0 +1,60 @@
+"""avg@k and the unbiased pass@k of SPEC §7.
+
+pass@k from n samples with c correct is `1 − C(n−c, k) / C(n, k)`: the probability that a
+uniformly drawn k-subset of the n samples holds at least one correct one. It is computed with
+exact integers and one final rounding to float, so it is exact for any n (SPEC asks n ≤ 1024).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from fractions import Fraction
+from math import comb
+
+CorrectMatrix = Sequence[Sequence[bool | int | float]]
+
+
+def pass_at_k_fraction(n: int, c: int, k: int) -> Fraction:
+    """The exact pass@k = 1 − C(n−c, k)/C(n, k) for n samples with c correct, 1 ≤ k ≤ n."""
+    for name, value in (("n", n), ("c", c), ("k", k)):
+        if isinstance(value, bool) or not isinstance(value, int):
+            raise TypeError(f"pass_at_k: {name} must be an int, got {value!r}")
+    if not 0 <= c <= n:
+        raise ValueError(f"pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
+    if not 1 <= k <= n:
+        raise ValueError(f"pass_at_k: need 1 <= k <= n, got n={n}, k={k}")
+    return 1 - Fraction(comb(n - c, k), comb(n, k))
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """pass@k as a float (correctly rounded from the exact fraction)."""
+    return float(pass_at_k_fraction(n, c, k))
+
+
+def _rows(correct_matrix: CorrectMatrix) -> list[list[float]]:
+    rows = [[float(x) for x in row] for row in correct_matrix]
+    if not rows:
+        raise ValueError("correct_matrix has no problems (rows)")
+    for i, row in enumerate(rows):
+        if not row:
+            raise ValueError(f"correct_matrix row {i} has no samples")
+        if any(x not in (0.0, 1.0) for x in row):
+            raise ValueError(f"correct_matrix row {i} must hold 0/1 (or bool) values")
+    return rows
+
+
+def avg_at_k(correct_matrix: CorrectMatrix) -> float:
+    """avg@k: mean over problems of the fraction of correct samples.
+
+    correct_matrix: one row per problem, one 0/1 entry per sample ([problems][k]; rows may
+    differ in length, each problem then weighs the same).
+    """
+    rows = _rows(correct_matrix)
+    return sum(sum(row) / len(row) for row in rows) / len(rows)
+
+
+def mean_pass_at_k(correct_matrix: CorrectMatrix, k: int) -> float:
+    """pass@k averaged over problems, each row being that problem's n ≥ k samples."""
+    rows = _rows(correct_matrix)
+    total = sum((pass_at_k_fraction(len(row), int(sum(row)), k) for row in rows), start=Fraction(0))
+    return float(total / len(rows))

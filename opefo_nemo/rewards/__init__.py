@@ -1,0 +1,21 @@
+"""Verifiable math rewards (DAPO rule and math-verify) with per-item time limits.
+
+Public API: `score(response, ground_truth, verifier="dapo")` -> `RewardResult` (`score`,
+`answer`, `reason`); `score_batch(responses, ground_truths, ...)`; `RewardPool` for a long-lived
+set of worker processes; `RewardConfig` for the scores, time limit and verifier options.
+See docs/rewards_data_eval.md.
+"""
+
+from opefo_nemo.rewards.pool import RewardPool
+from opefo_nemo.rewards.result import REASONS, VERIFIERS, RewardConfig, RewardResult
+from opefo_nemo.rewards.scoring import score, score_batch
+
+__all__ = [
+    "REASONS",
+    "VERIFIERS",
+    "RewardConfig",
+    "RewardPool",
+    "RewardResult",
+    "score",
+    "score_batch",
+]

@@ -1,0 +1,154 @@
+"""A pool of worker processes that score responses with a hard per-item time limit.
+
+Each worker holds one item at a time. Inside the worker the soft limit (`time_limit.py`)
+interrupts Python code after `config.timeout_s`; if the worker is still busy
+`hard_grace_s` later (a long C call, e.g. a huge integer power in sympy), the parent kills it,
+scores the item as a timeout and starts a replacement. Items are independent, so the results,
+returned in input order, do not depend on the number of workers or on scheduling (except that a
+verification running close to the time limit may land on either side of it).
+
+Workers come from the `forkserver` start method by default: safe in a parent that runs torch
+or vLLM threads, and cheap to restart because the server has the verifiers imported already.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import multiprocessing
+import time
+from collections import deque
+from collections.abc import Sequence
+from multiprocessing.connection import Connection, wait
+
+from opefo_nemo.rewards.result import ERROR, TIMEOUT, RewardConfig, RewardResult
+from opefo_nemo.rewards.scoring import score_with_config
+
+_PRELOAD = ["opefo_nemo.rewards.scoring", "opefo_nemo.rewards.symbolic"]
+
+
+def _worker_main(conn: Connection, config: RewardConfig) -> None:
+    """Score (index, response, ground_truth) messages until a None message or a closed pipe."""
+    while True:
+        try:
+            message = conn.recv()
+        except (EOFError, OSError):
+            return
+        if message is None:
+            return
+        index, response, ground_truth = message
+        result = score_with_config(response, ground_truth, config)
+        conn.send((index, result.score, result.answer, result.reason))
+
+
+class _Worker:
+    def __init__(self, context: multiprocessing.context.BaseContext, config: RewardConfig):
+        self.conn, child_conn = context.Pipe(duplex=True)
+        self.process = context.Process(
+            target=_worker_main, args=(child_conn, config), daemon=True, name="opefo-reward"
+        )
+        self.process.start()
+        child_conn.close()
+
+    def kill(self) -> None:
+        self.process.kill()
+        self.process.join()
+        self.conn.close()
+
+    def stop(self) -> None:
+        with contextlib.suppress(BrokenPipeError, OSError):
+            self.conn.send(None)
+        self.process.join(timeout=5)
+        if self.process.is_alive():
+            self.process.kill()
+            self.process.join()
+        self.conn.close()
+
+
+class RewardPool:
+    """`workers` scoring processes sharing one `RewardConfig`; use as a context manager or call
+    `close()`. Keep one alive across training steps to pay the start-up cost once."""
+
+    def __init__(
+        self,
+        workers: int,
+        config: RewardConfig | None = None,
+        *,
+        hard_grace_s: float = 1.0,
+        start_method: str = "forkserver",
+    ) -> None:
+        if workers < 1:
+            raise ValueError(f"RewardPool needs workers >= 1, got {workers}")
+        if hard_grace_s < 0:
+            raise ValueError(f"RewardPool hard_grace_s must be >= 0, got {hard_grace_s}")
+        self.config = config if config is not None else RewardConfig()
+        self.hard_limit_s = self.config.timeout_s + hard_grace_s
+        self._context = multiprocessing.get_context(start_method)
+        if start_method == "forkserver":
+            self._context.set_forkserver_preload(_PRELOAD)
+        self._workers = [_Worker(self._context, self.config) for _ in range(workers)]
+        self.restarts = 0
+
+    def __enter__(self) -> RewardPool:
+        return self
+
+    def __exit__(self, *exc_info: object) -> None:
+        self.close()
+
+    def close(self) -> None:
+        for worker in self._workers:
+            worker.stop()
+        self._workers = []
+
+    def _replace(self, worker: _Worker) -> _Worker:
+        worker.kill()
+        fresh = _Worker(self._context, self.config)
+        self._workers[self._workers.index(worker)] = fresh
+        self.restarts += 1
+        return fresh
+
+    def _failed(self, reason: str) -> RewardResult:
+        return RewardResult(self.config.score_for(reason), None, reason)
+
+    def score(self, responses: Sequence[str], ground_truths: Sequence[str]) -> list[RewardResult]:
+        """Score `responses[i]` against `ground_truths[i]` in the workers; input order kept."""
+        if not self._workers:
+            raise RuntimeError("RewardPool.score called after close()")
+        if len(responses) != len(ground_truths):
+            raise ValueError(
+                f"RewardPool.score got {len(responses)} responses "
+                f"but {len(ground_truths)} ground truths"
+            )
+        results: list[RewardResult | None] = [None] * len(responses)
+        pending = deque(range(len(responses)))
+        idle = list(self._workers)
+        busy: dict[Connection, tuple[_Worker, int, float]] = {}
+        while pending or busy:
+            while idle and pending:
+                worker, index = idle.pop(), pending.popleft()
+                try:
+                    worker.conn.send((index, responses[index], ground_truths[index]))
+                except (BrokenPipeError, OSError):
+                    results[index] = self._failed(ERROR)
+                    idle.append(self._replace(worker))
+                    continue
+                busy[worker.conn] = (worker, index, time.monotonic() + self.hard_limit_s)
+            if not busy:
+                continue
+            next_deadline = min(deadline for _, _, deadline in busy.values())
+            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
+                worker, index, _ = busy.pop(conn)
+                try:
+                    _, value, answer, reason = conn.recv()
+                except (EOFError, OSError):
+                    results[index] = self._failed(ERROR)
+                    idle.append(self._replace(worker))
+                    continue
+                results[index] = RewardResult(value, answer, reason)
+                idle.append(worker)
+            now = time.monotonic()
+            for conn, (worker, index, deadline) in list(busy.items()):
+                if now >= deadline:
+                    del busy[conn]
+                    results[index] = self._failed(TIMEOUT)
+                    idle.append(self._replace(worker))
+        return [result for result in results if result is not None]

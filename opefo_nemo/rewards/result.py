@@ -1,0 +1,91 @@
+"""Reward configuration and the per-response result record.
+
+A verifier decides one of five outcomes for a response; `RewardConfig` maps the outcome to the
+scalar reward the trainer uses (SPEC §4 turns these into advantages).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal
+
+VERIFIERS = ("dapo", "math_verify")
+
+Verifier = Literal["dapo", "math_verify"]
+
+# Why a response got its score.
+CORRECT = "correct"
+WRONG = "wrong"
+NO_ANSWER = "no_answer"
+TIMEOUT = "timeout"
+ERROR = "error"
+REASONS = (CORRECT, WRONG, NO_ANSWER, TIMEOUT, ERROR)
+
+
+@dataclass(frozen=True)
+class RewardConfig:
+    """How responses are verified and scored.
+
+    verifier: "dapo" (normalise and compare exactly) or "math_verify" (symbolic equivalence).
+    correct_score / wrong_score / no_answer_score: reward for each outcome; a timeout or an
+        internal error scores `wrong_score`.
+    timeout_s: time limit per response, in seconds (extraction plus comparison).
+    strict_box: dapo only; read the last `\\boxed{}` in the final `strict_box_chars` characters
+        instead of the last `Answer:` line.
+    tail_chars: dapo only; only the final `tail_chars` characters of the response are read (the
+        DAPO rule uses 300); None reads the whole response.
+    """
+
+    verifier: Verifier = "dapo"
+    correct_score: float = 1.0
+    wrong_score: float = 0.0
+    no_answer_score: float = 0.0
+    timeout_s: float = 5.0
+    strict_box: bool = False
+    tail_chars: int | None = 300
+    strict_box_chars: int = 100
+
+    def __post_init__(self) -> None:
+        if self.verifier not in VERIFIERS:
+            raise ValueError(
+                f"RewardConfig.verifier must be one of {VERIFIERS}, got {self.verifier!r}"
+            )
+        if not self.timeout_s > 0:
+            raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s!r}")
+        if self.tail_chars is not None and self.tail_chars <= 0:
+            raise ValueError(
+                f"RewardConfig.tail_chars must be > 0 or None, got {self.tail_chars!r}"
+            )
+        if self.strict_box_chars <= 0:
+            raise ValueError(
+                f"RewardConfig.strict_box_chars must be > 0, got {self.strict_box_chars!r}"
+            )
+
+    def score_for(self, reason: str) -> float:
+        """The scalar reward for an outcome in `REASONS`."""
+        if reason == CORRECT:
+            return self.correct_score
+        if reason == NO_ANSWER:
+            return self.no_answer_score
+        if reason in (WRONG, TIMEOUT, ERROR):
+            return self.wrong_score
+        raise ValueError(f"unknown reward reason {reason!r}; expected one of {REASONS}")
+
+
+@dataclass(frozen=True)
+class RewardResult:
+    """The verdict on one response.
+
+    score: the scalar reward (see `RewardConfig`).
+    answer: the answer extracted from the response, normalised (dapo) or as extracted
+        (math_verify); None when no answer was found or the time limit was hit.
+    reason: one of `REASONS`.
+    """
+
+    score: float
+    answer: str | None
+    reason: str
+
+    @property
+    def correct(self) -> bool:
+        return self.reason == CORRECT
