@@ -1,0 +1,269 @@
+"""The rollout engine the trainer talks to: a client of one or more vLLM server processes.
+
+``generate`` shards the prompts of a step into contiguous blocks, one per server, sends every
+block before waiting for any reply (servers generate in parallel) and concatenates the replies in
+server order, so the result is prompt-major in the caller's order. ``update_weights`` streams the
+Hugging Face-named tensors through shared memory (``shm.py``) to all servers at once, chunk by
+chunk. Tensors on a GPU are staged through host shared memory too (CUDA IPC is not implemented).
+
+Failure policy: a server-reported error in ``generate`` raises :class:`RolloutServerError` and
+leaves the engine usable; a transport failure (timeout, dead server) or any failure during a
+weight update closes the whole engine before raising, because its servers may then disagree
+about the protocol state or the weights.
+"""
+
+from __future__ import annotations
+
+import atexit
+import os
+import shutil
+import signal
+import sys
+import tempfile
+import threading
+import weakref
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+
+from opefo_nemo.rollout.process import RolloutServerError, ServerProcess
+from opefo_nemo.rollout.shm import pack_chunks, remove_stale_segments
+from opefo_nemo.rollout.types import Completion, SamplingConfig
+
+_LIVE_ENGINES: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
+
+
+class VLLMRolloutEngine:
+    """``RolloutEngine`` (ARCHITECTURE.md) backed by ``num_servers`` vLLM server processes.
+
+    ``python``: the interpreter of vLLM's environment (default: this one). ``dtype``: the dtype
+    vLLM computes in ("auto" = the checkpoint's). ``seed``: the engine seed (used when a request
+    has no seed). ``extra_env``: added to the servers' environment (e.g. ``CUDA_VISIBLE_DEVICES``
+    per server is not set for you). ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB).
+    ``chunk_bytes``: size of the shared-memory segment used for weight updates.
+    """
+
+    def __init__(
+        self,
+        model_dir: str | os.PathLike,
+        num_servers: int = 1,
+        python: str | None = None,
+        request_timeout_s: float = 600.0,
+        startup_timeout_s: float = 300.0,
+        dtype: str = "auto",
+        max_model_len: int = 2048,
+        seed: int = 0,
+        gpu_memory_utilization: float = 0.5,
+        extra_env: dict[str, str] | None = None,
+        chunk_bytes: int = 256 << 20,
+        shm_dir: str | os.PathLike = "/dev/shm",
+        log_dir: str | os.PathLike | None = None,
+    ) -> None:
+        if num_servers < 1:
+            raise ValueError(f"num_servers must be >= 1, got {num_servers}")
+        if not (Path(model_dir) / "config.json").is_file():
+            raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory")
+        if request_timeout_s <= 0 or startup_timeout_s <= 0:
+            raise ValueError("request_timeout_s and startup_timeout_s must be positive")
+        self.request_timeout_s = request_timeout_s
+        self.chunk_bytes = chunk_bytes
+        self.shm_dir = Path(shm_dir)
+        self._closed = False
+        self._own_log_dir = log_dir is None
+        self.log_dir = Path(
+            tempfile.mkdtemp(prefix="opefo-rollout-logs-") if log_dir is None else log_dir
+        )
+        self.log_dir.mkdir(parents=True, exist_ok=True)
+        remove_stale_segments(self.shm_dir)
+        env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
+        server_args = [
+            "--model",
+            str(Path(model_dir).resolve()),
+            "--dtype",
+            dtype,
+            "--max-model-len",
+            str(max_model_len),
+            "--seed",
+            str(seed),
+            "--gpu-memory-utilization",
+            str(gpu_memory_utilization),
+            "--shm-dir",
+            str(self.shm_dir),
+        ]
+        self.servers: list[ServerProcess] = []
+        _LIVE_ENGINES.add(self)
+        _install_sigterm_handler()
+        try:
+            for index in range(num_servers):
+                self.servers.append(
+                    ServerProcess(
+                        index,
+                        python or sys.executable,
+                        server_args,
+                        env,
+                        self.log_dir / f"server{index}.log",
+                    )
+                )
+            for server in self.servers:
+                server.wait_ready(startup_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingConfig
+    ) -> list[Completion]:
+        """``n`` completions per prompt, flat and prompt-major (prompt 0's n, then prompt 1's)."""
+        self._check_open()
+        if not isinstance(sampling, SamplingConfig):
+            raise TypeError(f"sampling must be a SamplingConfig, got {type(sampling).__name__}")
+        if not isinstance(n, int) or n < 1:
+            raise ValueError(f"n must be an int >= 1, got {n!r}")
+        for i, prompt in enumerate(prompts):
+            if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
+                raise ValueError(
+                    f"prompt {i} must be a non-empty list of token ids, got {prompt!r}"
+                )
+        if not prompts:
+            return []
+        shards = _contiguous_shards(len(prompts), len(self.servers))
+        busy = [
+            (s, start, stop)
+            for s, (start, stop) in zip(self.servers, shards, strict=True)
+            if stop > start
+        ]
+        with self._fatal_on_transport_error():
+            for server, start, stop in busy:
+                server.send(
+                    {
+                        "op": "generate",
+                        "prompts": [list(p) for p in prompts[start:stop]],
+                        "n": n,
+                        "sampling": sampling.to_json(),
+                        "prompt_offset": start,
+                    }
+                )
+            replies = [server.receive(self.request_timeout_s, "'generate'") for server, *_ in busy]
+        completions = [Completion.from_json(c) for reply in replies for c in reply["completions"]]
+        expected = [(i, j) for i in range(len(prompts)) for j in range(n)]
+        if [(c.prompt_index, c.sample_index) for c in completions] != expected:
+            raise RolloutServerError("servers returned completions out of order or incomplete")
+        return completions
+
+    def update_weights(self, named_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
+        """Load new weights (Hugging Face names, the full set) into every server.
+
+        Afterwards generation uses exactly these weights. Any failure closes the engine.
+        """
+        self._check_open()
+        try:
+            for server in self.servers:
+                server.request({"op": "update_begin"}, self.request_timeout_s)
+            for segment, table in pack_chunks(named_weights, self.chunk_bytes, self.shm_dir):
+                message = {"op": "update_chunk", "segment": segment.name, "tensors": table}
+                for server in self.servers:
+                    server.send(message)
+                for server in self.servers:
+                    server.receive(self.request_timeout_s, "'update_chunk'")
+            for server in self.servers:
+                server.request({"op": "update_end"}, self.request_timeout_s)
+        except BaseException:
+            self.close()
+            raise
+
+    def sleep(self) -> None:
+        """Release accelerator memory (vLLM sleep level 1); a no-op on CPU servers."""
+        self._broadcast("sleep")
+
+    def wake(self) -> None:
+        """Undo :meth:`sleep`; a no-op on CPU servers."""
+        self._broadcast("wake")
+
+    def close(self) -> None:
+        """Stop every server (process group included) and remove temporary files. Idempotent."""
+        if self._closed:
+            return
+        self._closed = True
+        threads = [threading.Thread(target=s.stop) for s in self.servers]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+        if self._own_log_dir:
+            shutil.rmtree(self.log_dir, ignore_errors=True)
+        _LIVE_ENGINES.discard(self)
+
+    @property
+    def server_pids(self) -> list[int]:
+        return [s.pid for s in self.servers]
+
+    def __enter__(self) -> VLLMRolloutEngine:
+        return self
+
+    def __exit__(self, *exc_info) -> None:
+        self.close()
+
+    def __del__(self) -> None:
+        if not getattr(self, "_closed", True):
+            self.close()
+
+    def _broadcast(self, op: str) -> None:
+        self._check_open()
+        with self._fatal_on_transport_error():
+            for server in self.servers:
+                server.request({"op": op}, self.request_timeout_s)
+
+    def _check_open(self) -> None:
+        if self._closed:
+            raise RolloutServerError("the rollout engine is closed")
+
+    def _fatal_on_transport_error(self):
+        return _CloseOnTransportError(self)
+
+
+class _CloseOnTransportError:
+    """Context manager: close the engine unless the error was one the server reported."""
+
+    def __init__(self, engine: VLLMRolloutEngine) -> None:
+        self.engine = engine
+
+    def __enter__(self) -> None:
+        return None
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        if exc is None:
+            return
+        server_reported = isinstance(exc, RolloutServerError) and "reported an error" in str(exc)
+        if not server_reported:
+            self.engine.close()
+
+
+def _contiguous_shards(num_items: int, num_parts: int) -> list[tuple[int, int]]:
+    """Split ``range(num_items)`` into ``num_parts`` contiguous blocks differing by at most one."""
+    base, extra = divmod(num_items, num_parts)
+    bounds, start = [], 0
+    for part in range(num_parts):
+        stop = start + base + (1 if part < extra else 0)
+        bounds.append((start, stop))
+        start = stop
+    return bounds
+
+
+@atexit.register
+def _close_live_engines() -> None:
+    for engine in list(_LIVE_ENGINES):
+        engine.close()
+
+
+def _install_sigterm_handler() -> None:
+    """Turn SIGTERM into ``SystemExit`` so ``finally`` blocks and atexit run (main thread, and only
+    when nobody installed a handler). Servers also exit on their own when the client dies."""
+    if threading.current_thread() is not threading.main_thread():
+        return
+    if signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
+        signal.signal(signal.SIGTERM, _raise_system_exit)
+
+
+def _raise_system_exit(signum, frame) -> None:
+    raise SystemExit(128 + signum)

@@ -1,0 +1,227 @@
+"""A rollout server process: one in-process vLLM engine behind the protocol of ``protocol.py``.
+
+Started by :class:`opefo_nemo.rollout.client.VLLMRolloutEngine` as
+``<python> -m opefo_nemo.rollout.server --fd N --model DIR ...`` with this package on
+``PYTHONPATH``; it imports only the standard library, torch and vLLM, so it can run in vLLM's own
+virtual environment. ``N`` is the server's end of a socket pair created by the client.
+
+The vLLM engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight refits
+call the worker's ``reload_weights`` directly: it reloads Hugging Face-named tensors layer by
+layer and re-runs each layer's post-load processing (the CPU backend repacks linear weights for
+oneDNN, so a plain ``param.copy_`` would not reach the kernels). The prefix cache is reset
+afterwards, so no KV entry computed with old weights is reused.
+
+The server exits when asked (``shutdown``), when the client's end of the socket closes, or when
+its parent process disappears (a watchdog thread checks every half second).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import socket
+import sys
+import threading
+import time
+import traceback
+from pathlib import Path
+
+from opefo_nemo.rollout.protocol import PROTOCOL_VERSION, ProtocolError, recv_message, send_message
+from opefo_nemo.rollout.shm import read_chunk
+
+
+def _parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description="opefo-nemo vLLM rollout server")
+    parser.add_argument("--fd", type=int, required=True, help="inherited socket file descriptor")
+    parser.add_argument("--model", required=True, help="Hugging Face model directory")
+    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--max-model-len", type=int, default=2048)
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
+    parser.add_argument("--shm-dir", default="/dev/shm")
+    return parser.parse_args(argv)
+
+
+def _watch_parent(parent_pid: int) -> None:
+    def watch() -> None:
+        while os.getppid() == parent_pid:
+            time.sleep(0.5)
+        os._exit(3)
+
+    threading.Thread(target=watch, name="parent-watchdog", daemon=True).start()
+
+
+def _build_llm(args: argparse.Namespace):
+    from vllm import LLM
+    from vllm.platforms import current_platform
+
+    on_cpu = current_platform.is_cpu()
+    return LLM(
+        model=args.model,
+        skip_tokenizer_init=True,
+        dtype=args.dtype,
+        max_model_len=args.max_model_len,
+        seed=args.seed,
+        logprobs_mode="processed_logprobs",
+        enforce_eager=on_cpu,
+        enable_sleep_mode=not on_cpu,
+        gpu_memory_utilization=args.gpu_memory_utilization,
+    ), on_cpu
+
+
+class RolloutServer:
+    """Dispatches protocol requests to the vLLM engine ``llm``."""
+
+    def __init__(self, sock: socket.socket, llm, on_cpu: bool, shm_dir: Path) -> None:
+        self.sock = sock
+        self.llm = llm
+        self.on_cpu = on_cpu
+        self.shm_dir = shm_dir
+
+    def serve(self) -> None:
+        while True:
+            try:
+                request = recv_message(self.sock)
+            except ProtocolError:
+                return  # the client went away
+            op = request.get("op")
+            if op == "shutdown":
+                send_message(self.sock, {"ok": True})
+                return
+            try:
+                if op == "update_begin":
+                    self._update_weights()
+                    continue
+                reply = self._handle(op, request)
+            except ProtocolError:
+                return
+            except Exception:
+                reply = {"ok": False, "error": traceback.format_exc()}
+            send_message(self.sock, reply)
+
+    def _handle(self, op: str | None, request: dict) -> dict:
+        if op == "generate":
+            return {"ok": True, "completions": self._generate(request)}
+        if op == "sleep":
+            if not self.on_cpu:
+                self.llm.sleep(level=1)
+            return {"ok": True}
+        if op == "wake":
+            if not self.on_cpu:
+                self.llm.wake_up()
+            return {"ok": True}
+        raise ValueError(f"unknown request op {op!r}")
+
+    def _generate(self, request: dict) -> list[dict]:
+        from vllm import SamplingParams
+        from vllm.inputs import TokensPrompt
+
+        sampling, n, offset = request["sampling"], request["n"], request["prompt_offset"]
+        prompts = request["prompts"]
+        params = [
+            SamplingParams(
+                n=n,
+                temperature=sampling["temperature"],
+                top_p=sampling["top_p"],
+                top_k=sampling["top_k"],
+                max_tokens=sampling["max_new_tokens"],
+                stop_token_ids=list(sampling["stop_token_ids"]),
+                seed=None if sampling["seed"] is None else sampling["seed"] + (offset + i) * n,
+                logprobs=0,
+                detokenize=False,
+            )
+            for i in range(len(prompts))
+        ]
+        outputs = self.llm.generate(
+            [TokensPrompt(prompt_token_ids=p) for p in prompts], params, use_tqdm=False
+        )
+        completions = []
+        for i, output in enumerate(outputs):
+            for j, sample in enumerate(sorted(output.outputs, key=lambda s: s.index)):
+                if sample.finish_reason not in ("stop", "length"):
+                    raise RuntimeError(f"vLLM finished a sample with {sample.finish_reason!r}")
+                tokens = list(sample.token_ids)
+                logprobs = [
+                    step[tok].logprob for step, tok in zip(sample.logprobs, tokens, strict=True)
+                ]
+                completions.append(
+                    {
+                        "prompt_index": offset + i,
+                        "sample_index": j,
+                        "token_ids": tokens,
+                        "logprobs": logprobs,
+                        "finish_reason": sample.finish_reason,
+                    }
+                )
+        return completions
+
+    def _update_weights(self) -> None:
+        """Stream chunks from the client into vLLM's layer-wise reload (see module docstring)."""
+        send_message(self.sock, {"ok": True})
+        state = {"awaiting_reply": False, "num_tensors": 0}
+
+        def stream():
+            while True:
+                request = recv_message(self.sock)
+                state["awaiting_reply"] = True
+                if request.get("op") == "update_end":
+                    return
+                if request.get("op") != "update_chunk":
+                    raise ValueError(
+                        f"expected update_chunk or update_end, got {request.get('op')!r}"
+                    )
+                tensors = read_chunk(self.shm_dir, request["segment"], request["tensors"])
+                send_message(self.sock, {"ok": True})
+                state["awaiting_reply"] = False
+                state["num_tensors"] += len(tensors)
+                yield from tensors
+
+        try:
+            self.llm.collective_rpc("reload_weights", kwargs={"weights_iterator": stream()})
+            self.llm.reset_prefix_cache()
+        except ProtocolError:
+            raise
+        except Exception:
+            error = {"ok": False, "error": traceback.format_exc()}
+            if not state["awaiting_reply"]:
+                recv_message(self.sock)  # the client's next update message gets the error
+            send_message(self.sock, error)
+            return
+        send_message(self.sock, {"ok": True, "num_tensors": state["num_tensors"]})
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = _parse_args(argv)
+    sock = socket.socket(fileno=args.fd)
+    _watch_parent(os.getppid())
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
+    try:
+        llm, on_cpu = _build_llm(args)
+        import vllm
+
+        send_message(
+            sock,
+            {
+                "ok": True,
+                "op": "ready",
+                "protocol": PROTOCOL_VERSION,
+                "pid": os.getpid(),
+                "vllm_version": vllm.__version__,
+                "device": "cpu" if on_cpu else "gpu",
+            },
+        )
+    except Exception:
+        send_message(sock, {"ok": False, "op": "ready", "error": traceback.format_exc()})
+        return 1
+    try:
+        RolloutServer(sock, llm, on_cpu, Path(args.shm_dir)).serve()
+    except ProtocolError:
+        pass
+    finally:
+        sock.close()
+    sys.stdout.flush()
+    os._exit(0)  # skip vLLM's slow interpreter-exit teardown; nothing is left to flush
+
+
+if __name__ == "__main__":
+    sys.exit(main())
