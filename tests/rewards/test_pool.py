@@ -1,0 +1,82 @@
+"""score_batch / RewardPool: worker processes give the in-process results, in order, and a
+pathological item hits its time limit without holding up the batch."""
+
+from __future__ import annotations
+
+import signal
+import time
+from collections.abc import Iterator
+
+import pytest
+
+from opefo_nemo.rewards import RewardConfig, RewardPool, score_batch
+from tests.rewards.test_reward_cases import CASES
+
+PATHOLOGICAL = "$\\boxed{10^{10^{10}}}$"
+CONFIG = RewardConfig(verifier="math_verify", timeout_s=1.0)
+
+
+@pytest.fixture(scope="module")
+def pool() -> Iterator[RewardPool]:
+    with RewardPool(2, CONFIG) as running:
+        yield running
+
+
+def _batch() -> tuple[list[object], list[str]]:
+    responses: list[object] = [response for _, response, _, _, _ in CASES]
+    truths = [truth for _, _, truth, _, _ in CASES]
+    responses[5:5] = [PATHOLOGICAL, None]
+    truths[5:5] = ["5", "3"]
+    return responses, truths
+
+
+def test_pool_matches_in_process_scoring_in_order(pool: RewardPool) -> None:
+    responses, truths = _batch()
+    expected = score_batch(responses, truths, config=CONFIG, workers=0)  # type: ignore[arg-type]
+    started = time.monotonic()
+    got = pool.score(responses, truths)  # type: ignore[arg-type]
+    elapsed = time.monotonic() - started
+    assert got == expected
+    assert got[5].reason == "timeout" and got[5].score == 0.0
+    assert got[6].reason == "error"
+    assert elapsed < 2 * (CONFIG.timeout_s + 1.0) + 5.0
+    assert pool.score(responses, truths) == got  # deterministic on a rerun  # type: ignore[arg-type]
+
+
+def test_score_batch_with_workers_matches_in_process() -> None:
+    responses = ["Answer: 3", "Answer: \\frac12", "nothing", "Answer: 1,000"]
+    truths = ["3", "0.5", "1", "1000"]
+    in_process = score_batch(responses, truths, verifier="dapo")
+    assert [r.reason for r in in_process] == ["correct", "wrong", "no_answer", "correct"]
+    assert score_batch(responses, truths, verifier="dapo", workers=2) == in_process
+
+
+def test_hard_limit_kills_a_worker_stuck_outside_python() -> None:
+    """With SIGALRM blocked in the workers the soft limit cannot fire (as in a long C call):
+    the parent must kill the worker at timeout_s + hard_grace_s and go on."""
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        running = RewardPool(
+            1,
+            RewardConfig(verifier="math_verify", timeout_s=0.5),
+            hard_grace_s=0.5,
+            start_method="fork",
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    with running:
+        started = time.monotonic()
+        results = running.score([PATHOLOGICAL, "$\\boxed{5}$"], ["5", "5"])
+        elapsed = time.monotonic() - started
+        assert [r.reason for r in results] == ["timeout", "correct"]
+        assert running.restarts == 1
+        assert 0.9 < elapsed < 10.0
+
+
+def test_batch_argument_errors() -> None:
+    with pytest.raises(ValueError, match="2 responses but 1 ground truths"):
+        score_batch(["a", "b"], ["1"])
+    with pytest.raises(TypeError, match=r"ground_truths\[1\]"):
+        score_batch(["a", "b"], ["1", 2])  # type: ignore[list-item]
+    with pytest.raises(ValueError, match="workers"):
+        score_batch(["a"], ["1"], workers=-1)
