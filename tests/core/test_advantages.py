@@ -1,0 +1,45 @@
+"""SPEC §4: group advantages against a loop reference, and their edge cases."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from opefo_nemo.core import group_advantages
+
+from . import reference as ref
+
+
+@pytest.mark.parametrize("normalize_std", [True, False])
+@pytest.mark.parametrize("leave_one_out", [False, True])
+def test_group_advantages_match_loop_reference(normalize_std, leave_one_out):
+    g = torch.Generator().manual_seed(0)
+    rewards = torch.randint(0, 2, (40,), generator=g).float() + torch.rand(40, generator=g) * 0.1
+    groups = torch.tensor([7, 3, 3, 9, 7, 1] * 6 + [42, 5, 5, 5])
+    got = group_advantages(rewards, groups, normalize_std, leave_one_out)
+    expected = ref.advantages(rewards.tolist(), groups.tolist(), normalize_std, leave_one_out)
+    assert got.tolist() == pytest.approx(expected, rel=1e-5, abs=1e-6)
+
+
+def test_equal_rewards_and_singletons_give_zero():
+    rewards = torch.tensor([1.0, 1.0, 1.0, 0.0, 0.5])
+    groups = torch.tensor([0, 0, 0, 1, 2])
+    for loo in (False, True):
+        assert torch.equal(group_advantages(rewards, groups, leave_one_out=loo), torch.zeros(5))
+
+
+def test_binary_group_of_eight_has_known_values():
+    rewards = torch.tensor([1.0, 0, 0, 0, 0, 0, 0, 0])
+    adv = group_advantages(rewards, torch.zeros(8, dtype=torch.long))
+    std = (1 / 8) ** 0.5  # unbiased std of one 1 and seven 0: sqrt((7/64 + 7·1/64)/7)
+    assert adv[0].item() == pytest.approx((1 - 1 / 8) / (std + 1e-6), rel=1e-6)
+    assert adv[1].item() == pytest.approx((-1 / 8) / (std + 1e-6), rel=1e-6)
+
+
+def test_bad_inputs_are_named():
+    with pytest.raises(ValueError, match=r"rewards has 1 non-finite"):
+        group_advantages(torch.tensor([1.0, float("nan")]), torch.tensor([0, 0]))
+    with pytest.raises(ValueError, match=r"group_ids has shape \(3,\)"):
+        group_advantages(torch.ones(2), torch.zeros(3, dtype=torch.long))
+    with pytest.raises(ValueError, match="integers"):
+        group_advantages(torch.ones(2), torch.zeros(2))

@@ -1,0 +1,52 @@
+"""conf/method/*.yaml load into validated MethodConfigs; bad keys and values fail by name."""
+
+from __future__ import annotations
+
+import pytest
+
+from opefo_nemo.config import load_method, method_names
+from opefo_nemo.core.objectives import registered_objectives
+
+
+def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
+    assert method_names() == registered_objectives()
+    strict = {"grpo_strict", "opefo", "static", "pos_only", "neg_only"}
+    for name in method_names():
+        cfg = load_method(name)
+        assert cfg.name == name
+        assert cfg.updates_per_rollout == (1 if name in strict else 8)
+        assert cfg.lr == pytest.approx(2.83e-6 if name in strict else 1e-6)
+    assert load_method("clip_higher").clip_eps_high == pytest.approx(0.28)
+    assert load_method("entropy_reg").entropy_coef == pytest.approx(0.01)
+    assert load_method("opefo").entropy_flow.balance == "adaptive"
+    assert load_method("static").entropy_flow.static_lambda == pytest.approx(0.001)
+    assert load_method("clip_cov").clip_cov.ratio == pytest.approx(2e-4)
+    assert load_method("kl_cov").kl_cov.ratio == pytest.approx(2e-3)
+
+
+@pytest.mark.parametrize(
+    ("name", "override", "message"),
+    [
+        ("opefo", "entropy_flow.estimtor=tabular", r"unknown key method\.entropy_flow\.estimtor"),
+        ("opefo", "learning_rate=1e-6", r"unknown key method\.learning_rate"),
+        ("grpo", "clip_eps_low=0", r"method\.clip_eps_low must be > 0"),
+        ("grpo", "clip_eps_high=-0.1", r"method\.clip_eps_high must be > 0"),
+        ("clip_cov", "clip_cov.ratio=1.5", r"method\.clip_cov\.ratio must lie in \(0, 1\]"),
+        ("kl_cov", "kl_cov.ratio=0", r"method\.kl_cov\.ratio must lie in \(0, 1\]"),
+        ("opefo", "entropy_flow.estimator=exact", r"method\.entropy_flow\.estimator is 'exact'"),
+        ("opefo", "entropy_flow.balance=none", r"method\.entropy_flow\.balance .* balances"),
+        ("opefo", "updates_per_rollout=8", r"method\.updates_per_rollout .* strict on-policy"),
+        ("grpo", "lr=abc", r"method\.lr must be a number"),
+        ("entropy_reg", "entropy_coef=0", r"method\.entropy_coef is 0"),
+    ],
+)
+def test_bad_keys_and_values_fail_naming_the_key(name, override, message):
+    with pytest.raises(ValueError, match=message):
+        load_method(name, [override])
+
+
+def test_unknown_method_and_kl_cov_strict_warning():
+    with pytest.raises(ValueError, match="unknown method 'opefoo'"):
+        load_method("opefoo")
+    with pytest.warns(UserWarning, match="identically zero"):
+        load_method("kl_cov", ["updates_per_rollout=1"])

@@ -1,0 +1,44 @@
+"""core/ has no Python loop over tokens: every `for` in it iterates over a known small collection.
+
+A new loop must be added to ALLOWED with the reason it is not per token, or be vectorised.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import opefo_nemo.core
+
+CORE = Path(opefo_nemo.core.__file__).parent
+ALLOWED = {
+    # (file, function): what its loops iterate over
+    ("entropy_flow.py", "delta_entropy"): "three named input tensors",
+    ("validation.py", "check_same_shape"): "named tensors",
+    ("validation.py", "check_finite"): "the dimensions of one index",
+    ("reduction.py", "sum"): "named sums",
+    ("metrics.py", "add_sums"): "named sums",
+    ("objectives/tokens.py", "__post_init__"): "field names",
+    ("objectives/prepare.py", "prepare"): "chunks",
+    ("objectives/prepare.py", "_select"): "chunks",
+    ("objectives/selection.py", "token_uniform"): "four hash rounds",
+    ("objectives/config.py", "_build"): "config keys and dataclass fields",
+}
+
+
+def _loops():
+    for path in sorted(CORE.rglob("*.py")):
+        tree = ast.parse(path.read_text())
+        for func in ast.walk(tree):
+            if not isinstance(func, ast.FunctionDef):
+                continue
+            for node in ast.walk(func):
+                if isinstance(node, ast.For | ast.comprehension):
+                    yield str(path.relative_to(CORE)), func.name
+
+
+def test_every_loop_in_core_is_over_a_small_known_collection():
+    unexpected = sorted({loop for loop in _loops() if loop not in ALLOWED})
+    assert not unexpected, (
+        f"loops in core/ in functions not known to loop over chunks or names: {unexpected}"
+    )

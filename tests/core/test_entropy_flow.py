@@ -1,0 +1,139 @@
+"""SPEC §2–§3: ΔH estimators, flow sums, λ* and weights against loop references and theory."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from opefo_nemo.core import entropy_flow as ef
+
+from . import reference as ref
+
+
+def _random_tokens(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    logits = torch.randn(n, 12, generator=g, dtype=torch.float64) * 2
+    log_probs = logits.log_softmax(-1)
+    probs = log_probs.exp()
+    targets = torch.multinomial(probs, 1, generator=g).squeeze(-1)
+    lp = log_probs.gather(-1, targets[:, None]).squeeze(-1)
+    h = -(probs * log_probs).sum(-1)
+    s2 = probs.square().sum(-1)
+    s2l = (probs.square() * log_probs).sum(-1)
+    adv = torch.randn(n, generator=g, dtype=torch.float64)
+    return lp.float(), h.float(), adv.float(), s2.float(), s2l.float()
+
+
+def test_delta_entropy_matches_loop_reference_for_both_estimators():
+    lp, h, adv, s2, s2l = _random_tokens(64)
+    paper = ef.delta_entropy(lp, h, adv, "paper")
+    tabular = ef.delta_entropy(lp, h, adv, "tabular", sum_p2=s2, sum_p2_logp=s2l)
+    for i in range(64):
+        args = float(lp[i]), float(h[i]), float(adv[i])
+        assert paper[i].item() == pytest.approx(ref.delta_h_paper(*args), rel=1e-5, abs=1e-6)
+        expected = ref.delta_h_tabular(*args, float(s2[i]), float(s2l[i]))
+        assert tabular[i].item() == pytest.approx(expected, rel=1e-4, abs=1e-6)
+
+
+def test_tabular_estimator_tracks_the_realized_entropy_change_of_a_small_step():
+    """SPEC §2: (H(z') − H(z))/η after z' = z + η A (onehot(y) − π) matches `tabular`."""
+    g = torch.Generator().manual_seed(1)
+    draws, vocab, eta = 2000, 16, 1e-4
+    logits = torch.randn(draws, vocab, generator=g, dtype=torch.float64) * 3
+    probs = logits.softmax(-1)
+    log_probs = logits.log_softmax(-1)
+    y = torch.multinomial(probs, 1, generator=g).squeeze(-1)
+    adv = torch.randn(draws, generator=g, dtype=torch.float64)
+    onehot = torch.nn.functional.one_hot(y, vocab).double()
+    stepped = logits + eta * adv[:, None] * (onehot - probs)
+
+    def entropy(z):
+        return -(z.softmax(-1) * z.log_softmax(-1)).sum(-1)
+
+    realized = (entropy(stepped) - entropy(logits)) / eta
+    lp = log_probs.gather(-1, y[:, None]).squeeze(-1)
+    h = entropy(logits)
+    s2 = probs.square().sum(-1)
+    s2l = (probs.square() * log_probs).sum(-1)
+    tabular = ef.delta_entropy(lp, h, adv, "tabular", sum_p2=s2, sum_p2_logp=s2l).double()
+    paper = ef.delta_entropy(lp, h, adv, "paper").double()
+
+    corr = torch.corrcoef(torch.stack([realized, tabular]))[0, 1]
+    assert corr > 0.99
+    assert torch.allclose(tabular, realized, rtol=1e-2, atol=1e-3)
+    moving = realized.abs() > 1e-3
+    sign_agreement = (paper[moving].sign() == realized[moving].sign()).double().mean()
+    assert sign_agreement > 0.7, "paper estimator should agree in sign on most draws"
+    assert not torch.allclose(paper, realized, rtol=1e-2, atol=1e-3), "paper is an approximation"
+
+
+def test_full_expectation_of_the_paper_integrand_is_never_positive():
+    """SPEC §2: Σ_a π(a)(1 − π(a))²(log π(a) + H) ≤ 0 for every distribution."""
+    g = torch.Generator().manual_seed(2)
+    for scale in (0.1, 1.0, 5.0, 20.0):
+        logits = torch.randn(5000, 10, generator=g, dtype=torch.float64) * scale
+        p = logits.softmax(-1)
+        logp = logits.log_softmax(-1)
+        h = -(p * logp).sum(-1, keepdim=True)
+        expectation = (p * (1 - p).square() * (logp + h)).sum(-1)
+        assert expectation.max() <= 1e-12
+
+
+def test_flow_sums_lambda_and_weights_match_loop_reference():
+    g = torch.Generator().manual_seed(3)
+    dh = torch.randn(200, generator=g)
+    dh[::7] = 0.0
+    mask = torch.rand(200, generator=g) > 0.3
+    pos, neg = ef.flow_sums(dh, mask)
+    ref_pos, ref_neg = ref.flow(dh.tolist(), mask.tolist())
+    assert float(pos) == pytest.approx(ref_pos, rel=1e-6)
+    assert float(neg) == pytest.approx(ref_neg, rel=1e-6)
+    for variant in ef.BALANCES:
+        w, lam = ef.balance(dh, mask, pos, neg, variant, static_lambda=0.05)
+        expected = ref.weights(dh.tolist(), mask.tolist(), ref_pos, ref_neg, variant, 0.05)
+        assert w.tolist() == pytest.approx(expected, rel=1e-6)
+        expected_lam = 0.05 if variant == "static" else ref.lam_star(ref_pos, ref_neg)
+        assert float(lam) == pytest.approx(expected_lam, rel=1e-9)
+
+
+def test_adaptive_balance_zeroes_the_net_flow_and_keeps_zero_change_tokens_at_one():
+    dh = torch.tensor([0.5, -2.0, 0.0, 1.0, -0.25, 0.0])
+    mask = torch.ones(6, dtype=torch.bool)
+    pos, neg = ef.flow_sums(dh, mask)
+    w, lam = ef.balance(dh, mask, pos, neg, "adaptive")
+    assert float((w.double() * dh.double()).sum()) == pytest.approx(0.0, abs=1e-7)
+    assert w[2] == 1.0 and w[5] == 1.0
+    assert float(lam) == pytest.approx((2.25 - 1.5) / 3.75)
+
+
+def test_no_flow_gives_lambda_zero_and_unit_weights():
+    dh = torch.zeros(5)
+    mask = torch.ones(5, dtype=torch.bool)
+    pos, neg = ef.flow_sums(dh, mask)
+    w, lam = ef.balance(dh, mask, pos, neg, "adaptive")
+    assert float(lam) == 0.0
+    assert torch.equal(w, torch.ones(5))
+    assert not math.isnan(float(ef.lambda_star(0.0, 0.0)))
+
+
+def test_statistics_carry_no_gradient():
+    lp, h, adv, _, _ = _random_tokens(16)
+    lp.requires_grad_()
+    h.requires_grad_()
+    dh = ef.delta_entropy(lp, h, adv)
+    assert not dh.requires_grad
+    pos, neg = ef.flow_sums(dh, torch.ones(16, dtype=torch.bool))
+    w, lam = ef.balance(dh, torch.ones(16, dtype=torch.bool), pos, neg)
+    assert not (pos.requires_grad or w.requires_grad or lam.requires_grad)
+
+
+def test_unknown_estimator_and_balance_are_rejected_by_name():
+    lp, h, adv, _, _ = _random_tokens(4)
+    with pytest.raises(ValueError, match="estimator 'exact'"):
+        ef.delta_entropy(lp, h, adv, "exact")
+    with pytest.raises(ValueError, match="needs sum_p2"):
+        ef.delta_entropy(lp, h, adv, "tabular")
+    with pytest.raises(ValueError, match="balance 'both'"):
+        ef.balance(torch.ones(2), torch.ones(2), 1.0, 0.0, "both")

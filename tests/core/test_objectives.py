@@ -1,0 +1,248 @@
+"""SPEC §5: per-token losses, the global token mean, gradients and the paper's Fig. 3 listing."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from opefo_nemo.core import SingleProcessReducer
+from opefo_nemo.core.objectives import MethodConfig, TokenChunk, policy_loss, prepare
+from opefo_nemo.core.objectives.selection import token_uniform
+
+from . import reference as ref
+
+METHOD_SETTINGS = {
+    "grpo": {"updates_per_rollout": 8},
+    "clip_higher": {"updates_per_rollout": 8, "clip_eps_high": 0.28},
+    "entropy_reg": {"updates_per_rollout": 8, "entropy_coef": 0.01},
+    "clip_cov": {"updates_per_rollout": 8, "clip_cov": {"ratio": 0.05, "lb": -0.5, "ub": 0.5}},
+    "kl_cov": {"updates_per_rollout": 8, "kl_cov": {"ratio": 0.1, "coef": 1.0}},
+    "grpo_strict": {},
+    "opefo": {"entropy_flow": {"balance": "adaptive"}},
+    "static": {"entropy_flow": {"balance": "static", "static_lambda": 0.2}},
+    "pos_only": {"entropy_flow": {"balance": "pos_only"}},
+    "neg_only": {"entropy_flow": {"balance": "neg_only"}},
+}
+
+
+def method(name: str) -> MethodConfig:
+    return MethodConfig.from_mapping({"name": name, **METHOD_SETTINGS[name]})
+
+
+def batch(n: int = 96, seed: int = 0, multi_update: bool = False) -> TokenChunk:
+    g = torch.Generator().manual_seed(seed)
+    lp = -torch.rand(n, generator=g) * 4
+    old = lp + torch.randn(n, generator=g) * 0.3 if multi_update else None
+    return TokenChunk(
+        logprob=lp,
+        entropy=torch.rand(n, generator=g) * 3,
+        advantages=torch.randn(n, generator=g),
+        mask=torch.rand(n, generator=g) > 0.25,
+        old_logprob=old,
+        token_ids=torch.randperm(10 * n, generator=g)[:n],
+    )
+
+
+def loop_token_loss(name: str, cfg: MethodConfig, i: int, c: TokenChunk, w: float, sel: bool):
+    """ℓ_t of SPEC §5 for token i, written from the table with scalars only."""
+    lp, a = float(c.logprob[i]), float(c.advantages[i])
+    old = lp if c.old_logprob is None else float(c.old_logprob[i])
+    rho = math.exp(lp - old)
+    clipped = min(max(rho, 1 - cfg.clip_eps_low), 1 + cfg.clip_eps_high)
+    surrogate = max(-a * rho, -a * clipped)
+    if name in ("grpo", "clip_higher"):
+        return surrogate
+    if name == "entropy_reg":
+        return surrogate - cfg.entropy_coef * float(c.entropy[i])
+    if name == "clip_cov":
+        return 0.0 if sel else surrogate
+    if name == "kl_cov":
+        return -a * rho + (cfg.kl_cov.coef * abs(lp - old) if sel else 0.0)
+    return -w * a * lp
+
+
+@pytest.mark.parametrize("name", sorted(METHOD_SETTINGS))
+def test_loss_of_every_method_matches_loop_reference(name):
+    cfg = method(name)
+    chunk = batch(multi_update=not cfg.strict_on_policy)
+    prepared = prepare(cfg, [chunk], SingleProcessReducer(), seed=3)
+    coef = prepared.coefficients[0]
+    lp = chunk.logprob.clone().requires_grad_()
+    ent = chunk.entropy.clone().requires_grad_()
+    out = policy_loss(
+        cfg,
+        lp,
+        chunk.advantages,
+        chunk.mask,
+        coef,
+        prepared.n_tokens,
+        old_logprob=chunk.old_logprob,
+        entropy=ent,
+    )
+    n = int(chunk.mask.sum())
+    assert prepared.n_tokens == n
+    expected = sum(
+        loop_token_loss(name, cfg, i, chunk, float(coef.weight[i]), bool(coef.selected[i]))
+        for i in range(len(chunk.mask))
+        if chunk.mask[i]
+    )
+    assert out.loss.item() == pytest.approx(expected / n, rel=1e-5, abs=1e-7)
+
+
+def test_paper_listing_fig3_equals_opefo_loss_on_one_unmasked_chunk():
+    """The paper's compute_opefo_loss, re-typed independently here, on a batch without mask."""
+    chunk = batch(n=128, seed=5)
+    chunk = TokenChunk(chunk.logprob, chunk.entropy, chunk.advantages, torch.ones(128, dtype=bool))
+    cfg = method("opefo")
+    prepared = prepare(cfg, [chunk], SingleProcessReducer())
+    delta_h = torch.tensor(
+        [
+            ref.delta_h_paper(float(lp), float(h), float(a))
+            for lp, h, a in zip(chunk.logprob, chunk.entropy, chunk.advantages, strict=True)
+        ]
+    )
+    pg_terms = -chunk.logprob * chunk.advantages
+    s_pos, s_neg = delta_h > 0, delta_h < 0
+    pos_mag, neg_mag = delta_h[s_pos].sum(), delta_h[s_neg].abs().sum()
+    lambda_s = (neg_mag - pos_mag) / (neg_mag + pos_mag).clamp_min(1e-12)
+    pg_terms[s_pos] *= 1.0 + lambda_s
+    pg_terms[s_neg] *= 1.0 - lambda_s
+    listing = pg_terms.mean()
+
+    out = policy_loss(
+        cfg, chunk.logprob, chunk.advantages, chunk.mask, prepared.coefficients[0], 128
+    )
+    assert out.loss.item() == pytest.approx(listing.item(), rel=1e-5)
+    assert prepared.lambda_star == pytest.approx(lambda_s.item(), rel=1e-5)
+
+
+def test_opefo_gradient_wrt_logprob_is_minus_weight_times_advantage_over_n():
+    chunk = batch(seed=7)
+    cfg = method("opefo")
+    prepared = prepare(cfg, [chunk], SingleProcessReducer())
+    coef = prepared.coefficients[0]
+    lp = chunk.logprob.clone().requires_grad_()
+    policy_loss(cfg, lp, chunk.advantages, chunk.mask, coef, prepared.n_tokens).loss.backward()
+    expected = torch.where(chunk.mask, -coef.weight * chunk.advantages / prepared.n_tokens, 0.0)
+    assert torch.allclose(lp.grad, expected, atol=1e-8)
+    assert not coef.weight.requires_grad and not coef.delta_h.requires_grad
+
+
+def test_opefo_balances_flow_and_logs_metrics():
+    prepared = prepare(method("opefo"), [batch(seed=9)], SingleProcessReducer())
+    m = prepared.metrics
+    assert m["flow/net_after_balance"] == pytest.approx(0.0, abs=1e-9)
+    assert -1 <= m["flow/lambda"] <= 1
+    assert m["flow/net"] == pytest.approx(m["flow/pos"] - m["flow/neg"])
+    strict = prepare(method("grpo_strict"), [batch(seed=9)], SingleProcessReducer()).metrics
+    assert strict["flow/lambda"] == pytest.approx(m["flow/lambda"])
+    assert strict["flow/net_after_balance"] == pytest.approx(strict["flow/net"])
+
+
+def test_kl_cov_selects_the_top_tokens_by_covariance():
+    cfg = method("kl_cov")
+    chunk = batch(n=200, seed=11, multi_update=True)
+    selected = prepare(cfg, [chunk], SingleProcessReducer()).coefficients[0].selected
+    valid = [i for i in range(200) if chunk.mask[i]]
+    a_mean = sum(float(chunk.advantages[i]) for i in valid) / len(valid)
+    l_mean = sum(float(chunk.logprob[i]) for i in valid) / len(valid)
+    cov = {
+        i: (float(chunk.advantages[i]) - a_mean) * (float(chunk.logprob[i]) - l_mean) for i in valid
+    }
+    k = max(int(cfg.kl_cov.ratio * len(valid)), 1)
+    top = sorted(valid, key=lambda i: -cov[i])[:k]
+    assert sorted(selected.nonzero().flatten().tolist()) == sorted(top)
+
+
+def test_clip_cov_picks_k_random_candidates_in_the_window_and_skips_clipped_tokens():
+    cfg = MethodConfig.from_mapping(
+        {
+            "name": "clip_cov",
+            "updates_per_rollout": 8,
+            "clip_cov": {"ratio": 0.05, "lb": -0.3, "ub": 0.6},
+        }
+    )
+    chunk = batch(n=400, seed=13, multi_update=True)
+    selected = prepare(cfg, [chunk], SingleProcessReducer(), seed=21).coefficients[0].selected
+    valid = [i for i in range(400) if chunk.mask[i]]
+    a_mean = sum(float(chunk.advantages[i]) for i in valid) / len(valid)
+    l_mean = sum(float(chunk.logprob[i]) for i in valid) / len(valid)
+    candidates = []
+    for i in valid:
+        cov = (float(chunk.advantages[i]) - a_mean) * (float(chunk.logprob[i]) - l_mean)
+        rho = math.exp(float(chunk.logprob[i]) - float(chunk.old_logprob[i]))
+        a = float(chunk.advantages[i])
+        clipped = (a > 0 and rho > 1.2) or (a < 0 and rho < 0.8)
+        if -0.3 < cov < 0.6 and not clipped:
+            candidates.append(i)
+    u = token_uniform(chunk.token_ids, 21)
+    k = max(int(0.05 * len(valid)), 1)
+    expected = sorted(candidates, key=lambda i: -float(u[i]))[:k]
+    assert len(candidates) > k
+    assert sorted(selected.nonzero().flatten().tolist()) == sorted(expected)
+
+
+def test_token_uniform_is_deterministic_and_roughly_uniform():
+    ids = torch.arange(20000) * 7919 + 3
+    u = token_uniform(ids, 5)
+    assert torch.equal(u, token_uniform(ids, 5))
+    assert not torch.equal(u, token_uniform(ids, 6))
+    assert ((u >= 0) & (u < 1)).all()
+    counts = torch.histc(u.float(), bins=10, min=0, max=1)
+    assert counts.min() > 1700 and counts.max() < 2300
+
+
+def test_all_zero_advantages_give_zero_loss_and_lambda_without_nan():
+    chunk = batch(seed=15)
+    chunk = TokenChunk(chunk.logprob, chunk.entropy, torch.zeros_like(chunk.advantages), chunk.mask)
+    cfg = method("opefo")
+    prepared = prepare(cfg, [chunk], SingleProcessReducer())
+    out = policy_loss(
+        cfg,
+        chunk.logprob,
+        chunk.advantages,
+        chunk.mask,
+        prepared.coefficients[0],
+        prepared.n_tokens,
+    )
+    assert prepared.lambda_star == 0.0
+    assert out.loss.item() == 0.0
+    assert all(math.isfinite(v) for v in prepared.metrics.values())
+
+
+def test_prepare_refuses_missing_reducer_single_chunk_and_empty_batch():
+    chunk = batch()
+    cfg = method("opefo")
+    with pytest.raises(TypeError, match="BatchReducer"):
+        prepare(cfg, [chunk], None)
+    with pytest.raises(TypeError, match="sequence of TokenChunk"):
+        prepare(cfg, chunk, SingleProcessReducer())
+    empty = TokenChunk(chunk.logprob, chunk.entropy, chunk.advantages, torch.zeros(96, dtype=bool))
+    with pytest.raises(ValueError, match="no valid response token"):
+        prepare(cfg, [empty], SingleProcessReducer())
+
+
+def test_bad_inputs_name_the_tensor_the_count_and_the_index():
+    lp = -torch.rand(4, 5)
+    lp[2, 3] = float("nan")
+    lp[3, 0] = float("inf")
+    with pytest.raises(ValueError, match=r"logprob has 2 non-finite value\(s\).*index \(2, 3\)"):
+        TokenChunk(lp, torch.rand(4, 5), torch.randn(4, 5), torch.ones(4, 5))
+    with pytest.raises(
+        ValueError, match=r"entropy has shape \(4, 4\) but logprob has shape \(4, 5\)"
+    ):
+        TokenChunk(-torch.rand(4, 5), torch.rand(4, 4), torch.randn(4, 5), torch.ones(4, 5))
+    chunk = batch()
+    prepared = prepare(method("opefo"), [chunk], SingleProcessReducer())
+    with pytest.raises(ValueError, match="strict on-policy"):
+        policy_loss(
+            method("opefo"),
+            chunk.logprob,
+            chunk.advantages,
+            chunk.mask,
+            prepared.coefficients[0],
+            10,
+            old_logprob=chunk.logprob,
+        )

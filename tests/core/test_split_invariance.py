@@ -1,0 +1,145 @@
+"""SPEC §3 invariants under any split of the batch into chunks (micro-batches or ranks).
+
+Property-based: the same batch cut at random places must give identical λ*, flow sums, token
+count, weights, Clip-Cov / KL-Cov selections and total loss.
+"""
+
+from __future__ import annotations
+
+import itertools
+
+import pytest
+import torch
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from opefo_nemo.core import SingleProcessReducer
+from opefo_nemo.core.objectives import MethodConfig, TokenChunk, policy_loss, prepare
+
+CONFIGS = [
+    MethodConfig.from_mapping({"name": "opefo", "entropy_flow": {"balance": "adaptive"}}),
+    MethodConfig.from_mapping(
+        {"name": "opefo", "entropy_flow": {"balance": "adaptive", "estimator": "tabular"}}
+    ),
+    MethodConfig.from_mapping(
+        {"name": "kl_cov", "updates_per_rollout": 4, "kl_cov": {"ratio": 0.05}}
+    ),
+    MethodConfig.from_mapping(
+        {
+            "name": "clip_cov",
+            "updates_per_rollout": 4,
+            "clip_cov": {"ratio": 0.05, "lb": -0.5, "ub": 1.0},
+        }
+    ),
+]
+
+
+def whole_batch(n: int, seed: int, zero_adv_fraction: float) -> dict[str, torch.Tensor]:
+    g = torch.Generator().manual_seed(seed)
+    probs = torch.rand(n, generator=g).clamp(1e-3, 1)
+    adv = torch.randn(n, generator=g)
+    adv[torch.rand(n, generator=g) < zero_adv_fraction] = 0.0
+    s2 = probs.square() + torch.rand(n, generator=g) * 0.1
+    return {
+        "logprob": probs.log(),
+        "entropy": torch.rand(n, generator=g) * 2,
+        "advantages": adv,
+        "mask": torch.rand(n, generator=g) > 0.2,
+        "old_logprob": probs.log() + torch.randn(n, generator=g) * 0.2,
+        "token_ids": torch.randperm(n * 5, generator=g)[:n],
+        "sum_p2": s2,
+        "sum_p2_logp": s2 * probs.log(),
+    }
+
+
+def chunks_of(data: dict[str, torch.Tensor], cuts: list[int], strict: bool) -> list[TokenChunk]:
+    bounds = [0, *sorted(set(cuts)), len(data["mask"])]
+    chunks = []
+    for lo, hi in itertools.pairwise(bounds):
+        fields = {k: v[lo:hi] for k, v in data.items()}
+        if strict:
+            fields["old_logprob"] = None
+        chunks.append(TokenChunk(**fields))
+    return chunks
+
+
+@settings(max_examples=40, deadline=None)
+@given(
+    n=st.integers(min_value=8, max_value=300),
+    seed=st.integers(min_value=0, max_value=10_000),
+    cut_fractions=st.lists(st.floats(min_value=0.01, max_value=0.99), max_size=6),
+    config_index=st.integers(min_value=0, max_value=len(CONFIGS) - 1),
+    zero_adv_fraction=st.sampled_from([0.0, 0.3, 1.0]),
+)
+def test_any_split_gives_the_same_coefficients_and_loss(
+    n, seed, cut_fractions, config_index, zero_adv_fraction
+):
+    cfg = CONFIGS[config_index]
+    data = whole_batch(n, seed, zero_adv_fraction)
+    if not data["mask"].any():
+        data["mask"][0] = True
+    cuts = [max(1, min(n - 1, int(f * n))) for f in cut_fractions]
+    strict = cfg.strict_on_policy
+    one = prepare(cfg, chunks_of(data, [], strict), SingleProcessReducer(), seed=seed)
+    split_chunks = chunks_of(data, cuts, strict)
+    many = prepare(cfg, split_chunks, SingleProcessReducer(), seed=seed)
+
+    assert many.n_tokens == one.n_tokens == int(data["mask"].sum())
+    assert many.lambda_star == pytest.approx(one.lambda_star, rel=1e-6, abs=1e-9)
+    assert -1.0 <= one.lambda_star <= 1.0
+    for key in ("flow_pos", "flow_neg", "entropy"):
+        assert float(many.sums[key]) == pytest.approx(float(one.sums[key]), rel=1e-9, abs=1e-12)
+    for field in ("weight", "selected", "delta_h"):
+        joined = torch.cat([getattr(c, field) for c in many.coefficients])
+        assert torch.equal(joined, getattr(one.coefficients[0], field)), field
+
+    pos, neg = float(one.sums["flow_pos"]), float(one.sums["flow_neg"])
+    if cfg.name == "opefo" and pos + neg > 0:
+        assert (1 + one.lambda_star) * pos - (1 - one.lambda_star) * neg == pytest.approx(
+            0.0, abs=1e-9 * (pos + neg)
+        )
+    if pos + neg == 0:
+        assert one.lambda_star == 0.0
+
+    full = policy_loss(
+        cfg,
+        data["logprob"],
+        data["advantages"],
+        data["mask"],
+        one.coefficients[0],
+        one.n_tokens,
+        old_logprob=None if strict else data["old_logprob"],
+    ).loss
+    parts = sum(
+        policy_loss(
+            cfg,
+            c.logprob,
+            c.advantages,
+            c.mask,
+            coef,
+            many.n_tokens,
+            old_logprob=c.old_logprob,
+        ).loss
+        for c, coef in zip(split_chunks, many.coefficients, strict=True)
+    )
+    assert float(parts) == pytest.approx(float(full), rel=1e-5, abs=1e-7)
+
+
+@settings(max_examples=60, deadline=None)
+@given(
+    values=st.lists(
+        st.floats(min_value=-1e3, max_value=1e3, allow_nan=False, width=32), min_size=1, max_size=50
+    )
+)
+def test_lambda_star_is_bounded_and_zeroes_the_flow(values):
+    from opefo_nemo.core import entropy_flow as ef
+
+    dh = torch.tensor(values)
+    mask = torch.ones_like(dh, dtype=torch.bool)
+    pos, neg = ef.flow_sums(dh, mask)
+    weights, lam = ef.balance(dh, mask, pos, neg, "adaptive")
+    assert -1.0 <= float(lam) <= 1.0
+    net = float((weights.double() * dh.double()).sum())
+    if float(pos + neg) >= ef.LAMBDA_EPS:  # below eps, λ* is damped towards 0 by design
+        assert net == pytest.approx(0.0, abs=1e-6 * float(pos + neg))
+    assert torch.all(weights[dh == 0] == 1.0)
