@@ -8,10 +8,12 @@
 from opefo_nemo.parallel.pipeline import broadcast_from_last_stage
 from opefo_nemo.parallel.reduction import DataParallelReducer
 from opefo_nemo.parallel.token_stats import NonFiniteLogitsError, TokenStats, token_stats
+from opefo_nemo.parallel.vocab_stats import ShardWidthError
 
 __all__ = [
     "DataParallelReducer",
     "NonFiniteLogitsError",
+    "ShardWidthError",
     "TokenStats",
     "broadcast_from_last_stage",
     "token_stats",

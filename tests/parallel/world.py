@@ -10,6 +10,7 @@ from __future__ import annotations
 import datetime
 import os
 import tempfile
+import time
 import warnings
 from collections.abc import Callable
 
@@ -19,13 +20,22 @@ import torch.multiprocessing as mp
 
 #: Timeout of every process group in these tests: long enough for two busy CPU cores.
 GROUP_TIMEOUT = datetime.timedelta(seconds=60)
+#: Backstop: the test fails (and kills the world) if it has not finished by then.
+WORLD_DEADLINE_S = 240.0
 
 
 def run_world(fn: Callable[..., None], world_size: int, *args: object) -> None:
     """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks."""
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"
-        mp.spawn(_entry, args=(fn, world_size, init, args), nprocs=world_size, join=True)
+        context = mp.spawn(_entry, args=(fn, world_size, init, args), nprocs=world_size, join=False)
+        deadline = time.monotonic() + WORLD_DEADLINE_S
+        while not context.join(timeout=1.0):
+            if time.monotonic() > deadline:
+                for process in context.processes:
+                    if process.is_alive():
+                        process.kill()
+                raise TimeoutError(f"{fn.__name__} ran past {WORLD_DEADLINE_S} s: a rank hung")
 
 
 def _entry(
