@@ -1,0 +1,24 @@
+"""Launch planning for clusters: layouts, per-GPU memory estimates and preflight checks.
+
+Pure Python and torch-free arithmetic: nothing here imports NeMo, megatron or vLLM, so
+``opefo-preflight`` runs on a login node before any GPU work.
+"""
+
+from .checks import Problem, all_problems, plan_memory
+from .layout import ParallelLayout
+from .memory import GIB, MemoryEstimate, MemorySettings, estimate_memory
+from .model_shape import ModelShape
+from .plan import LaunchPlan
+
+__all__ = [
+    "GIB",
+    "LaunchPlan",
+    "MemoryEstimate",
+    "MemorySettings",
+    "ModelShape",
+    "ParallelLayout",
+    "Problem",
+    "all_problems",
+    "estimate_memory",
+    "plan_memory",
+]

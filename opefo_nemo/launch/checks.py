@@ -1,0 +1,230 @@
+"""Preflight's checks: each returns every problem it finds, so one run lists them all."""
+
+from __future__ import annotations
+
+import importlib.util
+import os
+from dataclasses import dataclass
+from pathlib import Path
+
+from .layout import ParallelLayout
+from .memory import GIB, MemoryEstimate, estimate_memory, padded_vocab_size
+from .plan import LaunchPlan
+
+
+@dataclass(frozen=True)
+class Problem:
+    """One reason the launch would fail; ``topic`` names the check, ``message`` the fix."""
+
+    topic: str
+    message: str
+
+    def __str__(self) -> str:
+        return f"[{self.topic}] {self.message}"
+
+
+def layout_of(plan: LaunchPlan) -> ParallelLayout | None:
+    """The plan's layout, or ``None`` when TP × PP does not divide the world size."""
+    try:
+        return ParallelLayout.for_world(
+            plan.world_size, plan.tensor_parallel, plan.pipeline_parallel, plan.sequence_parallel
+        )
+    except ValueError:
+        return None
+
+
+def check_layout(plan: LaunchPlan) -> list[Problem]:
+    """World size vs TP × PP × DP, and the model's heads and layers vs TP and PP."""
+    problems = []
+    tp, pp = plan.tensor_parallel, plan.pipeline_parallel
+    if tp <= 0 or pp <= 0 or plan.world_size <= 0:
+        return [
+            Problem(
+                "layout",
+                f"world size {plan.world_size}, tensor parallel {tp} and pipeline parallel {pp} "
+                "must all be positive",
+            )
+        ]
+    if plan.world_size % (tp * pp):
+        problems.append(
+            Problem(
+                "layout",
+                f"world size {plan.world_size} is not a multiple of tensor parallel {tp} × "
+                f"pipeline parallel {pp} = {tp * pp}: no data-parallel size fits",
+            )
+        )
+    shape = plan.shape
+    if shape is not None:
+        for name, count in (
+            ("num_attention_heads", shape.num_attention_heads),
+            ("num_key_value_heads", shape.num_key_value_heads),
+        ):
+            if count % tp:
+                problems.append(
+                    Problem(
+                        "layout",
+                        f"model {name} = {count} is not divisible by tensor parallel {tp}",
+                    )
+                )
+        if shape.num_layers % pp:
+            problems.append(
+                Problem(
+                    "layout",
+                    f"model num_layers = {shape.num_layers} is not divisible by pipeline "
+                    f"parallel {pp}",
+                )
+            )
+    return problems
+
+
+def check_batch(plan: LaunchPlan) -> list[Problem]:
+    """Prompts × responses, split into ``updates_per_rollout`` mini-batches, each divisible by
+    data-parallel size × micro-batch size (every rank runs whole micro-batches)."""
+    total = plan.responses_per_step
+    updates = plan.updates_per_rollout
+    if updates <= 0 or plan.micro_batch_size <= 0:
+        return [
+            Problem(
+                "batch",
+                f"updates_per_rollout {updates} and micro_batch_size {plan.micro_batch_size} "
+                "must be positive",
+            )
+        ]
+    if total % updates:
+        return [
+            Problem(
+                "batch",
+                f"{plan.prompts_per_step} prompts × {plan.responses_per_prompt} responses = "
+                f"{total} responses do not split into {updates} equal mini-batches",
+            )
+        ]
+    layout = layout_of(plan)
+    if layout is None:
+        return []
+    per_update = total // updates
+    step = layout.data * plan.micro_batch_size
+    if per_update % step:
+        return [
+            Problem(
+                "batch",
+                f"{per_update} responses per optimizer step ({plan.prompts_per_step} prompts × "
+                f"{plan.responses_per_prompt} responses / {updates} updates) are not divisible "
+                f"by data parallel {layout.data} × micro_batch_size {plan.micro_batch_size} = "
+                f"{step}",
+            )
+        ]
+    return []
+
+
+def check_vocab(plan: LaunchPlan) -> list[Problem]:
+    """The checkpoint's vocabulary must need no Megatron padding at this TP (SPEC §1: padded
+    columns would have to be masked and cut on every weight transfer)."""
+    if plan.shape is None:
+        return []
+    vocab = plan.shape.vocab_size
+    divisible_by = plan.memory.make_vocab_size_divisible_by
+    padded = padded_vocab_size(vocab, divisible_by, plan.tensor_parallel)
+    if padded == vocab:
+        return []
+    return [
+        Problem(
+            "vocab",
+            f"vocab_size {vocab} is not divisible by make_vocab_size_divisible_by "
+            f"{divisible_by} × tensor parallel {plan.tensor_parallel} = "
+            f"{divisible_by * plan.tensor_parallel}; Megatron would pad it to {padded} rows "
+            "and the checkpoint's embedding would not load as is: lower "
+            "make_vocab_size_divisible_by",
+        )
+    ]
+
+
+def _readable_file_or_dir(path: Path) -> bool:
+    return os.access(path, os.R_OK) and (path.is_file() or os.access(path, os.X_OK))
+
+
+def _writable_dir(path: Path) -> bool:
+    """``path`` is a writable directory, or can be created under a writable ancestor."""
+    for candidate in (path, *path.parents):
+        if candidate.exists():
+            return candidate.is_dir() and os.access(candidate, os.W_OK | os.X_OK)
+    return False
+
+
+def check_paths(plan: LaunchPlan) -> list[Problem]:
+    """The model directory (with ``config.json``), data files and resume checkpoint are
+    readable; the checkpoint directory is writable (or creatable)."""
+    problems = []
+    if plan.model_path is not None:
+        model = Path(plan.model_path)
+        if not model.is_dir() or not _readable_file_or_dir(model):
+            problems.append(Problem("paths", f"model directory {model} is not readable"))
+        elif not (model / "config.json").is_file():
+            problems.append(Problem("paths", f"model directory {model} has no config.json"))
+    for data in plan.data_paths:
+        if not Path(data).exists() or not _readable_file_or_dir(Path(data)):
+            problems.append(Problem("paths", f"data path {data} is not readable"))
+    if plan.resume_path is not None and not _readable_file_or_dir(Path(plan.resume_path)):
+        problems.append(Problem("paths", f"resume checkpoint {plan.resume_path} is not readable"))
+    if plan.checkpoint_dir is not None and not _writable_dir(Path(plan.checkpoint_dir)):
+        problems.append(
+            Problem("paths", f"checkpoint directory {plan.checkpoint_dir} is not writable")
+        )
+    return problems
+
+
+def plan_memory(plan: LaunchPlan) -> MemoryEstimate | None:
+    """The plan's per-GPU estimate, or ``None`` without a model shape or a valid layout."""
+    layout = layout_of(plan)
+    if plan.shape is None or layout is None:
+        return None
+    return estimate_memory(plan.shape, layout, plan.memory, plan.gpu_memory_bytes)
+
+
+def check_memory(plan: LaunchPlan) -> list[Problem]:
+    """The estimated peak fits in the GPU's memory (skipped for CPU runs: no GPU memory)."""
+    estimate = plan_memory(plan)
+    if estimate is None or plan.gpu_memory_bytes <= 0:
+        return []
+    if estimate.peak <= plan.gpu_memory_bytes:
+        return []
+    phase = "training" if estimate.training >= estimate.generation else "generation"
+    return [
+        Problem(
+            "memory",
+            f"estimated per-GPU peak {estimate.peak / GIB:.1f} GiB ({phase} phase) exceeds the "
+            f"GPU's {plan.gpu_memory_bytes / GIB:.1f} GiB: raise tensor/pipeline parallel, "
+            "enable the distributed optimizer or activation recomputation, or lower vLLM's "
+            "memory fraction",
+        )
+    ]
+
+
+def check_engine(plan: LaunchPlan) -> list[Problem]:
+    """The configured engine's module ``opefo_nemo.engines.<engine>`` is installed (found without
+    importing it, so a missing NeMo does not crash preflight)."""
+    module = f"opefo_nemo.engines.{plan.engine}"
+    try:
+        found = importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):
+        found = False
+    if found:
+        return []
+    return [
+        Problem(
+            "engine",
+            f"engine {plan.engine!r} is not available: module {module} is not installed in "
+            "this environment",
+        )
+    ]
+
+
+def all_problems(plan: LaunchPlan) -> list[Problem]:
+    """Every check's problems, in a fixed order."""
+    return [
+        *check_engine(plan),
+        *check_layout(plan),
+        *check_batch(plan),
+        *check_vocab(plan),
+        *check_paths(plan),
+        *check_memory(plan),
+    ]

@@ -1,0 +1,200 @@
+"""Per-GPU memory estimate of one training rank (Megatron layout) and of its colocated vLLM.
+
+All figures are bytes on the most loaded pipeline stage of one rank. With ``P`` the parameters
+that rank holds (its 1/TP slice of the split matrices, the whole norms, the embedding on the
+first stage, the output layer on the last; the vocabulary padded to a multiple of
+``make_vocab_size_divisible_by × TP``):
+
+    weights     = P · param_bytes
+    gradients   = P · grad_bytes                   (Megatron keeps fp32 main grads)
+    optimizer   = P · (8 + 4·master_weights)       (Adam m, v and the fp32 master copy)
+                  / DP with the distributed optimizer
+    activations = tokens · layers_per_stage · in_flight · per_token_layer
+    logits      = tokens · V_pad / TP · (activation_bytes + 4)    (last stage; fp32 for the stats)
+
+``tokens = micro_batch_size · sequence_length``; ``in_flight`` is the number of micro-batches whose
+activations the first stage holds under the 1F1B schedule, ``min(PP, micro-batches)``.
+``per_token_layer`` counts what one layer saves for backward per token, ``a = activation_bytes``:
+
+    no recomputation: a · (4h / s + (2·H·d + 2·G·d + 3f) / TP) + 4 · H / TP
+        4h: the inputs of both norms and of the QKV and MLP input projections (``s = TP`` with
+        sequence parallel, else 1); Q, K, V and the attention output; the gated MLP's two
+        input projections (2f) and its down projection's input (f); fp32 softmax statistics
+        (flash attention keeps no s×s matrix).
+    full recomputation: a · h / s (only each layer's input).
+
+The rollout engine colocated on the same GPU uses ``vllm_memory_fraction`` of the GPU while it
+generates and ``vllm_asleep_bytes`` while the actor trains. The peak is the larger of
+
+    training   = weights + gradients + optimizer + activations + logits + vLLM asleep + overhead
+    generation = weights + gradients + optimizer + vLLM share + overhead
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+from .layout import ParallelLayout
+from .model_shape import ModelShape
+
+GIB = 1024**3
+
+
+@dataclass(frozen=True)
+class MemorySettings:
+    """What besides the model shape and the layout decides memory."""
+
+    sequence_length: int
+    micro_batch_size: int = 1
+    num_micro_batches: int = 1
+    param_bytes: int = 2
+    grad_bytes: int = 4
+    activation_bytes: int = 2
+    master_weights: bool = True
+    distributed_optimizer: bool = True
+    activation_recompute: bool = False
+    make_vocab_size_divisible_by: int = 128
+    vllm_memory_fraction: float = 0.0
+    vllm_asleep_bytes: int = 0
+    overhead_bytes: int = 0
+
+    def __post_init__(self) -> None:
+        for name in (
+            "sequence_length",
+            "micro_batch_size",
+            "num_micro_batches",
+            "param_bytes",
+            "grad_bytes",
+            "activation_bytes",
+            "make_vocab_size_divisible_by",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"MemorySettings.{name} must be a positive integer, got {value!r}")
+        if not 0.0 <= self.vllm_memory_fraction < 1.0:
+            raise ValueError(
+                f"MemorySettings.vllm_memory_fraction must be in [0, 1), got "
+                f"{self.vllm_memory_fraction!r}"
+            )
+        for name in ("vllm_asleep_bytes", "overhead_bytes"):
+            if getattr(self, name) < 0:
+                raise ValueError(f"MemorySettings.{name} must be >= 0")
+
+    @property
+    def optimizer_bytes_per_param(self) -> int:
+        """Adam's two moments in fp32, plus the fp32 master weights under mixed precision."""
+        return 8 + (4 if self.master_weights else 0)
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    """Megatron's vocabulary padding: up to a multiple of ``divisible_by × tensor_parallel``."""
+    multiple = divisible_by * tensor_parallel
+    return math.ceil(vocab_size / multiple) * multiple
+
+
+def parameters_per_rank(shape: ModelShape, layout: ParallelLayout, divisible_by: int) -> int:
+    """Parameters held by one rank of the most loaded pipeline stage (see the module docstring).
+
+    With PP > 1 the first stage holds the embedding and the last the output layer (a copy of the
+    embedding when tied); with PP = 1 one stage holds both (one matrix when tied).
+    """
+    tp, pp = layout.tensor, layout.pipeline
+    vocab = padded_vocab_size(shape.vocab_size, divisible_by, tp)
+    layers = math.ceil(shape.num_layers / pp)
+    per_layer = (
+        shape.attention_parameters() + shape.mlp_parameters()
+    ) // tp + shape.replicated_layer_parameters()
+    embedding = shape.embedding_parameters(vocab) // tp
+    body = layers * per_layer
+    if pp == 1:
+        output = 0 if shape.tie_word_embeddings else embedding
+        return body + embedding + output + shape.hidden_size
+    first = body + embedding
+    last = body + embedding + shape.hidden_size
+    return max(first, last)
+
+
+def activation_bytes_per_token_layer(
+    shape: ModelShape, layout: ParallelLayout, settings: MemorySettings
+) -> float:
+    """Bytes one decoder layer keeps for backward per token on one rank (module docstring)."""
+    tp = layout.tensor
+    split = tp if layout.sequence_parallel else 1
+    a = settings.activation_bytes
+    if settings.activation_recompute:
+        return a * shape.hidden_size / split
+    replicated = 4 * shape.hidden_size / split
+    sharded = (2 * shape.query_width + 2 * shape.key_value_width + 3 * shape.intermediate_size) / tp
+    return a * (replicated + sharded) + 4 * shape.num_attention_heads / tp
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """The per-GPU table, in bytes; ``optimizer`` follows ``settings.distributed_optimizer``."""
+
+    weights: int
+    gradients: int
+    optimizer_plain: int
+    optimizer_distributed: int
+    activations: int
+    logits: int
+    vllm_share: int
+    vllm_asleep: int
+    overhead: int
+    distributed_optimizer: bool
+
+    @property
+    def optimizer(self) -> int:
+        """Optimizer states under the configured optimizer."""
+        return self.optimizer_distributed if self.distributed_optimizer else self.optimizer_plain
+
+    @property
+    def resident(self) -> int:
+        """What the actor keeps on the GPU in both phases: weights, gradients, optimizer."""
+        return self.weights + self.gradients + self.optimizer
+
+    @property
+    def training(self) -> int:
+        """The training phase's total: resident + activations + logits + asleep vLLM."""
+        return self.resident + self.activations + self.logits + self.vllm_asleep + self.overhead
+
+    @property
+    def generation(self) -> int:
+        """The rollout phase's total: resident + vLLM's share of the GPU."""
+        return self.resident + self.vllm_share + self.overhead
+
+    @property
+    def peak(self) -> int:
+        """The larger of the two phases."""
+        return max(self.training, self.generation)
+
+
+def estimate_memory(
+    shape: ModelShape,
+    layout: ParallelLayout,
+    settings: MemorySettings,
+    gpu_memory_bytes: int = 0,
+) -> MemoryEstimate:
+    """The estimate of the module docstring; ``gpu_memory_bytes`` sizes vLLM's share (0: none)."""
+    params = parameters_per_rank(shape, layout, settings.make_vocab_size_divisible_by)
+    optimizer = params * settings.optimizer_bytes_per_param
+    tokens = settings.micro_batch_size * settings.sequence_length
+    layers = math.ceil(shape.num_layers / layout.pipeline)
+    in_flight = min(layout.pipeline, settings.num_micro_batches)
+    per_token_layer = activation_bytes_per_token_layer(shape, layout, settings)
+    vocab = padded_vocab_size(
+        shape.vocab_size, settings.make_vocab_size_divisible_by, layout.tensor
+    )
+    return MemoryEstimate(
+        weights=params * settings.param_bytes,
+        gradients=params * settings.grad_bytes,
+        optimizer_plain=optimizer,
+        optimizer_distributed=math.ceil(optimizer / layout.data),
+        activations=math.ceil(tokens * layers * in_flight * per_token_layer),
+        logits=tokens * vocab // layout.tensor * (settings.activation_bytes + 4),
+        vllm_share=int(settings.vllm_memory_fraction * gpu_memory_bytes),
+        vllm_asleep=settings.vllm_asleep_bytes,
+        overhead=settings.overhead_bytes,
+        distributed_optimizer=settings.distributed_optimizer,
+    )

@@ -1,0 +1,139 @@
+"""The shape of a decoder-only transformer (Qwen2, Qwen3, Llama families) and its parameter counts.
+
+Read from a Hugging Face ``config.json``. Per decoder layer, with hidden size ``h``, ``H`` query
+heads and ``G`` key/value heads of size ``d``, MLP width ``f`` (gated: gate, up, down):
+
+    attention = h·H·d (Q) + 2·h·G·d (K, V) + H·d·h (O)  [+ H·d + 2·G·d biases, Qwen2]
+                [+ 2·d for per-head Q/K RMSNorm, Qwen3]
+    mlp       = 3·h·f
+    norms     = 2·h
+
+plus the embedding ``V·h``, the output layer ``V·h`` unless tied, and the final norm ``h``.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+
+@dataclass(frozen=True)
+class ModelShape:
+    """Architecture numbers that decide memory; every field is a count (no bytes here)."""
+
+    hidden_size: int
+    num_layers: int
+    num_attention_heads: int
+    num_key_value_heads: int
+    head_dim: int
+    intermediate_size: int
+    vocab_size: int
+    tie_word_embeddings: bool = False
+    qkv_bias: bool = False
+    qk_norm: bool = False
+
+    def __post_init__(self) -> None:
+        for name in (
+            "hidden_size",
+            "num_layers",
+            "num_attention_heads",
+            "num_key_value_heads",
+            "head_dim",
+            "intermediate_size",
+            "vocab_size",
+        ):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"ModelShape.{name} must be a positive integer, got {value!r}")
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any]) -> ModelShape:
+        """From a Hugging Face config mapping (``model_type`` qwen2, qwen3, llama, or alike).
+
+        Qwen2 has Q/K/V biases; Qwen3 has per-head Q/K norms; ``head_dim`` defaults to
+        ``hidden_size / num_attention_heads`` when the config does not state it.
+        """
+        missing = [
+            key
+            for key in (
+                "hidden_size",
+                "num_hidden_layers",
+                "num_attention_heads",
+                "intermediate_size",
+                "vocab_size",
+            )
+            if key not in config
+        ]
+        if missing:
+            raise ValueError(f"model config lacks {', '.join(missing)}")
+        heads = int(config["num_attention_heads"])
+        model_type = str(config.get("model_type", ""))
+        return cls(
+            hidden_size=int(config["hidden_size"]),
+            num_layers=int(config["num_hidden_layers"]),
+            num_attention_heads=heads,
+            num_key_value_heads=int(config.get("num_key_value_heads") or heads),
+            head_dim=int(config.get("head_dim") or config["hidden_size"] // heads),
+            intermediate_size=int(config["intermediate_size"]),
+            vocab_size=int(config["vocab_size"]),
+            tie_word_embeddings=bool(config.get("tie_word_embeddings", False)),
+            qkv_bias=bool(config.get("attention_bias", model_type == "qwen2")),
+            qk_norm=model_type.startswith("qwen3"),
+        )
+
+    @classmethod
+    def from_model_dir(cls, path: str | Path) -> ModelShape:
+        """From ``<path>/config.json``; raises ``FileNotFoundError`` naming the file if absent."""
+        config_file = Path(path) / "config.json"
+        if not config_file.is_file():
+            raise FileNotFoundError(f"{config_file} does not exist")
+        return cls.from_hf_config(json.loads(config_file.read_text()))
+
+    @property
+    def query_width(self) -> int:
+        """``H·d``: the width of the query projection and of the attention output."""
+        return self.num_attention_heads * self.head_dim
+
+    @property
+    def key_value_width(self) -> int:
+        """``G·d``: the width of the key projection (and of the value projection)."""
+        return self.num_key_value_heads * self.head_dim
+
+    def attention_parameters(self) -> int:
+        """Weights (and biases) of Q, K, V and O in one layer; all split across tensor parallel."""
+        h, q, kv = self.hidden_size, self.query_width, self.key_value_width
+        count = h * q + 2 * h * kv + q * h
+        if self.qkv_bias:
+            count += q + 2 * kv
+        return count
+
+    def mlp_parameters(self) -> int:
+        """Gate, up and down projections of one layer; all split across tensor parallel."""
+        return 3 * self.hidden_size * self.intermediate_size
+
+    def replicated_layer_parameters(self) -> int:
+        """Parameters of one layer that every tensor-parallel rank holds whole (the norms)."""
+        return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
+
+    def layer_parameters(self) -> int:
+        """All parameters of one decoder layer."""
+        return (
+            self.attention_parameters() + self.mlp_parameters() + self.replicated_layer_parameters()
+        )
+
+    def embedding_parameters(self, vocab_size: int | None = None) -> int:
+        """``V·h`` for the input embedding (or the output layer), at ``vocab_size`` rows."""
+        return (vocab_size or self.vocab_size) * self.hidden_size
+
+    def total_parameters(self) -> int:
+        """Every parameter of the unpadded model, as the Hugging Face checkpoint stores it."""
+        output = 0 if self.tie_word_embeddings else self.embedding_parameters()
+        return (
+            self.num_layers * self.layer_parameters()
+            + self.embedding_parameters()
+            + output
+            + self.hidden_size
+        )

@@ -1,0 +1,46 @@
+"""Preflight's per-GPU memory table as plain text."""
+
+from __future__ import annotations
+
+from .layout import ParallelLayout
+from .memory import GIB, MemoryEstimate
+
+
+def _gib(value: int) -> str:
+    return f"{value / GIB:9.2f}"
+
+
+def memory_table(estimate: MemoryEstimate, layout: ParallelLayout, gpu_memory_bytes: int) -> str:
+    """Rows of the estimate in GiB; the optimizer row not in use is marked ``(unused)``.
+
+    The last lines compare both phases with ``gpu_memory_bytes`` (omitted when it is 0: CPU).
+    """
+    distributed = estimate.distributed_optimizer
+    rows = [
+        ("weights", estimate.weights, ""),
+        ("gradients", estimate.gradients, ""),
+        ("optimizer states", estimate.optimizer_plain, "" if not distributed else "(unused)"),
+        (
+            f"optimizer states, distributed over DP={layout.data}",
+            estimate.optimizer_distributed,
+            "" if distributed else "(unused)",
+        ),
+        ("activations (one micro-batch, 1F1B in flight)", estimate.activations, ""),
+        ("logits (last stage)", estimate.logits, ""),
+        ("vLLM asleep (training phase)", estimate.vllm_asleep, ""),
+        ("vLLM share (generation phase)", estimate.vllm_share, ""),
+        ("runtime overhead", estimate.overhead, ""),
+    ]
+    width = max(len(name) for name, _, _ in rows) + 2
+    lines = [
+        f"per-GPU memory, TP={layout.tensor} PP={layout.pipeline} DP={layout.data} "
+        f"(sequence parallel {'on' if layout.sequence_parallel else 'off'})",
+        f"{'':{width}}{'GiB':>9}",
+    ]
+    lines += [f"{name:{width}}{_gib(value)} {note}".rstrip() for name, value, note in rows]
+    lines.append(f"{'training phase total':{width}}{_gib(estimate.training)}")
+    lines.append(f"{'generation phase total':{width}}{_gib(estimate.generation)}")
+    if gpu_memory_bytes > 0:
+        verdict = "fits" if estimate.peak <= gpu_memory_bytes else "DOES NOT FIT"
+        lines.append(f"{'GPU memory':{width}}{_gib(gpu_memory_bytes)} {verdict}")
+    return "\n".join(lines)
