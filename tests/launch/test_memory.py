@@ -7,11 +7,11 @@ Measured (no CUDA allocator statistics on the CPU, so storages are summed exactl
   log-probability loss (``torch.autograd.graph.saved_tensors_hooks``), excluding parameters.
 Their sum is the memory the step holds at the end of its forward pass, the training-phase peak.
 
-Margin: the estimate counts what Megatron's fused kernels keep (one saved input and statistics per
-RMSNorm, the gated MLP's fused activation). Hugging Face's eager modules keep more (each RMSNorm also
-keeps its fp32 normalised copy, grouped-query K/V are expanded), so the measured activations exceed
-the estimate; the documented margin (docs/cluster.md) is: estimated activations within 25 % below
-the measurement, never above it by more than 5 %; the whole step within 15 %.
+Margin: the estimate counts what Megatron's fused kernels keep (one saved input and statistics
+per RMSNorm, the gated MLP's fused activation). Hugging Face's eager modules keep more (each
+RMSNorm also keeps its fp32 normalised copy), so the measured activations exceed the estimate;
+the documented margin (docs/cluster.md) is: estimated activations at most 25 % below the
+measurement and at most 5 % above it; the whole step within 15 % below to 5 % above.
 """
 
 from __future__ import annotations
