@@ -1,0 +1,202 @@
+"""Rank functions for the global-batch tests: DataParallelReducer, prepare() across layouts,
+broadcast_from_last_stage (run by tests/parallel/world.py)."""
+
+from __future__ import annotations
+
+import warnings
+
+import torch
+import torch.distributed as dist
+
+from opefo_nemo.core.objectives import MethodConfig, TokenChunk, prepare
+from opefo_nemo.core.reduction import SingleProcessReducer
+from opefo_nemo.parallel import DataParallelReducer, broadcast_from_last_stage, token_stats
+from tests.parallel.collectives import count_collectives
+from tests.parallel.world import GROUP_TIMEOUT
+
+SEQS, SEQ_LEN, VOCAB = 12, 10, 40
+
+METHODS = {
+    "opefo": {"name": "opefo", "entropy_flow": {"balance": "adaptive"}},
+    "opefo_tabular": {
+        "name": "opefo",
+        "entropy_flow": {"balance": "adaptive", "estimator": "tabular"},
+    },
+    "clip_cov": {
+        "name": "clip_cov",
+        "updates_per_rollout": 8,
+        "clip_cov": {"ratio": 0.1, "lb": 0.05},
+    },
+    "kl_cov": {"name": "kl_cov", "updates_per_rollout": 8, "kl_cov": {"ratio": 0.1}},
+}
+
+
+def shared_rollout(seed: int = 0) -> dict[str, torch.Tensor]:
+    """One optimizer-step batch ``[SEQS, SEQ_LEN]``, identical on every rank."""
+    gen = torch.Generator().manual_seed(seed)
+    lengths = torch.randint(3, SEQ_LEN + 1, (SEQS,), generator=gen)
+    prompt = torch.randint(0, 3, (SEQS,), generator=gen)
+    position = torch.arange(SEQ_LEN)
+    return {
+        "logits": torch.randn(SEQS, SEQ_LEN, VOCAB, generator=gen) * 3,
+        "targets": torch.randint(0, VOCAB, (SEQS, SEQ_LEN), generator=gen),
+        "advantages": (torch.randn(SEQS, generator=gen) * 1.5)[:, None].expand(SEQS, SEQ_LEN),
+        "mask": (position >= prompt[:, None]) & (position < lengths[:, None]),
+        "old_noise": torch.randn(SEQS, SEQ_LEN, generator=gen) * 0.3,
+        "token_ids": torch.arange(SEQS * SEQ_LEN).view(SEQS, SEQ_LEN) * 7 + 1000,
+    }
+
+
+def _chunk(batch, rows, stats, old_logprob) -> TokenChunk:
+    return TokenChunk(
+        logprob=stats.logprob,
+        entropy=stats.entropy,
+        advantages=batch["advantages"][rows].contiguous(),
+        mask=batch["mask"][rows],
+        old_logprob=None if old_logprob is None else old_logprob[rows],
+        token_ids=batch["token_ids"][rows],
+        sum_p2=stats.sum_p2,
+        sum_p2_logp=stats.sum_p2_logp,
+    )
+
+
+def _config(name: str) -> MethodConfig:
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return MethodConfig.from_mapping(METHODS[name])
+
+
+def _layout_groups(tp: int, dp: int, rank: int):
+    """Megatron's order tp-dp: TP groups of consecutive ranks, DP groups strided by TP."""
+    tp_group = dp_group = None
+    for j in range(dp):
+        ranks = [j * tp + i for i in range(tp)]
+        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
+        tp_group = group if rank in ranks else tp_group
+    for i in range(tp):
+        ranks = [i + tp * j for j in range(dp)]
+        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
+        dp_group = group if rank in ranks else dp_group
+    return tp_group, dp_group
+
+
+def prepare_is_layout_independent(rank: int, world_size: int) -> None:
+    """λ*, the global sums, the token count, the weights and the Clip-Cov / KL-Cov selections of
+    prepare() equal the single-process ones for TP ∈ {1,2,4} × DP ∈ {1,2} and 1 or 3 micro-batches.
+    """
+    batch = shared_rollout()
+    full = token_stats(batch["logits"], batch["targets"], tabular=True)
+    old_logprob = full.logprob + batch["old_noise"]
+    references = {}
+    for name in METHODS:
+        olds = old_logprob if _config(name).updates_per_rollout > 1 else None
+        chunk = _chunk(batch, slice(None), full, olds)
+        references[name] = prepare(_config(name), [chunk], SingleProcessReducer(), seed=5)
+    for name in ("clip_cov", "kl_cov"):
+        picked = int(references[name].coefficients[0].selected.sum())
+        assert picked >= 3, f"{name} selects {picked} tokens: the check would be vacuous"
+    for tp, dp in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2)):
+        tp_group, dp_group = _layout_groups(tp, dp, rank)
+        if rank >= tp * dp:
+            continue
+        tp_rank, dp_rank = rank % tp, rank // tp
+        padded = -(-VOCAB // (4 * tp)) * 4 * tp
+        logits = torch.cat([batch["logits"], torch.zeros(SEQS, SEQ_LEN, padded - VOCAB)], -1)
+        width = padded // tp
+        shard = logits[..., tp_rank * width : (tp_rank + 1) * width]
+        my_rows = torch.arange(SEQS).chunk(dp)[dp_rank]
+        for micro in (1, 3):
+            row_sets = my_rows.chunk(micro)
+            stats = [
+                token_stats(
+                    shard[rows],
+                    batch["targets"][rows],
+                    group=tp_group if tp > 1 else None,
+                    vocab_size=VOCAB,
+                    tabular=True,
+                )
+                for rows in row_sets
+            ]
+            for name, ref in references.items():
+                config = _config(name)
+                olds = old_logprob if config.updates_per_rollout > 1 else None
+                chunks = [
+                    _chunk(batch, rows, s, olds) for rows, s in zip(row_sets, stats, strict=True)
+                ]
+                with count_collectives() as calls:
+                    got = prepare(config, chunks, DataParallelReducer(dp_group), seed=5)
+                where = f"TP={tp} DP={dp} micro={micro} {name}"
+                if dp > 1:
+                    expected = {"all_reduce:SUM": 1}
+                    if config.name in ("clip_cov", "kl_cov"):
+                        expected["all_gather"] = 1
+                    assert dict(calls) == expected, (where, dict(calls))
+                assert got.n_tokens == ref.n_tokens, where
+                assert abs(got.lambda_star - ref.lambda_star) <= 1e-6 * max(
+                    1.0, abs(ref.lambda_star)
+                ), where
+                for key, value in ref.sums.items():
+                    torch.testing.assert_close(
+                        got.sums[key], value, rtol=1e-6, atol=1e-6, msg=f"{where} sum {key}"
+                    )
+                for rows, coef in zip(row_sets, got.coefficients, strict=True):
+                    ref_coef = ref.coefficients[0]
+                    assert torch.equal(coef.selected, ref_coef.selected[rows]), (
+                        f"{where}: selection differs"
+                    )
+                    torch.testing.assert_close(
+                        coef.weight, ref_coef.weight[rows], rtol=1e-6, atol=1e-6, msg=where
+                    )
+    dist.barrier()
+
+
+def reducer_matches_single_process(rank: int, world_size: int) -> None:
+    """sum and top_k over a 4-rank group equal SingleProcessReducer on the union, with tied scores,
+    a rank without candidates, k beyond the number of candidates and no candidates at all."""
+    reducer = DataParallelReducer(None)
+    gen = torch.Generator().manual_seed(3)
+    values = torch.randn(world_size, 3, dtype=torch.float64, generator=gen)
+    mine = {name: values[rank, i] for i, name in enumerate(("a", "b", "c"))}
+    with count_collectives() as calls:
+        total = reducer.sum(mine)
+    assert dict(calls) == {"all_reduce:SUM": 1}
+    assert list(total) == ["a", "b", "c"]
+    torch.testing.assert_close(torch.stack(list(total.values())), values.sum(0), rtol=0, atol=1e-12)
+
+    keys = torch.randperm(40, generator=gen).to(torch.int64) * 3 + 11
+    scores = torch.randint(0, 5, (40,), generator=gen).double()  # many ties
+    owner = keys % 3  # ranks 0..2 hold candidates, rank 3 none
+    local = owner == rank
+    for k in (1, 4, 13, 40, 55):
+        expected = SingleProcessReducer().top_k(scores, keys, k)
+        with count_collectives() as calls:
+            got = reducer.top_k(scores[local], keys[local], k)
+        assert dict(calls) == {"all_gather": 1}
+        assert got == expected, (k, got, expected)
+    none = torch.empty(0, dtype=torch.float64)
+    assert reducer.top_k(none, none.long(), 3) is None
+    dist.barrier()
+
+
+def reducer_and_broadcast(rank: int, world_size: int) -> None:
+    reducer_matches_single_process(rank, world_size)
+    broadcast_reaches_every_stage(rank, world_size)
+
+
+def broadcast_reaches_every_stage(rank: int, world_size: int) -> None:
+    """Stages 0..2 get the last stage's per-token tensors of three dtypes, one broadcast each."""
+    gen = torch.Generator().manual_seed(4)
+    values = {
+        "logprob": -torch.rand(3, 5, generator=gen),
+        "entropy": torch.rand(3, 5, generator=gen),
+        "token_ids": torch.randint(0, 1000, (3, 5), generator=gen),
+        "mask": torch.rand(3, 5, generator=gen) > 0.5,
+    }
+    last = rank == world_size - 1
+    tensors = {n: v.clone() if last else torch.zeros_like(v) for n, v in values.items()}
+    with count_collectives() as calls:
+        got = broadcast_from_last_stage(tensors, dist.group.WORLD)
+    assert dict(calls) == {"broadcast": 3}
+    for name, value in values.items():
+        assert torch.equal(got[name], value) and got[name] is tensors[name], name
+    dist.barrier()
