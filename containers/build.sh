@@ -1,0 +1,58 @@
+#!/usr/bin/env bash
+# Build the opefo-nemo image and push it to the registry named by OPEFO_REGISTRY.
+#
+#   OPEFO_REGISTRY=registry.example.org/team containers/build.sh [TAG]
+#
+# Environment:
+#   OPEFO_REGISTRY    registry and namespace to push to (required unless OPEFO_PUSH=0)
+#   OPEFO_IMAGE_NAME  image name (default: opefo-nemo)
+#   OPEFO_BASE_IMAGE  base image, ideally pinned by digest (default: the Dockerfile's tag)
+#   OPEFO_PUSH        1 to push after building (default), 0 to build only
+# TAG defaults to the short git commit of the repository (plus -dirty for uncommitted changes).
+# Prints the pushed reference on its last line.
+set -euo pipefail
+
+root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+name="${OPEFO_IMAGE_NAME:-opefo-nemo}"
+push="${OPEFO_PUSH:-1}"
+
+if [[ $# -gt 1 ]]; then
+    echo "usage: $0 [TAG]" >&2
+    exit 2
+fi
+if [[ $# -eq 1 ]]; then
+    tag="$1"
+else
+    tag="$(git -C "$root" rev-parse --short HEAD)"
+    if [[ -n "$(git -C "$root" status --porcelain -- opefo_nemo conf slurm containers pyproject.toml)" ]]; then
+        tag="$tag-dirty"
+    fi
+fi
+
+if [[ "$push" == 1 ]]; then
+    if [[ -z "${OPEFO_REGISTRY:-}" ]]; then
+        echo "build.sh: set OPEFO_REGISTRY to the registry to push to (or OPEFO_PUSH=0)" >&2
+        exit 2
+    fi
+    image="${OPEFO_REGISTRY%/}/$name:$tag"
+else
+    image="${OPEFO_REGISTRY:+${OPEFO_REGISTRY%/}/}$name:$tag"
+fi
+
+if ! command -v docker >/dev/null 2>&1; then
+    echo "build.sh: docker is not installed" >&2
+    exit 1
+fi
+
+build_args=()
+if [[ -n "${OPEFO_BASE_IMAGE:-}" ]]; then
+    build_args+=(--build-arg "BASE_IMAGE=$OPEFO_BASE_IMAGE")
+fi
+
+echo "build.sh: building $image"
+docker build "${build_args[@]}" -f "$root/containers/Dockerfile" -t "$image" "$root"
+if [[ "$push" == 1 ]]; then
+    echo "build.sh: pushing $image"
+    docker push "$image"
+fi
+echo "$image"
