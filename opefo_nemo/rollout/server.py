@@ -126,6 +126,7 @@ class RolloutServer:
                 top_k=sampling["top_k"],
                 max_tokens=sampling["max_new_tokens"],
                 stop_token_ids=list(sampling["stop_token_ids"]),
+                ignore_eos=True,  # only the caller's stop_token_ids end a completion
                 seed=None if sampling["seed"] is None else sampling["seed"] + (offset + i) * n,
                 logprobs=0,
                 detokenize=False,

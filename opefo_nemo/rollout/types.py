@@ -19,7 +19,8 @@ class SamplingConfig:
 
     ``temperature`` 0 means greedy decoding. ``top_k`` 0 disables top-k, ``top_p`` 1 disables
     top-p. ``stop_token_ids``: generation ends (finish reason "stop") after emitting one of them;
-    the stop token is included in the returned ``token_ids``. ``seed`` makes sampling
+    the stop token is included in the returned ``token_ids``. The model's EOS token is not
+    implicit: list it here if it should end generation. ``seed`` makes sampling
     reproducible: prompt ``i`` is sampled with seed ``seed + i`` (its global index, so the result
     does not depend on how prompts are sharded over servers); ``None`` draws fresh randomness.
 

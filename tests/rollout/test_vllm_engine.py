@@ -92,6 +92,21 @@ def test_stop_token_ends_generation_with_stop_reason(engine, hf_model):
     assert len(completion.token_ids) == greedy.index(stop) + 1
 
 
+def test_stop_tokens_truncate_the_same_seeded_samples_and_eos_is_not_implicit(engine):
+    prompts = PROMPTS + [encode(str(i)) for i in range(3)]
+    free = engine.generate(prompts, n=4, sampling=SamplingConfig(max_new_tokens=60, seed=2))
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 60 for c in free)
+    assert any(EOS_ID in c.token_ids for c in free)  # so EOS alone did not stop them
+    sampling = SamplingConfig(max_new_tokens=60, seed=2, stop_token_ids=(EOS_ID,))
+    stopped = engine.generate(prompts, n=4, sampling=sampling)
+    for unstopped, c in zip(free, stopped, strict=True):
+        if EOS_ID in unstopped.token_ids:
+            cut = unstopped.token_ids.index(EOS_ID) + 1
+            assert (c.finish_reason, c.token_ids) == ("stop", unstopped.token_ids[:cut])
+        else:
+            assert (c.finish_reason, c.token_ids) == ("length", unstopped.token_ids)
+
+
 def test_sampled_logprobs_match_hf_temperature_scaled(engine, hf_model):
     temperature = 0.7
     sampling = SamplingConfig(temperature=temperature, max_new_tokens=12, seed=3)
