@@ -1,0 +1,158 @@
+"""Each preflight problem is detected, all of them are reported together, a sound plan has none."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+
+import pytest
+
+from opefo_nemo.launch import GIB, LaunchPlan, MemorySettings, ModelShape, all_problems
+from opefo_nemo.launch.checks import check_memory, plan_memory
+
+# Qwen2.5-Math-7B's published config.json values (the estimate needs only these).
+QWEN25_7B = ModelShape(
+    hidden_size=3584,
+    num_layers=28,
+    num_attention_heads=28,
+    num_key_value_heads=4,
+    head_dim=128,
+    intermediate_size=18944,
+    vocab_size=152064,
+    qkv_bias=True,
+)
+
+
+@pytest.fixture
+def plan(tmp_path) -> LaunchPlan:
+    """A sound plan: 32 ranks, TP 2, 32 prompts × 8 responses, paths that exist."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    data = tmp_path / "train.jsonl"
+    data.write_text("{}\n")
+    return LaunchPlan(
+        world_size=32,
+        tensor_parallel=2,
+        pipeline_parallel=1,
+        micro_batch_size=1,
+        prompts_per_step=32,
+        responses_per_prompt=8,
+        updates_per_rollout=1,
+        memory=MemorySettings(sequence_length=4096, vllm_memory_fraction=0.4),
+        engine="hf",
+        sequence_parallel=True,
+        shape=QWEN25_7B,
+        gpu_memory_bytes=80 * GIB,
+        model_path=str(model),
+        data_paths=(str(data),),
+        checkpoint_dir=str(tmp_path / "checkpoints" / "run"),
+    )
+
+
+def _topics(plan: LaunchPlan) -> list[str]:
+    return [problem.topic for problem in all_problems(plan)]
+
+
+def test_sound_plan_has_no_problem(plan):
+    assert all_problems(plan) == []
+
+
+def test_world_size_not_divisible_by_model_parallel(plan):
+    problems = all_problems(dataclasses.replace(plan, world_size=31))
+    assert [p.topic for p in problems] == ["layout"]
+    assert "world size 31" in problems[0].message and "2 = 2" not in problems[0].message
+
+
+def test_heads_and_layers_must_split(plan):
+    problems = all_problems(
+        dataclasses.replace(plan, world_size=24, tensor_parallel=8, pipeline_parallel=3)
+    )
+    messages = [p.message for p in problems if p.topic == "layout"]
+    assert [p.topic for p in problems] == ["layout"] * 3 + ["vocab"]  # 152064 % (128 × 8)
+    assert any("num_attention_heads = 28" in m for m in messages)  # 28 % 8
+    assert any("num_key_value_heads = 4" in m for m in messages)  # 4 % 8
+    assert any("num_layers = 28" in m for m in messages)  # 28 % 3
+    assert len(messages) == 3
+
+
+def test_batch_divisibility(plan):
+    # 256 responses over DP 16 × micro-batch 3 = 48: not whole micro-batches on every rank.
+    problems = all_problems(dataclasses.replace(plan, micro_batch_size=3))
+    assert _topics(dataclasses.replace(plan, micro_batch_size=3)) == ["batch"]
+    assert "data parallel 16 × micro_batch_size 3 = 48" in problems[0].message
+    # 8 mini-batch updates of 32 responses over DP 16 × 4 = 64 do not divide either.
+    assert _topics(dataclasses.replace(plan, updates_per_rollout=8, micro_batch_size=4)) == [
+        "batch"
+    ]
+    assert _topics(dataclasses.replace(plan, updates_per_rollout=3)) == ["batch"]
+    assert _topics(dataclasses.replace(plan, updates_per_rollout=8, micro_batch_size=2)) == []
+
+
+def test_vocab_divisibility(plan):
+    # Qwen3's 151936 = 128 × 1187 is not a multiple of 128 × 2.
+    qwen3_vocab = dataclasses.replace(QWEN25_7B, vocab_size=151936)
+    problems = all_problems(dataclasses.replace(plan, shape=qwen3_vocab))
+    assert [p.topic for p in problems] == ["vocab"]
+    assert "pad it to 152064" in problems[0].message
+    memory = dataclasses.replace(plan.memory, make_vocab_size_divisible_by=64)
+    assert all_problems(dataclasses.replace(plan, shape=qwen3_vocab, memory=memory)) == []
+
+
+def test_unreadable_paths(plan, tmp_path):
+    empty_model = tmp_path / "empty"
+    empty_model.mkdir()
+    locked = tmp_path / "locked"
+    locked.mkdir(mode=0o500)
+    bad = dataclasses.replace(
+        plan,
+        model_path=str(empty_model),
+        data_paths=(str(tmp_path / "missing.jsonl"), *plan.data_paths),
+        resume_path=str(tmp_path / "no-checkpoint"),
+        checkpoint_dir=str(locked / "run"),
+    )
+    messages = [p.message for p in all_problems(bad)]
+    assert f"model directory {empty_model} has no config.json" in messages
+    assert f"data path {tmp_path / 'missing.jsonl'} is not readable" in messages
+    assert f"resume checkpoint {tmp_path / 'no-checkpoint'} is not readable" in messages
+    if os.geteuid() != 0:  # root writes anywhere
+        assert f"checkpoint directory {locked / 'run'} is not writable" in messages
+    assert len(messages) == (4 if os.geteuid() != 0 else 3)
+    missing_model = dataclasses.replace(plan, model_path=str(tmp_path / "nowhere"))
+    assert [p.message for p in all_problems(missing_model)] == [
+        f"model directory {tmp_path / 'nowhere'} is not readable"
+    ]
+
+
+def test_memory_that_does_not_fit(plan):
+    estimate = plan_memory(plan)
+    assert estimate is not None and estimate.peak <= plan.gpu_memory_bytes
+    small_gpu = dataclasses.replace(plan, gpu_memory_bytes=32 * GIB)
+    problems = check_memory(small_gpu)
+    assert [p.topic for p in problems] == ["memory"]
+    assert "(generation phase) exceeds the GPU's 32.0 GiB" in problems[0].message
+    # Without the distributed optimizer the 7B states (12 B/param over TP 2) no longer fit.
+    plain = dataclasses.replace(plan.memory, distributed_optimizer=False)
+    assert _topics(dataclasses.replace(plan, memory=plain)) == ["memory"]
+
+
+def test_missing_engine(plan):
+    problems = all_problems(dataclasses.replace(plan, engine="no_such_engine"))
+    assert [p.topic for p in problems] == ["engine"]
+    assert "opefo_nemo.engines.no_such_engine" in problems[0].message
+
+
+def test_every_problem_is_reported_at_once(plan, tmp_path):
+    everything = dataclasses.replace(
+        plan,
+        world_size=31,
+        engine="no_such_engine",
+        shape=dataclasses.replace(QWEN25_7B, vocab_size=151936),
+        updates_per_rollout=5,
+        data_paths=(str(tmp_path / "missing.jsonl"),),
+    )
+    assert _topics(everything) == ["engine", "layout", "batch", "vocab", "paths"]
+    # Memory is checked once the layout is valid.
+    fits_nowhere = dataclasses.replace(everything, world_size=32, gpu_memory_bytes=10 * GIB)
+    assert _topics(fits_nowhere) == ["engine", "batch", "vocab", "paths", "memory"]
