@@ -62,9 +62,9 @@ def _target_in_shard(targets: Tensor, shard: VocabShard) -> tuple[Tensor, Tensor
 
 def _shifted(logits: Tensor, row_max: Tensor, inv_t: float) -> Tensor:
     """``d = (z - m) / T`` as a new fp32 ``[c, valid]`` tensor (the chunk's fp32 copy)."""
-    d = logits - row_max[:, None]  # bf16/fp16 - fp32 promotes to fp32 in the same pass
-    if d.dtype != torch.float32:
-        d = d.float()
+    # Upcast first, then shift in place: a mixed-dtype ``logits - row_max`` would allocate a
+    # second fp32 temporary on CPU.
+    d = logits.to(torch.float32, copy=True).sub_(row_max[:, None])
     if inv_t != 1.0:
         d.mul_(inv_t)
     return d

@@ -35,9 +35,14 @@ def _losses(logits: torch.Tensor, batch: dict[str, torch.Tensor], group) -> torc
         prepared = prepare(config, [chunk], SingleProcessReducer())
         entropy = stats.entropy if spec is ENTROPY_REG else None
         out = policy_loss(
-            config, stats.logprob, batch["advantages"], batch["mask"],
-            prepared.coefficients[0], prepared.n_tokens, entropy=entropy,
-        )  # fmt: skip
+            config,
+            stats.logprob,
+            batch["advantages"],
+            batch["mask"],
+            prepared.coefficients[0],
+            prepared.n_tokens,
+            entropy=entropy,
+        )
         total = total + out.loss
     return total
 
@@ -65,9 +70,13 @@ def column_parallel_grads_match(rank: int, world_size: int) -> None:
 
         config = ModelParallelConfig(tensor_model_parallel_size=2, use_cpu_initialization=True)
         layer = ColumnParallelLinear(
-            HIDDEN, PADDED, config=config, init_method=torch.nn.init.zeros_, bias=False,
+            HIDDEN,
+            PADDED,
+            config=config,
+            init_method=torch.nn.init.zeros_,
+            bias=False,
             gather_output=False,
-        )  # fmt: skip
+        )
         width = PADDED // 2
         with torch.no_grad():
             layer.weight.copy_(weight[tp_rank * width : (tp_rank + 1) * width])

@@ -1,0 +1,180 @@
+"""Time and peak memory of the per-token statistics (SPEC §1) on one vocabulary shard.
+
+Compares ``opefo_nemo.parallel.token_stats`` (fused, chunked, recompute in backward) with
+(a) the naive full-vocabulary fp32 ``log_softmax`` and (b) the softmax-materialising recipe with
+three all-reduces (max, Σexp, Σp·z) that verl uses for its entropy, written here in plain torch.
+All three compute ``logprob`` and ``entropy`` of ``softmax(logits / T)`` in fp32; "fwd+bwd" also
+back-propagates ``Σ logprob + Σ entropy``. One process holds one shard ``[tokens, V/TP]``
+(``group=None``), so the figures are compute and memory, without communication.
+
+Each (method, mode) runs in a fresh subprocess so that its peak memory is its own: on CPU the
+growth of the resident-set high-water mark beyond the inputs, on CUDA ``max_memory_allocated``
+beyond the inputs. Bandwidth: bytes of logits read per second (one read of the input), and on
+CUDA a measured device copy as the reference.
+
+    python benchmarks/vocab_stats.py                 # CPU default: 1024 tokens × 152064 / TP 4
+    python benchmarks/vocab_stats.py --full          # 8192 tokens × 152064 / TP (slow on CPU)
+    python benchmarks/vocab_stats.py --device cuda --full
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+
+import torch
+
+from opefo_nemo.parallel import token_stats
+
+METHODS = ("ours", "naive", "three_allreduce")
+MODES = ("fwd", "fwd+bwd")
+
+
+def naive(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """(a) fp32 copy of the whole shard, log-softmax, softmax: all kept for autograd."""
+    log_p = torch.log_softmax(logits.float() / temperature, dim=-1)
+    logprob = log_p.gather(-1, targets[:, None]).squeeze(-1)
+    return logprob, -(log_p.exp() * log_p).sum(-1)
+
+
+def three_allreduce(logits: torch.Tensor, targets: torch.Tensor, temperature: float):
+    """(b) max, Σexp and Σp·z each reduced separately (no-ops on one shard), softmax kept."""
+    z = logits.float() / temperature
+    z = z - z.amax(dim=-1, keepdim=True)  # all-reduce MAX
+    exp = z.exp()
+    sum_exp = exp.sum(-1, keepdim=True)  # all-reduce SUM
+    softmax = exp / sum_exp
+    sum_pz = (softmax * z).sum(-1)  # all-reduce SUM
+    log_sum = sum_exp.squeeze(-1).log()
+    logprob = z.gather(-1, targets[:, None]).squeeze(-1) - log_sum
+    return logprob, log_sum - sum_pz
+
+
+def ours(logits: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size):
+    stats = token_stats(logits, targets, temperature=temperature, chunk_size=chunk_size)
+    return stats.logprob, stats.entropy
+
+
+def _sync(device: str) -> None:
+    if device == "cuda":
+        torch.cuda.synchronize()
+
+
+def _peak_bytes(device: str) -> int:
+    if device == "cuda":
+        return torch.cuda.max_memory_allocated()
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * 1024
+
+
+def measure(args: argparse.Namespace) -> dict[str, float]:
+    """One (method, mode) in this process: median seconds and peak extra bytes."""
+    torch.manual_seed(0)
+    dtype = getattr(torch, args.dtype)
+    width = args.vocab // args.tp
+    logits = torch.randn(args.tokens, width, device=args.device, dtype=dtype).mul_(3)
+    targets = torch.randint(0, width, (args.tokens,), device=args.device)
+    backward = args.mode == "fwd+bwd"
+    leaf = logits.requires_grad_(backward)
+
+    def step() -> None:
+        with torch.set_grad_enabled(backward):
+            if args.method == "ours":
+                logprob, entropy = ours(leaf, targets, args.temperature, args.chunk_size)
+            else:
+                logprob, entropy = globals()[args.method](leaf, targets, args.temperature)
+            if backward:
+                (logprob.sum() + entropy.sum()).backward()
+                leaf.grad = None
+
+    _sync(args.device)
+    if args.device == "cuda":
+        torch.cuda.reset_peak_memory_stats()
+    base = _peak_bytes(args.device) if args.device == "cuda" else _peak_bytes("cpu")
+    step()  # warm-up, and the memory peak
+    _sync(args.device)
+    peak = _peak_bytes(args.device) - base
+    times = []
+    for _ in range(args.repeat):
+        start = time.perf_counter()
+        step()
+        _sync(args.device)
+        times.append(time.perf_counter() - start)
+    return {"seconds": statistics.median(times), "peak_bytes": float(max(peak, 0))}
+
+
+def copy_bandwidth(device: str, nbytes: int) -> float:
+    """Measured read+write bandwidth of a plain device copy, bytes/s (the roofline reference)."""
+    src = torch.empty(nbytes, dtype=torch.uint8, device=device)
+    dst = torch.empty_like(src)
+    dst.copy_(src)
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        dst.copy_(src)
+    _sync(device)
+    return 2 * nbytes * 5 / (time.perf_counter() - start)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--tokens", type=int, default=1024)
+    parser.add_argument("--vocab", type=int, default=152064)
+    parser.add_argument("--tp", type=int, default=4, help="the shard is [tokens, vocab / tp]")
+    parser.add_argument(
+        "--full", action="store_true", help="8192 tokens, TP 1: the realistic shape"
+    )
+    parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--chunk-size", type=int, default=None)
+    parser.add_argument("--repeat", type=int, default=3)
+    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
+    args = parser.parse_args()
+    if args.full:
+        args.tokens, args.tp = 8192, 1
+    if args.method is not None:
+        print(json.dumps(measure(args)))
+        return
+    torch.set_num_threads(torch.get_num_threads())
+    width = args.vocab // args.tp
+    read_bytes = (
+        args.tokens * width * torch.empty((), dtype=getattr(torch, args.dtype)).element_size()
+    )
+    print(
+        f"shape [{args.tokens}, {args.vocab}/{args.tp}={width}] {args.dtype} on {args.device}, "
+        f"T={args.temperature}, median of {args.repeat}"
+    )
+    reference = copy_bandwidth(args.device, read_bytes) if args.device == "cuda" else None
+    if reference:
+        print(f"device copy bandwidth: {reference / 1e9:.0f} GB/s")
+    forwarded = [a for a in sys.argv[1:] if a != "--full"]
+    extra = ["--tokens", str(args.tokens), "--tp", str(args.tp), "--device", args.device]
+    results: dict[tuple[str, str], dict[str, float]] = {}
+    for mode in MODES:
+        for method in METHODS:
+            cmd = [sys.executable, __file__, *forwarded, *extra, "--method", method, "--mode", mode]
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            results[method, mode] = json.loads(out.strip().splitlines()[-1])
+    print(
+        f"{'mode':8} {'method':16} {'time ms':>9} {'peak MiB':>9} {'GB/s':>7} "
+        f"{'time/ours':>9} {'mem/ours':>9}"
+    )
+    for (method, mode), r in results.items():
+        mine = results["ours", mode]
+        rate = read_bytes / r["seconds"] / 1e9
+        print(
+            f"{mode:8} {method:16} {r['seconds'] * 1e3:9.1f} {r['peak_bytes'] / 2**20:9.1f} "
+            f"{rate:7.2f} {r['seconds'] / mine['seconds']:9.2f} "
+            f"{r['peak_bytes'] / max(mine['peak_bytes'], 1):9.2f}"
+            + (f"  ({rate * 1e9 / reference:.0%} of copy)" if reference else "")
+        )
+
+
+if __name__ == "__main__":
+    main()
