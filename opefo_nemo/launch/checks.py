@@ -23,6 +23,10 @@ class Problem:
         return f"[{self.topic}] {self.message}"
 
 
+SINGLE_PROCESS_ENGINES = ("hf",)
+"""Engines that train in one process on one device: their world size is 1."""
+
+
 def layout_of(plan: LaunchPlan) -> ParallelLayout | None:
     """The plan's layout, or ``None`` when TP × PP does not divide the world size."""
     try:
@@ -45,6 +49,14 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
                 "must all be positive",
             )
         ]
+    if plan.engine in SINGLE_PROCESS_ENGINES and plan.world_size != 1:
+        problems.append(
+            Problem(
+                "layout",
+                f"engine {plan.engine!r} trains in one process, but the allocation has "
+                f"{plan.world_size} tasks: request one task (--ntasks-per-node=1, one node)",
+            )
+        )
     if plan.world_size % (tp * pp):
         problems.append(
             Problem(
@@ -218,13 +230,17 @@ def check_engine(plan: LaunchPlan) -> list[Problem]:
     ]
 
 
-def all_problems(plan: LaunchPlan) -> list[Problem]:
-    """Every check's problems, in a fixed order."""
+def plan_problems(plan: LaunchPlan) -> list[Problem]:
+    """The problems of the plan's numbers and paths (every check but the engine's)."""
     return [
-        *check_engine(plan),
         *check_layout(plan),
         *check_batch(plan),
         *check_vocab(plan),
         *check_paths(plan),
         *check_memory(plan),
     ]
+
+
+def all_problems(plan: LaunchPlan) -> list[Problem]:
+    """Every check's problems, in a fixed order: engine, layout, batch, vocab, paths, memory."""
+    return [*check_engine(plan), *plan_problems(plan)]

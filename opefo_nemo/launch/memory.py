@@ -7,8 +7,8 @@ first stage, the output layer on the last; the vocabulary padded to a multiple o
 
     weights     = P · param_bytes
     gradients   = P · grad_bytes                   (Megatron keeps fp32 main grads)
-    optimizer   = P · (8 + 4·master_weights)       (Adam m, v and the fp32 master copy)
-                  / DP with the distributed optimizer
+    optimizer   = P · optimizer_bytes              (12: Adam m, v and the fp32 master copy of
+                  / DP with the distributed optimizer   mixed precision; 2·param_bytes without)
     activations = tokens · layers_per_stage · in_flight · per_token_layer
     logits      = tokens · V_pad / TP · (activation_bytes + 4)    (last stage; fp32 for the stats)
 
@@ -51,7 +51,7 @@ class MemorySettings:
     param_bytes: int = 2
     grad_bytes: int = 4
     activation_bytes: int = 2
-    master_weights: bool = True
+    optimizer_bytes: int = 12
     distributed_optimizer: bool = True
     activation_recompute: bool = False
     make_vocab_size_divisible_by: int = 128
@@ -67,6 +67,7 @@ class MemorySettings:
             "param_bytes",
             "grad_bytes",
             "activation_bytes",
+            "optimizer_bytes",
             "make_vocab_size_divisible_by",
         ):
             value = getattr(self, name)
@@ -80,11 +81,6 @@ class MemorySettings:
         for name in ("vllm_asleep_bytes", "overhead_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"MemorySettings.{name} must be >= 0")
-
-    @property
-    def optimizer_bytes_per_param(self) -> int:
-        """Adam's two moments in fp32, plus the fp32 master weights under mixed precision."""
-        return 8 + (4 if self.master_weights else 0)
 
 
 def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
@@ -178,7 +174,7 @@ def estimate_memory(
 ) -> MemoryEstimate:
     """The estimate of the module docstring; ``gpu_memory_bytes`` sizes vLLM's share (0: none)."""
     params = parameters_per_rank(shape, layout, settings.make_vocab_size_divisible_by)
-    optimizer = params * settings.optimizer_bytes_per_param
+    optimizer = params * settings.optimizer_bytes
     tokens = settings.micro_batch_size * settings.sequence_length
     layers = math.ceil(shape.num_layers / layout.pipeline)
     in_flight = min(layout.pipeline, settings.num_micro_batches)

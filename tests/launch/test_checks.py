@@ -9,7 +9,7 @@ import os
 import pytest
 
 from opefo_nemo.launch import GIB, LaunchPlan, MemorySettings, ModelShape, all_problems
-from opefo_nemo.launch.checks import check_memory, plan_memory
+from opefo_nemo.launch.checks import check_engine, check_memory, plan_memory, plan_problems
 
 # Qwen2.5-Math-7B's published config.json values (the estimate needs only these).
 QWEN25_7B = ModelShape(
@@ -41,7 +41,7 @@ def plan(tmp_path) -> LaunchPlan:
         responses_per_prompt=8,
         updates_per_rollout=1,
         memory=MemorySettings(sequence_length=4096, vllm_memory_fraction=0.4),
-        engine="hf",
+        engine="aligner",  # a multi-process engine; its availability is test_missing_engine's
         sequence_parallel=True,
         shape=QWEN25_7B,
         gpu_memory_bytes=80 * GIB,
@@ -52,21 +52,21 @@ def plan(tmp_path) -> LaunchPlan:
 
 
 def _topics(plan: LaunchPlan) -> list[str]:
-    return [problem.topic for problem in all_problems(plan)]
+    return [problem.topic for problem in plan_problems(plan)]
 
 
 def test_sound_plan_has_no_problem(plan):
-    assert all_problems(plan) == []
+    assert plan_problems(plan) == []
 
 
 def test_world_size_not_divisible_by_model_parallel(plan):
-    problems = all_problems(dataclasses.replace(plan, world_size=31))
+    problems = plan_problems(dataclasses.replace(plan, world_size=31))
     assert [p.topic for p in problems] == ["layout"]
     assert "world size 31" in problems[0].message and "2 = 2" not in problems[0].message
 
 
 def test_heads_and_layers_must_split(plan):
-    problems = all_problems(
+    problems = plan_problems(
         dataclasses.replace(plan, world_size=24, tensor_parallel=8, pipeline_parallel=3)
     )
     messages = [p.message for p in problems if p.topic == "layout"]
@@ -79,7 +79,7 @@ def test_heads_and_layers_must_split(plan):
 
 def test_batch_divisibility(plan):
     # 256 responses over DP 16 × micro-batch 3 = 48: not whole micro-batches on every rank.
-    problems = all_problems(dataclasses.replace(plan, micro_batch_size=3))
+    problems = plan_problems(dataclasses.replace(plan, micro_batch_size=3))
     assert _topics(dataclasses.replace(plan, micro_batch_size=3)) == ["batch"]
     assert "data parallel 16 × micro_batch_size 3 = 48" in problems[0].message
     # 8 mini-batch updates of 32 responses over DP 16 × 4 = 64 do not divide either.
@@ -93,11 +93,11 @@ def test_batch_divisibility(plan):
 def test_vocab_divisibility(plan):
     # Qwen3's 151936 = 128 × 1187 is not a multiple of 128 × 2.
     qwen3_vocab = dataclasses.replace(QWEN25_7B, vocab_size=151936)
-    problems = all_problems(dataclasses.replace(plan, shape=qwen3_vocab))
+    problems = plan_problems(dataclasses.replace(plan, shape=qwen3_vocab))
     assert [p.topic for p in problems] == ["vocab"]
     assert "pad it to 152064" in problems[0].message
     memory = dataclasses.replace(plan.memory, make_vocab_size_divisible_by=64)
-    assert all_problems(dataclasses.replace(plan, shape=qwen3_vocab, memory=memory)) == []
+    assert plan_problems(dataclasses.replace(plan, shape=qwen3_vocab, memory=memory)) == []
 
 
 def test_unreadable_paths(plan, tmp_path):
@@ -112,7 +112,7 @@ def test_unreadable_paths(plan, tmp_path):
         resume_path=str(tmp_path / "no-checkpoint"),
         checkpoint_dir=str(locked / "run"),
     )
-    messages = [p.message for p in all_problems(bad)]
+    messages = [p.message for p in plan_problems(bad)]
     assert f"model directory {empty_model} has no config.json" in messages
     assert f"data path {tmp_path / 'missing.jsonl'} is not readable" in messages
     assert f"resume checkpoint {tmp_path / 'no-checkpoint'} is not readable" in messages
@@ -120,7 +120,7 @@ def test_unreadable_paths(plan, tmp_path):
         assert f"checkpoint directory {locked / 'run'} is not writable" in messages
     assert len(messages) == (4 if os.geteuid() != 0 else 3)
     missing_model = dataclasses.replace(plan, model_path=str(tmp_path / "nowhere"))
-    assert [p.message for p in all_problems(missing_model)] == [
+    assert [p.message for p in plan_problems(missing_model)] == [
         f"model directory {tmp_path / 'nowhere'} is not readable"
     ]
 
@@ -138,6 +138,7 @@ def test_memory_that_does_not_fit(plan):
 
 
 def test_missing_engine(plan):
+    assert check_engine(dataclasses.replace(plan, engine="hf")) == []
     problems = all_problems(dataclasses.replace(plan, engine="no_such_engine"))
     assert [p.topic for p in problems] == ["engine"]
     assert "opefo_nemo.engines.no_such_engine" in problems[0].message
@@ -152,7 +153,17 @@ def test_every_problem_is_reported_at_once(plan, tmp_path):
         updates_per_rollout=5,
         data_paths=(str(tmp_path / "missing.jsonl"),),
     )
-    assert _topics(everything) == ["engine", "layout", "batch", "vocab", "paths"]
+    topics = [problem.topic for problem in all_problems(everything)]
+    assert topics == ["engine", "layout", "batch", "vocab", "paths"]
     # Memory is checked once the layout is valid.
     fits_nowhere = dataclasses.replace(everything, world_size=32, gpu_memory_bytes=10 * GIB)
-    assert _topics(fits_nowhere) == ["engine", "batch", "vocab", "paths", "memory"]
+    topics = [problem.topic for problem in all_problems(fits_nowhere)]
+    assert topics == ["engine", "batch", "vocab", "paths", "memory"]
+
+
+def test_single_process_engine_needs_one_task(plan):
+    one = dataclasses.replace(plan, engine="hf", world_size=1, tensor_parallel=1)
+    assert plan_problems(dataclasses.replace(one, gpu_memory_bytes=0)) == []
+    problems = plan_problems(dataclasses.replace(one, world_size=2, gpu_memory_bytes=0))
+    assert [p.topic for p in problems] == ["layout"]
+    assert "engine 'hf' trains in one process" in problems[0].message

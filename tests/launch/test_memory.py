@@ -109,7 +109,7 @@ def _fp32_cpu_settings() -> MemorySettings:
         param_bytes=4,
         grad_bytes=4,
         activation_bytes=4,
-        master_weights=False,
+        optimizer_bytes=8,
         distributed_optimizer=False,
         make_vocab_size_divisible_by=1,
     )

@@ -1,0 +1,1 @@
+"""Command-line entry points: Hydra/argparse wiring only (see ARCHITECTURE.md)."""

@@ -1,0 +1,134 @@
+"""``opefo-preflight``: check a training config against the allocation before any GPU work.
+
+    opefo-preflight [--world-size N] [--gpu-memory-gib G] [OVERRIDES...]
+
+OVERRIDES are the ones ``opefo-train`` takes (``+preset=opefo_7b method=opefo ...``); the config
+is composed from the same ``conf/`` directory. Prints the layout, the per-GPU memory table and
+every problem found (engine, config validation, layout, batch, vocabulary, paths, memory), then
+exits 1 if there was any, 0 otherwise. Imports neither NeMo nor megatron nor vLLM.
+
+``--world-size`` defaults to ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1. ``--gpu-memory-gib``
+defaults to the visible CUDA device's memory, else ``$OPEFO_GPU_MEMORY_GIB``, else 0 (a CPU run:
+no capacity check).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+from collections.abc import Sequence
+from typing import Any
+
+from ..launch import GIB, Problem, all_problems, plan_memory
+from ..launch.checks import layout_of
+from ..launch.from_config import plan_from_config
+from ..launch.table import memory_table
+
+
+def _default_world_size() -> int:
+    for name in ("WORLD_SIZE", "SLURM_NTASKS"):
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return 1
+
+
+def _default_gpu_memory_gib() -> float:
+    try:
+        import torch
+
+        if torch.cuda.is_available():
+            return torch.cuda.get_device_properties(0).total_memory / GIB
+    except ImportError:
+        pass
+    return float(os.environ.get("OPEFO_GPU_MEMORY_GIB", "0") or 0)
+
+
+def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, list[Problem]]:
+    """The composed config as a plain dict, or ``None`` and the problem that stopped it.
+
+    A missing group option (``engine=aligner`` before that engine exists, a misspelt preset)
+    becomes one problem naming the group and the option.
+    """
+    from hydra import compose, initialize_config_dir
+    from hydra.errors import HydraException, MissingConfigException
+    from omegaconf import OmegaConf
+
+    from ..config.method import conf_dir
+
+    try:
+        with initialize_config_dir(str(conf_dir()), version_base=None):
+            config = compose("config", overrides=list(overrides))
+        data = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
+    except MissingConfigException as error:
+        topic = "engine" if "engine" in str(error).split("\n", 1)[0] else "config"
+        first_line = str(error).strip().splitlines()[0]
+        return None, [Problem(topic, f"cannot compose the config: {first_line}")]
+    except (HydraException, ValueError, FileNotFoundError) as error:
+        return None, [Problem("config", f"cannot compose the config: {error}")]
+    return data, []
+
+
+def validation_problems(config: dict[str, Any]) -> list[Problem]:
+    """The trainer's own start-up validation, as a problem instead of an exception."""
+    from ..config.train import TrainConfig
+
+    try:
+        TrainConfig.from_mapping(config)
+    except ValueError as error:
+        return [Problem("config", str(error))]
+    return []
+
+
+def preflight(overrides: Sequence[str], world_size: int, gpu_memory_bytes: int) -> list[str]:
+    """The report's lines; the last one is the verdict. Problems are lines starting with ``[``."""
+    lines = [
+        f"preflight: world size {world_size}, GPU memory "
+        + (f"{gpu_memory_bytes / GIB:.1f} GiB" if gpu_memory_bytes else "none (CPU)"),
+        f"overrides: {' '.join(overrides) or '(none)'}",
+    ]
+    config, problems = compose_config(overrides)
+    if config is not None:
+        try:
+            plan = plan_from_config(config, world_size, gpu_memory_bytes)
+        except ValueError as error:
+            problems.append(Problem("config", str(error)))
+        else:
+            problems += validation_problems(config)
+            problems += all_problems(plan)
+            lines.append(
+                f"engine {plan.engine}: {plan.prompts_per_step} prompts × "
+                f"{plan.responses_per_prompt} responses, micro-batch {plan.micro_batch_size}, "
+                f"sequence {plan.memory.sequence_length} tokens"
+            )
+            layout, estimate = layout_of(plan), plan_memory(plan)
+            if layout is not None and estimate is not None:
+                lines.append(memory_table(estimate, layout, gpu_memory_bytes))
+            elif plan.shape is None:
+                lines.append("memory: no estimate (the model's config.json is not readable yet)")
+    problems = list(dict.fromkeys(problems))
+    lines += [str(problem) for problem in problems]
+    lines.append(f"preflight: {len(problems)} problem(s)" if problems else "preflight: OK")
+    return lines
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="opefo-preflight", description=__doc__.split("\n\n")[0].split(": ", 1)[1]
+    )
+    parser.add_argument("--world-size", type=int, default=None, help="ranks of the allocation")
+    parser.add_argument(
+        "--gpu-memory-gib", type=float, default=None, help="memory of one GPU (0: CPU run)"
+    )
+    parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for opefo-train")
+    args = parser.parse_args(argv)
+    world_size = args.world_size if args.world_size is not None else _default_world_size()
+    gib = args.gpu_memory_gib if args.gpu_memory_gib is not None else _default_gpu_memory_gib()
+    lines = preflight(args.overrides, world_size, int(gib * GIB))
+    print("\n".join(lines), flush=True)
+    return 0 if lines[-1] == "preflight: OK" else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,135 @@
+"""A composed trainer config (``conf/config.yaml`` + groups + overrides) → a :class:`LaunchPlan`.
+
+Keys read (absent ones take the default shown; the ``hf`` engine has no parallel layout):
+
+    engine.name, engine.micro_batch_size, engine.dtype [bfloat16]
+    engine.tensor_model_parallel_size [1], engine.pipeline_model_parallel_size [1]
+    engine.sequence_parallel [false], engine.use_distributed_optimizer [false]
+    engine.recompute_activations [false], engine.make_vocab_size_divisible_by [128; 1 for hf]
+    rollout.max_new_tokens, rollout.gpu_memory_utilization [0: vLLM not on the training GPUs]
+    data.max_prompt_tokens, data.train, data.validation
+    trainer.prompts_per_step, trainer.responses_per_prompt, method.updates_per_rollout
+    model.path, model.embedded [false], run.output_dir, checkpoint.resume
+
+Precision: the ``hf`` engine keeps weights, gradients and both AdamW moments in ``engine.dtype``;
+every other engine is Megatron mixed precision (``dtype`` weights, fp32 main gradients, fp32 master
+weights and moments: 12 bytes per parameter). On a GPU the estimate adds
+:data:`RUNTIME_OVERHEAD_BYTES` (CUDA context, NCCL buffers, allocator slack) and, when vLLM shares
+the GPU, :data:`VLLM_ASLEEP_BYTES` for a sleeping vLLM (weights offloaded, KV cache freed).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import replace
+from pathlib import Path
+from typing import Any
+
+from .memory import GIB, MemorySettings
+from .model_shape import ModelShape
+from .plan import LaunchPlan
+
+DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
+RUNTIME_OVERHEAD_BYTES = 2 * GIB
+VLLM_ASLEEP_BYTES = 1 * GIB
+SYNTHETIC_DATA = ("arithmetic",)
+"""``data.train`` values that name a built-in task instead of a file."""
+
+
+def _section(config: Mapping[str, Any], name: str) -> Mapping[str, Any]:
+    value = config.get(name) or {}
+    if not isinstance(value, Mapping):
+        raise ValueError(f"config section {name} must be a mapping, got {type(value).__name__}")
+    return value
+
+
+def _required(section: Mapping[str, Any], prefix: str, key: str) -> Any:
+    if key not in section:
+        raise ValueError(f"config lacks {prefix}.{key}")
+    return section[key]
+
+
+def _model_shape(model: Mapping[str, Any]) -> ModelShape | None:
+    path = model.get("path")
+    if not path:
+        return None
+    try:
+        return ModelShape.from_model_dir(path)
+    except (OSError, ValueError):
+        return None
+
+
+def memory_settings(config: Mapping[str, Any], gpu: bool) -> MemorySettings:
+    """The memory-relevant settings of ``config`` (module docstring); ``gpu``: a GPU run."""
+    engine = _section(config, "engine")
+    rollout = _section(config, "rollout")
+    data = _section(config, "data")
+    name = _required(engine, "engine", "name")
+    dtype = str(engine.get("dtype", "bfloat16"))
+    if dtype not in DTYPE_BYTES:
+        raise ValueError(f"engine.dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
+    param_bytes = DTYPE_BYTES[dtype]
+    single_device = name == "hf"
+    vllm_fraction = float(rollout.get("gpu_memory_utilization", 0.0))
+    return MemorySettings(
+        sequence_length=int(_required(data, "data", "max_prompt_tokens"))
+        + int(_required(rollout, "rollout", "max_new_tokens")),
+        micro_batch_size=int(_required(engine, "engine", "micro_batch_size")),
+        param_bytes=param_bytes,
+        grad_bytes=param_bytes if single_device else 4,
+        activation_bytes=param_bytes,
+        optimizer_bytes=2 * param_bytes if single_device else 12,
+        distributed_optimizer=bool(engine.get("use_distributed_optimizer", False)),
+        activation_recompute=bool(engine.get("recompute_activations", False)),
+        make_vocab_size_divisible_by=int(
+            engine.get("make_vocab_size_divisible_by", 1 if single_device else 128)
+        ),
+        vllm_memory_fraction=vllm_fraction,
+        vllm_asleep_bytes=VLLM_ASLEEP_BYTES if gpu and vllm_fraction > 0 else 0,
+        overhead_bytes=RUNTIME_OVERHEAD_BYTES if gpu else 0,
+    )
+
+
+def plan_from_config(
+    config: Mapping[str, Any], world_size: int, gpu_memory_bytes: int = 0
+) -> LaunchPlan:
+    """The launch plan of a composed config (a plain mapping) on ``world_size`` ranks."""
+    engine = _section(config, "engine")
+    trainer = _section(config, "trainer")
+    model = _section(config, "model")
+    data = _section(config, "data")
+    method = _section(config, "method")
+    settings = memory_settings(config, gpu=gpu_memory_bytes > 0)
+    tp = int(engine.get("tensor_model_parallel_size", 1))
+    pp = int(engine.get("pipeline_model_parallel_size", 1))
+    responses = int(_required(trainer, "trainer", "responses_per_prompt"))
+    prompts = int(_required(trainer, "trainer", "prompts_per_step"))
+    updates = int(method.get("updates_per_rollout", 1))
+    data_parallel = max(world_size // max(tp * pp, 1), 1)
+    micro_batches = prompts * responses // max(updates, 1) // data_parallel
+    micro_batches = max(micro_batches // settings.micro_batch_size, 1)
+    embedded = bool(model.get("embedded", False))
+    data_paths = tuple(
+        str(data[key])
+        for key in ("train", "validation")
+        if data.get(key) and str(data[key]) not in SYNTHETIC_DATA
+    )
+    resume = _section(config, "checkpoint").get("resume")
+    return LaunchPlan(
+        world_size=world_size,
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        micro_batch_size=settings.micro_batch_size,
+        prompts_per_step=prompts,
+        responses_per_prompt=responses,
+        updates_per_rollout=updates,
+        memory=replace(settings, num_micro_batches=micro_batches),
+        engine=str(engine["name"]),
+        sequence_parallel=bool(engine.get("sequence_parallel", False)),
+        shape=_model_shape(model),
+        gpu_memory_bytes=gpu_memory_bytes,
+        model_path=None if embedded or not model.get("path") else str(model["path"]),
+        data_paths=data_paths,
+        checkpoint_dir=str(Path(_required(_section(config, "run"), "run", "output_dir"))),
+        resume_path=str(resume) if resume and str(resume) not in ("auto", "latest") else None,
+    )

@@ -1,0 +1,99 @@
+"""The paper presets' layouts hold on their allocation (32 A100-80GB) for every SPEC §5 method.
+
+The model shapes are the published ``config.json`` values of Qwen2.5-Math-7B and Qwen3-4B-Base,
+written to a temporary model directory (nothing is downloaded). The presets select the ``aligner``
+engine, whose ``conf/engine/aligner.yaml`` arrives with that engine; until then this test supplies
+only ``engine.name`` and reads everything else from the preset files themselves.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+
+from opefo_nemo.config.method import method_names
+from opefo_nemo.launch import GIB
+from opefo_nemo.launch.checks import plan_memory, plan_problems
+from opefo_nemo.launch.from_config import plan_from_config
+
+CONF = Path(__file__).resolve().parents[2] / "conf"
+
+HF_CONFIGS = {
+    "Qwen2.5-Math-7B": {
+        "model_type": "qwen2",
+        "hidden_size": 3584,
+        "num_hidden_layers": 28,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "intermediate_size": 18944,
+        "vocab_size": 152064,
+        "tie_word_embeddings": False,
+    },
+    "Qwen3-4B-Base": {
+        "model_type": "qwen3",
+        "hidden_size": 2560,
+        "num_hidden_layers": 36,
+        "num_attention_heads": 32,
+        "num_key_value_heads": 8,
+        "head_dim": 128,
+        "intermediate_size": 9728,
+        "vocab_size": 151936,
+        "tie_word_embeddings": True,
+    },
+}
+PRESETS = {"opefo_7b": ("Qwen2.5-Math-7B", 3000), "opefo_4b": ("Qwen3-4B-Base", 8000)}
+
+
+def _compose(preset: str, method: str, tmp_path: Path, monkeypatch) -> dict:
+    """The preset over a method file, as Hydra would merge them (the aligner group excepted)."""
+    for name, config in HF_CONFIGS.items():
+        (tmp_path / "models" / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "models" / name / "config.json").write_text(json.dumps(config))
+    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data" / "dapo-math-17k.parquet").write_bytes(b"")
+    monkeypatch.setenv("OPEFO_MODEL_DIR", str(tmp_path / "models"))
+    monkeypatch.setenv("OPEFO_DATA_DIR", str(tmp_path / "data"))
+    monkeypatch.setenv("OPEFO_CKPT_DIR", str(tmp_path / "checkpoints"))
+    preset_file = OmegaConf.load(CONF / "preset" / f"{preset}.yaml")
+    preset_file.pop("defaults")
+    method_cfg = OmegaConf.merge(
+        OmegaConf.load(CONF / "method" / "_defaults.yaml"),
+        OmegaConf.load(CONF / "method" / f"{method}.yaml"),
+    )
+    method_cfg.pop("defaults", None)
+    merged = OmegaConf.merge({"engine": {"name": "aligner"}, "method": method_cfg}, preset_file)
+    return OmegaConf.to_container(merged, resolve=True)
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_presets_select_the_aligner_engine_and_opefo(preset):
+    defaults = OmegaConf.load(CONF / "preset" / f"{preset}.yaml")["defaults"]
+    overrides = {key: value for entry in defaults for key, value in entry.items()}
+    assert overrides == {"override /engine": "aligner", "override /method": "opefo"}
+
+
+@pytest.mark.parametrize("preset", sorted(PRESETS))
+def test_preset_layout_fits_32_a100s_for_every_method(preset, tmp_path, monkeypatch):
+    model, max_response = PRESETS[preset]
+    for method in method_names():
+        config = _compose(preset, method, tmp_path, monkeypatch)
+        assert config["model"]["path"] == str(tmp_path / "models" / model)
+        assert config["rollout"]["max_new_tokens"] == max_response
+        assert (
+            config["trainer"]["prompts_per_step"] * config["trainer"]["responses_per_prompt"] == 256
+        )
+        assert config["engine"]["warmup_steps"] == 10
+        plan = plan_from_config(config, world_size=32, gpu_memory_bytes=80 * GIB)
+        assert plan.shape is not None and plan.shape.vocab_size == HF_CONFIGS[model]["vocab_size"]
+        assert plan_problems(plan) == [], (preset, method)
+        estimate = plan_memory(plan)
+        # Headroom: the peak stays below 75 GiB of the 80.
+        assert estimate is not None and estimate.peak < 75 * GIB, (preset, method)
+    # The same preset does not fit on 24 GiB GPUs, and 256 responses do not split over DP 15.
+    small = plan_from_config(config, world_size=32, gpu_memory_bytes=24 * GIB)
+    assert [p.topic for p in plan_problems(small)] == ["memory"]
+    odd = plan_from_config(config, world_size=30, gpu_memory_bytes=80 * GIB)
+    assert "batch" in [p.topic for p in plan_problems(odd)]
