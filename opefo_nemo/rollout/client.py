@@ -6,15 +6,18 @@ server order, so the result is prompt-major in the caller's order. ``update_weig
 Hugging Face-named tensors through shared memory (``shm.py``) to all servers at once, chunk by
 chunk. Tensors on a GPU are staged through host shared memory too (CUDA IPC is not implemented).
 
-Failure policy: a server-reported error in ``generate`` raises :class:`RolloutServerError` and
-leaves the engine usable; a transport failure (timeout, dead server) or any failure during a
-weight update closes the whole engine before raising, because its servers may then disagree
-about the protocol state or the weights.
+Failure policy: requests are validated before anything is sent (prompt ids within the
+vocabulary, prompt plus ``max_new_tokens`` within ``max_model_len``). Any failure after that (a
+timeout, a dead server, an error a server reports, Ctrl-C) closes the whole engine before
+raising: its servers may then be mid-request, disagree about the protocol state or hold
+half-updated weights, and a late reply would be read as the answer to the next request.
 """
 
 from __future__ import annotations
 
 import atexit
+import contextlib
+import json
 import os
 import shutil
 import signal
@@ -67,6 +70,9 @@ class VLLMRolloutEngine:
         if request_timeout_s <= 0 or startup_timeout_s <= 0:
             raise ValueError("request_timeout_s and startup_timeout_s must be positive")
         self.request_timeout_s = request_timeout_s
+        self.max_model_len = max_model_len
+        config = json.loads((Path(model_dir) / "config.json").read_text())
+        self.vocab_size = int(config["vocab_size"])
         self.chunk_bytes = chunk_bytes
         self.shm_dir = Path(shm_dir)
         self._closed = False
@@ -121,9 +127,17 @@ class VLLMRolloutEngine:
         if not isinstance(n, int) or n < 1:
             raise ValueError(f"n must be an int >= 1, got {n!r}")
         for i, prompt in enumerate(prompts):
-            if not prompt or not all(isinstance(t, int) and t >= 0 for t in prompt):
+            if not prompt or not all(
+                isinstance(t, int) and 0 <= t < self.vocab_size for t in prompt
+            ):
                 raise ValueError(
-                    f"prompt {i} must be a non-empty list of token ids, got {prompt!r}"
+                    f"prompt {i} must be a non-empty list of token ids below the vocabulary size "
+                    f"{self.vocab_size}, got {prompt!r}"
+                )
+            if len(prompt) + sampling.max_new_tokens > self.max_model_len:
+                raise ValueError(
+                    f"prompt {i} has {len(prompt)} tokens; with max_new_tokens "
+                    f"{sampling.max_new_tokens} it exceeds max_model_len {self.max_model_len}"
                 )
         if not prompts:
             return []
@@ -133,7 +147,7 @@ class VLLMRolloutEngine:
             for s, (start, stop) in zip(self.servers, shards, strict=True)
             if stop > start
         ]
-        with self._fatal_on_transport_error():
+        with self._close_on_failure():
             for server, start, stop in busy:
                 server.send(
                     {
@@ -154,10 +168,10 @@ class VLLMRolloutEngine:
     def update_weights(self, named_weights: Iterable[tuple[str, torch.Tensor]]) -> None:
         """Load new weights (Hugging Face names, the full set) into every server.
 
-        Afterwards generation uses exactly these weights. Any failure closes the engine.
+        Afterwards generation uses exactly these weights.
         """
         self._check_open()
-        try:
+        with self._close_on_failure():
             for server in self.servers:
                 server.request({"op": "update_begin"}, self.request_timeout_s)
             for segment, table in pack_chunks(named_weights, self.chunk_bytes, self.shm_dir):
@@ -168,9 +182,6 @@ class VLLMRolloutEngine:
                     server.receive(self.request_timeout_s, "'update_chunk'")
             for server in self.servers:
                 server.request({"op": "update_end"}, self.request_timeout_s)
-        except BaseException:
-            self.close()
-            raise
 
     def sleep(self) -> None:
         """Release accelerator memory (vLLM sleep level 1); a no-op on CPU servers."""
@@ -210,7 +221,7 @@ class VLLMRolloutEngine:
 
     def _broadcast(self, op: str) -> None:
         self._check_open()
-        with self._fatal_on_transport_error():
+        with self._close_on_failure():
             for server in self.servers:
                 server.request({"op": op}, self.request_timeout_s)
 
@@ -218,25 +229,13 @@ class VLLMRolloutEngine:
         if self._closed:
             raise RolloutServerError("the rollout engine is closed")
 
-    def _fatal_on_transport_error(self):
-        return _CloseOnTransportError(self)
-
-
-class _CloseOnTransportError:
-    """Context manager: close the engine unless the error was one the server reported."""
-
-    def __init__(self, engine: VLLMRolloutEngine) -> None:
-        self.engine = engine
-
-    def __enter__(self) -> None:
-        return None
-
-    def __exit__(self, exc_type, exc, tb) -> None:
-        if exc is None:
-            return
-        server_reported = isinstance(exc, RolloutServerError) and "reported an error" in str(exc)
-        if not server_reported:
-            self.engine.close()
+    @contextlib.contextmanager
+    def _close_on_failure(self):
+        try:
+            yield
+        except BaseException:
+            self.close()
+            raise
 
 
 def _contiguous_shards(num_items: int, num_parts: int) -> list[tuple[int, int]]:

@@ -94,10 +94,10 @@ def test_stop_token_ends_generation_with_stop_reason(engine, hf_model):
 
 def test_stop_tokens_truncate_the_same_seeded_samples_and_eos_is_not_implicit(engine):
     prompts = PROMPTS + [encode(str(i)) for i in range(3)]
-    free = engine.generate(prompts, n=4, sampling=SamplingConfig(max_new_tokens=60, seed=2))
-    assert all(c.finish_reason == "length" and len(c.token_ids) == 60 for c in free)
+    free = engine.generate(prompts, n=4, sampling=SamplingConfig(max_new_tokens=40, seed=2))
+    assert all(c.finish_reason == "length" and len(c.token_ids) == 40 for c in free)
     assert any(EOS_ID in c.token_ids for c in free)  # so EOS alone did not stop them
-    sampling = SamplingConfig(max_new_tokens=60, seed=2, stop_token_ids=(EOS_ID,))
+    sampling = SamplingConfig(max_new_tokens=40, seed=2, stop_token_ids=(EOS_ID,))
     stopped = engine.generate(prompts, n=4, sampling=sampling)
     for unstopped, c in zip(free, stopped, strict=True):
         if EOS_ID in unstopped.token_ids:
@@ -129,6 +129,17 @@ def test_top_k_logprobs_are_renormalised_over_the_kept_tokens(engine, hf_model):
         reference = truncated.gather(-1, torch.tensor(c.token_ids)[:, None])[:, 0]
         assert torch.isfinite(reference).all()  # every sampled token was in the top k
         assert (reference - torch.tensor(c.logprobs)).abs().max() < LOGPROB_ATOL
+
+
+def test_bad_requests_are_refused_before_sending_and_the_engine_stays_usable(engine):
+    sampling = SamplingConfig(temperature=0.0, max_new_tokens=8)
+    with pytest.raises(ValueError, match="prompt 1 has 250 tokens"):
+        engine.generate([PROMPTS[0], [3] * 250], n=1, sampling=sampling)
+    with pytest.raises(ValueError, match=r"prompt 0 must be .* below the vocabulary size 78"):
+        engine.generate([[3, 78]], n=1, sampling=sampling)
+    with pytest.raises(ValueError, match="n must be"):
+        engine.generate(PROMPTS, n=0, sampling=sampling)
+    assert len(engine.generate(PROMPTS, n=1, sampling=sampling)) == len(PROMPTS)
 
 
 def test_update_weights_then_logprobs_follow_the_new_model(engine, hf_model):
