@@ -17,6 +17,7 @@
 #   OPEFO_LOG_ROOT    where each job's log directory goes [$OPEFO_HOME/logs]
 #   OPEFO_MOUNTS      extra pyxis mounts, comma-separated SRC:DST [none]
 #   OPEFO_HOME        the repository [$SLURM_SUBMIT_DIR]
+#   OPEFO_GPU_MEMORY_GIB  GPU memory preflight assumes when it sees no GPU [unset: the GPU's own]
 # The config sees the in-container paths (or the host paths without a container) through the
 # same variables, e.g. ${oc.env:OPEFO_MODEL_DIR} in conf/preset/*.yaml.
 
@@ -60,15 +61,19 @@ opefo_check_paths() {
     esac
 }
 
-# Hydra overrides: the default preset unless the caller chose one, then the caller's own.
+# Hydra overrides: +preset=DEFAULT unless the caller chose a preset, then the caller's own.
 opefo_overrides() {
     local default_preset="$1" arg
     shift
     OPEFO_OVERRIDES=()
     for arg in "$@"; do
-        [[ "$arg" == preset=* || "$arg" == +preset=* ]] && default_preset=""
+        if [[ "$arg" == preset=* || "$arg" == +preset=* ]]; then
+            default_preset=""
+        fi
     done
-    [[ -n "$default_preset" ]] && OPEFO_OVERRIDES+=("preset=$default_preset")
+    if [[ -n "$default_preset" ]]; then
+        OPEFO_OVERRIDES+=("+preset=$default_preset")
+    fi
     OPEFO_OVERRIDES+=("$@")
 }
 
@@ -127,8 +132,12 @@ opefo_init() {
         fi
     done
     # The job's log directory has the same path inside the container.
-    [[ "$OPEFO_CONTAINER" == pyxis ]] && OPEFO_CONTAINER_MOUNTS+=("$OPEFO_JOB_DIR:$OPEFO_JOB_DIR")
-    OPEFO_TASK_ENV+=("OPEFO_RUN_DIR=$OPEFO_JOB_DIR/train" "OPEFO_RUN_NAME=$OPEFO_RUN_NAME")
+    if [[ "$OPEFO_CONTAINER" == pyxis ]]; then
+        OPEFO_CONTAINER_MOUNTS+=("$OPEFO_JOB_DIR:$OPEFO_JOB_DIR")
+    fi
+    # The presets put the trainer's output (metrics, checkpoints) under
+    # $OPEFO_CKPT_DIR/$OPEFO_RUN_NAME: the same directory on every requeued attempt.
+    OPEFO_TASK_ENV+=("OPEFO_RUN_NAME=$OPEFO_RUN_NAME")
 
     {
         echo "job=$SLURM_JOB_ID name=$SLURM_JOB_NAME attempt=$OPEFO_ATTEMPT"
