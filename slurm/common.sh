@@ -77,6 +77,24 @@ opefo_overrides() {
     OPEFO_OVERRIDES+=("$@")
 }
 
+# A requeued attempt resumes from the newest checkpoint of this job's output directory
+# ($OPEFO_CKPT_DIR/$OPEFO_RUN_NAME, the presets' run.output_dir), unless the caller chose.
+opefo_resume_override() {
+    local arg
+    [[ "$OPEFO_ATTEMPT" -gt 0 ]] || return 0
+    for arg in "${OPEFO_OVERRIDES[@]}"; do
+        [[ "$arg" == checkpoint.resume=* ]] && return 0
+    done
+    if compgen -G "$OPEFO_CKPT_DIR/$OPEFO_RUN_NAME/*/step_*/trainer_state.json" >/dev/null \
+        || compgen -G "$OPEFO_CKPT_DIR/$OPEFO_RUN_NAME/step_*/trainer_state.json" >/dev/null; then
+        OPEFO_OVERRIDES+=("checkpoint.resume=latest")
+        opefo_log "attempt $OPEFO_ATTEMPT resumes from the latest checkpoint"
+    else
+        opefo_log "attempt $OPEFO_ATTEMPT finds no checkpoint under" \
+            "$OPEFO_CKPT_DIR/$OPEFO_RUN_NAME: starting over"
+    fi
+}
+
 opefo_nccl_defaults() {
     # A100 nodes with InfiniBand; every value can be overridden from the environment.
     export NCCL_DEBUG="${NCCL_DEBUG:-WARN}"
@@ -116,6 +134,7 @@ opefo_init() {
     mkdir -p "$OPEFO_ATTEMPT_DIR" || opefo_die "cannot create log directory $OPEFO_ATTEMPT_DIR"
 
     opefo_overrides "$@"
+    opefo_resume_override
     opefo_nccl_defaults
     opefo_rendezvous
 
