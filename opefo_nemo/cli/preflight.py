@@ -62,12 +62,29 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
             config = compose("config", overrides=list(overrides))
         data = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
     except MissingConfigException as error:
-        topic = "engine" if "engine" in str(error).split("\n", 1)[0] else "config"
-        first_line = str(error).strip().splitlines()[0]
-        return None, [Problem(topic, f"cannot compose the config: {first_line}")]
+        return None, [_missing_option_problem(str(error))]
     except (HydraException, ValueError, FileNotFoundError) as error:
         return None, [Problem("config", f"cannot compose the config: {error}")]
     return data, []
+
+
+def _missing_option_problem(text: str) -> Problem:
+    """Hydra's missing-option error in one line: what is missing and what is available."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    message = lines[0].split(": ", 1)[-1] if lines[0].startswith("In '") else lines[0]
+    available: list[str] = []
+    for index, line in enumerate(lines[1:], start=1):
+        if line.startswith("Available options in"):
+            group = line.split("'")[1] if "'" in line else "the group"
+            options = []
+            for option in lines[index + 1 :]:
+                if option.startswith("Config search path"):
+                    break
+                options.append(option)
+            available.append(f"available in {group}: {', '.join(options)}")
+    topic = "engine" if "'engine/" in message else "config"
+    suffix = f" ({'; '.join(available)})" if available else ""
+    return Problem(topic, f"cannot compose the config: {message}{suffix}")
 
 
 def validation_problems(config: dict[str, Any]) -> list[Problem]:

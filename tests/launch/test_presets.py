@@ -2,18 +2,21 @@
 
 The model shapes are the published ``config.json`` values of Qwen2.5-Math-7B and Qwen3-4B-Base,
 written to a temporary model directory (nothing is downloaded). The presets select the ``aligner``
-engine, whose ``conf/engine/aligner.yaml`` arrives with that engine; until then this test supplies
-only ``engine.name`` and reads everything else from the preset files themselves.
+engine, whose ``conf/engine/aligner.yaml`` arrives with that engine; until then the test composes
+over a copy of ``conf/`` where that file holds only ``name: aligner``, so every other value comes
+from config.yaml, the groups and the preset files themselves, merged by Hydra.
 """
 
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 import pytest
 from omegaconf import OmegaConf
 
+from opefo_nemo.cli.preflight import compose_config
 from opefo_nemo.config.method import method_names
 from opefo_nemo.launch import GIB
 from opefo_nemo.launch.checks import plan_memory, plan_problems
@@ -47,39 +50,53 @@ HF_CONFIGS = {
 PRESETS = {"opefo_7b": ("Qwen2.5-Math-7B", 3000), "opefo_4b": ("Qwen3-4B-Base", 8000)}
 
 
-def _compose(preset: str, method: str, tmp_path: Path, monkeypatch) -> dict:
-    """The preset over a method file, as Hydra would merge them (the aligner group excepted)."""
+@pytest.fixture
+def composed(tmp_path, monkeypatch):
+    """Compose ``+preset=<name> method=<m>`` with Hydra over a copy of ``conf/`` that has a
+    one-line ``engine/aligner.yaml`` (``name: aligner``) standing in for the engine's own file;
+    models are the published config.json files, written to a temporary model directory."""
     for name, config in HF_CONFIGS.items():
-        (tmp_path / "models" / name).mkdir(parents=True, exist_ok=True)
+        (tmp_path / "models" / name).mkdir(parents=True)
         (tmp_path / "models" / name / "config.json").write_text(json.dumps(config))
-    (tmp_path / "data").mkdir(exist_ok=True)
+    (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dapo-math-17k.parquet").write_bytes(b"")
+    conf = tmp_path / "conf"
+    shutil.copytree(CONF, conf)
+    (conf / "engine" / "aligner.yaml").write_text("name: aligner\n")
+    monkeypatch.setenv("OPEFO_CONF_DIR", str(conf))
     monkeypatch.setenv("OPEFO_MODEL_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("OPEFO_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("OPEFO_CKPT_DIR", str(tmp_path / "checkpoints"))
-    preset_file = OmegaConf.load(CONF / "preset" / f"{preset}.yaml")
-    preset_file.pop("defaults")
-    method_cfg = OmegaConf.merge(
-        OmegaConf.load(CONF / "method" / "_defaults.yaml"),
-        OmegaConf.load(CONF / "method" / f"{method}.yaml"),
-    )
-    method_cfg.pop("defaults", None)
-    merged = OmegaConf.merge({"engine": {"name": "aligner"}, "method": method_cfg}, preset_file)
-    return OmegaConf.to_container(merged, resolve=True)
+
+    def compose(preset: str, method: str | None = None) -> dict:
+        overrides = [f"+preset={preset}"] + ([f"method={method}"] if method else [])
+        config, problems = compose_config(overrides)
+        assert problems == [] and config is not None, problems
+        return config
+
+    return compose
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
 def test_presets_select_the_aligner_engine_and_opefo(preset):
     defaults = OmegaConf.load(CONF / "preset" / f"{preset}.yaml")["defaults"]
     overrides = {key: value for entry in defaults for key, value in entry.items()}
-    assert overrides == {"override /engine": "aligner", "override /method": "opefo"}
+    assert overrides == {
+        "override /model": "local",
+        "override /data": "dapo_math",
+        "override /engine": "aligner",
+        "override /method": "opefo",
+    }
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_preset_layout_fits_32_a100s_for_every_method(preset, tmp_path, monkeypatch):
+def test_preset_layout_fits_32_a100s_for_every_method(preset, composed, tmp_path):
     model, max_response = PRESETS[preset]
+    assert composed(preset)["method"]["name"] == "opefo"
     for method in method_names():
-        config = _compose(preset, method, tmp_path, monkeypatch)
+        config = composed(preset, method)
+        assert config["method"]["name"] == method
+        assert config["engine"]["name"] == "aligner"
         assert config["model"]["path"] == str(tmp_path / "models" / model)
         assert config["rollout"]["max_new_tokens"] == max_response
         assert (
