@@ -140,7 +140,8 @@ def _check_finite(stats: TokenStats, local_bad: Tensor, shard: VocabShard) -> No
     global_rank = dist.get_rank() if dist.is_initialized() else 0
     raise NonFiniteLogitsError(
         f"token_stats on TP rank {shard.rank} (global rank {global_rank}): {int(bad.sum())} "
-        f"tokens have non-finite statistics from NaN or +inf logits; {here} of them have such "
+        f"tokens have non-finite statistics from NaN or +inf logits (or no finite logit); "
+        f"{here} of them have NaN/+inf "
         f"logits in this rank's vocabulary columns [{shard.start}, {shard.start + shard.width})"
     )
 

@@ -122,7 +122,7 @@ def errors_fail_every_rank(rank: int, world_size: int) -> None:
         _expect(
             NonFiniteLogitsError,
             f"TP rank {tp_rank} (global rank {rank}): 2 tokens have non-finite statistics "
-            f"from NaN or +inf logits; {here} of them",
+            f"from NaN or +inf logits (or no finite logit); {here} of them",
             lambda local=local: token_stats(
                 local, targets, group=group, vocab_size=VOCAB, chunk_size=4
             ),
