@@ -61,6 +61,7 @@ class ServerProcess:
         child_sock.close()
         self.sock = parent_sock
         self.info: dict = {}
+        self.in_flight = True  # until the ready message: a request the server has not answered
 
     @property
     def pid(self) -> int:
@@ -77,6 +78,7 @@ class ServerProcess:
         return reply
 
     def send(self, message: dict) -> None:
+        self.in_flight = True
         try:
             send_message(self.sock, message)
         except OSError as exc:
@@ -97,6 +99,7 @@ class ServerProcess:
         except ProtocolError as exc:
             self._wait_exit(2.0)
             raise self._error(f"broke the connection during {what} ({exc})") from exc
+        self.in_flight = False
         if not reply.get("ok"):
             raise self._error(f"reported an error during {what}:\n{reply.get('error')}")
         return reply
@@ -124,8 +127,12 @@ class ServerProcess:
         return "\n".join(text.splitlines()[-lines:])
 
     def stop(self, grace_s: float = 5.0) -> None:
-        """Ask the server to exit; kill its process group if it does not. Idempotent."""
-        if self.proc.poll() is None:
+        """Ask the server to exit; kill its process group if it does not. Idempotent.
+
+        A server still busy with a request (start-up included) is not asked: it would only read
+        the request when done, so it is sent SIGTERM (then SIGKILL) at once.
+        """
+        if self.proc.poll() is None and not self.in_flight:
             with contextlib.suppress(OSError):
                 send_message(self.sock, {"op": "shutdown"})
             self._wait_exit(grace_s)

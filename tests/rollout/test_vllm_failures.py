@@ -103,3 +103,16 @@ def test_update_weights_with_unknown_name_fails_and_closes(tiny_model_dir):
     with pytest.raises(RolloutServerError, match="reported an error"):
         engine.update_weights([("model.no_such_layer.weight", torch.zeros(3))])
     assert not any(process_group_alive(pid) for pid in pids)
+
+
+def test_request_timeout_raises_and_closes(tiny_model_dir):
+    engine = VLLMRolloutEngine(
+        tiny_model_dir, dtype="float32", max_model_len=512, request_timeout_s=1.0
+    )
+    pids = engine.server_pids
+    sampling = SamplingConfig(temperature=1.0, max_new_tokens=500, seed=0)
+    start = time.monotonic()
+    with pytest.raises(RolloutServerError, match="did not answer 'generate' within the timeout"):
+        engine.generate([encode("1+1=")] * 64, n=4, sampling=sampling)
+    assert time.monotonic() - start < 1.0 + 5.0  # the timeout, plus stopping the server
+    assert not any(process_group_alive(pid) for pid in pids)
