@@ -1,1 +1,1 @@
-"""Command-line entry points: Hydra/argparse wiring only (see ARCHITECTURE.md)."""
+"""Command-line entry points: ``opefo-train`` and ``opefo-eval`` (wiring only)."""

@@ -58,7 +58,7 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
     from ..config.method import conf_dir
 
     try:
-        with initialize_config_dir(str(conf_dir()), version_base=None):
+        with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             config = compose("config", overrides=list(overrides))
         data = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
     except MissingConfigException as error:

@@ -1,0 +1,38 @@
+"""Composing ``conf/config.yaml`` with command-line overrides (Hydra's compose API, NeMo style).
+
+``compose(["method=grpo_strict", "trainer.max_steps=50", "++rollout.temperature=0.8"])`` returns
+the validated :class:`TrainConfig` and the resolved plain dict (saved with checkpoints). Hydra is
+used only to compose: it neither changes the working directory nor writes its own outputs.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Any
+
+from omegaconf import OmegaConf
+from omegaconf.errors import MissingMandatoryValue
+
+from .method import conf_dir
+from .train import TrainConfig
+
+
+def compose(overrides: Sequence[str] = ()) -> tuple[TrainConfig, dict[str, Any]]:
+    """The run's config from ``conf/config.yaml`` plus ``overrides``; errors name the key."""
+    from hydra import compose as hydra_compose
+    from hydra import initialize_config_dir
+    from hydra.errors import HydraException
+
+    try:
+        with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
+            composed = hydra_compose(config_name="config", overrides=list(overrides))
+    except HydraException as error:
+        raise ValueError(f"configuration overrides {list(overrides)}: {error}") from None
+    try:
+        data = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True)
+    except MissingMandatoryValue as error:
+        raise ValueError(
+            f"missing value for {error.full_key}: set it on the command line"
+        ) from None
+    assert isinstance(data, dict)
+    return TrainConfig.from_mapping(data), data

@@ -1,0 +1,241 @@
+"""The trainer's configuration (``conf/config.yaml`` and its groups) as validated dataclasses.
+
+:func:`TrainConfig.from_mapping` is the only way in: an unknown key, a wrong type, an impossible
+value or a contradiction between sections fails at start-up with an error naming the key. The
+meaning of every key is documented beside it in the YAML files under ``conf/``.
+"""
+
+from __future__ import annotations
+
+import typing
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any
+
+from ..core.objectives import MethodConfig
+from .schema import build, one_of, require
+
+VERIFIERS = ("integer", "dapo", "math_verify")
+LONG_PROMPT_POLICIES = ("skip", "error")
+DTYPES = ("float32", "bfloat16")
+
+
+@dataclass(frozen=True)
+class RunConfig:
+    name: str = "run"
+    output_dir: str = "outputs/run"
+    seed: int = 0
+    compare: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = ""
+    embedded: bool = False
+    warm_start_steps: int = 300
+    warm_start_lr: float = 3e-3
+    warm_start_seed: int = 0
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    max_operand: int = 20
+    operators: str = "+-"
+    num_train: int = 2000
+    num_validation: int = 64
+    seed: int = 1234
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = "arithmetic"
+    validation: str | None = None
+    template: str = "raw"
+    max_prompt_tokens: int = 512
+    long_prompt: str = "skip"
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+
+
+@dataclass(frozen=True)
+class EngineConfig:
+    name: str = "hf"
+    device: str = "cpu"
+    dtype: str = "float32"
+    micro_batch_size: int = 16
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    stats_chunk_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class RolloutConfig:
+    name: str = "vllm"
+    temperature: float = 1.0
+    top_p: float = 1.0
+    top_k: int = 0
+    max_new_tokens: int = 64
+    num_servers: int = 1
+    max_restarts: int = 1
+
+
+@dataclass(frozen=True)
+class TrainerConfig:
+    max_steps: int = 20
+    prompts_per_step: int = 8
+    responses_per_prompt: int = 8
+    max_nan_steps: int = 3
+
+
+@dataclass(frozen=True)
+class AdvantageConfig:
+    normalize_std: bool = True
+    leave_one_out: bool = False
+
+
+@dataclass(frozen=True)
+class RewardSettings:
+    verifier: str = "integer"
+    timeout_s: float = 5.0
+    workers: int = 0
+
+
+@dataclass(frozen=True)
+class CheckpointConfig:
+    every: int = 10
+    resume: str | None = None
+    keep: int = 2
+
+
+@dataclass(frozen=True)
+class ValidationConfig:
+    every: int = 0
+    k: int = 4
+    max_problems: int | None = None
+    temperature: float = 1.0
+    top_p: float = 0.7
+
+
+@dataclass(frozen=True)
+class WandbConfig:
+    enabled: bool = False
+    project: str = "opefo-nemo"
+    mode: str = "offline"
+
+
+@dataclass(frozen=True)
+class MetricsConfig:
+    realized_every: int = 0
+    tensorboard: bool = True
+    progress: bool = True
+    wandb: WandbConfig = field(default_factory=WandbConfig)
+
+
+@dataclass(frozen=True)
+class TrainConfig:
+    """Every section of ``conf/config.yaml``; ``method`` is core's :class:`MethodConfig`."""
+
+    method: MethodConfig
+    run: RunConfig = field(default_factory=RunConfig)
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    engine: EngineConfig = field(default_factory=EngineConfig)
+    rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    reward: RewardSettings = field(default_factory=RewardSettings)
+    checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    validation: ValidationConfig = field(default_factory=ValidationConfig)
+    metrics: MetricsConfig = field(default_factory=MetricsConfig)
+
+    @property
+    def rollout_batch_size(self) -> int:
+        """Responses per rollout step: prompts × K."""
+        return self.trainer.prompts_per_step * self.trainer.responses_per_prompt
+
+    @classmethod
+    def from_mapping(cls, data: Mapping[str, Any]) -> TrainConfig:
+        """Build from the composed config (a plain dict) and validate; errors name the key."""
+        if "method" not in data:
+            raise ValueError("missing section method (choose one with method=<name>)")
+        hints = typing.get_type_hints(cls)
+        unknown = sorted(set(data) - set(hints))
+        if unknown:
+            raise ValueError(f"unknown section {unknown[0]} (known: {', '.join(sorted(hints))})")
+        method_data = {k: v for k, v in data["method"].items() if k != "defaults"}
+        sections = {
+            name: build(hints[name], value, name)
+            for name, value in data.items()
+            if name != "method"
+        }
+        built = cls(method=MethodConfig.from_mapping(method_data, prefix="method"), **sections)
+        built.validate()
+        return built
+
+    def validate(self) -> None:
+        """Ranges and cross-section contradictions (SPEC §4, §5, §8)."""
+        t, e, r = self.trainer, self.engine, self.rollout
+        require(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
+        require(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
+        require(
+            t.responses_per_prompt >= 2,
+            "trainer.responses_per_prompt",
+            "must be >= 2 (a group of one has advantage 0, SPEC §4)",
+        )
+        require(t.max_nan_steps >= 1, "trainer.max_nan_steps", "must be >= 1")
+        require(
+            self.rollout_batch_size % self.method.updates_per_rollout == 0,
+            "method.updates_per_rollout",
+            f"({self.method.updates_per_rollout}) must divide the rollout batch "
+            f"trainer.prompts_per_step × trainer.responses_per_prompt = {self.rollout_batch_size}",
+        )
+        one_of(e.name, ("hf",), "engine.name")
+        one_of(e.dtype, DTYPES, "engine.dtype")
+        require(e.micro_batch_size >= 1, "engine.micro_batch_size", "must be >= 1")
+        require(e.warmup_steps >= 0, "engine.warmup_steps", "must be >= 0")
+        require(e.grad_clip >= 0, "engine.grad_clip", "must be >= 0 (0 disables clipping)")
+        require(
+            e.stats_chunk_tokens is None or e.stats_chunk_tokens >= 1,
+            "engine.stats_chunk_tokens",
+            "must be >= 1 or null",
+        )
+        one_of(r.name, ("vllm",), "rollout.name")
+        require(
+            r.temperature > 0,
+            "rollout.temperature",
+            "must be > 0 (the policy is the temperature-scaled softmax, SPEC §1)",
+        )
+        require(
+            r.top_p == 1.0 and r.top_k == 0,
+            "rollout.top_p",
+            "and rollout.top_k must stay 1.0 and 0 for training: the token statistics are of the "
+            "full temperature-scaled softmax (SPEC §1), truncated sampling would be off-policy",
+        )
+        require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+        require(r.num_servers >= 1, "rollout.num_servers", "must be >= 1")
+        require(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0")
+        one_of(self.data.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
+        require(self.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
+        a = self.data.arithmetic
+        require(a.max_operand >= 1, "data.arithmetic.max_operand", "must be >= 1")
+        require(
+            bool(a.operators) and set(a.operators) <= set("+-*"),
+            "data.arithmetic.operators",
+            "must be a non-empty subset of '+-*'",
+        )
+        require(a.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
+        one_of(self.reward.verifier, VERIFIERS, "reward.verifier")
+        require(self.reward.timeout_s > 0, "reward.timeout_s", "must be > 0")
+        require(self.reward.workers >= 0, "reward.workers", "must be >= 0")
+        require(
+            self.model.path != "", "model.path", "is empty: set model.path=<HF model directory>"
+        )
+        require(self.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at end)")
+        require(self.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
+        require(self.validation.every >= 0, "validation.every", "must be >= 0 (0 = never)")
+        require(self.validation.k >= 1, "validation.k", "must be >= 1")
+        require(self.metrics.realized_every >= 0, "metrics.realized_every", "must be >= 0")
+        one_of(self.metrics.wandb.mode, ("offline", "online", "disabled"), "metrics.wandb.mode")

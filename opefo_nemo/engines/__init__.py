@@ -1,0 +1,1 @@
+"""Policy implementations: ``hf`` (one device, CPU or GPU); ``aligner`` (NeMo-Aligner) later."""

@@ -1,0 +1,156 @@
+"""``hf``: the trainer's ``Policy`` protocol on a Hugging Face causal LM, on one device.
+
+Model and tokenizer come from a local directory (nothing is downloaded). Both phases of a step use
+``parallel.token_stats`` with TP = 1 and the rollout's sampling temperature (SPEC §1), so the
+policy that is differentiated is the temperature-scaled one that generated the rollout.
+Optimizer: AdamW; learning rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``
+(linear warm-up over the first ``warmup_steps`` rollout steps, SPEC §8); gradient clipping by
+global norm. Gradients accumulate over micro-batches: each micro-batch's loss is already its share
+of the global token mean (SPEC §5), so nothing is rescaled here.
+"""
+
+from __future__ import annotations
+
+import math
+import shutil
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from torch import Tensor
+
+from ..config.train import EngineConfig
+from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
+from ..trainer.batch import TrainBatch
+from ..trainer.protocols import LossFn, UpdateResult
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_STATE_FILE = "engine_state.pt"
+MODEL_SUBDIR = "model"
+TOKENIZER_SUBDIR = "tokenizer"
+
+
+class HFPolicy:
+    """A causal LM loaded from ``model_dir`` with its AdamW optimizer and warm-up schedule."""
+
+    def __init__(
+        self, model_dir: str | Path, config: EngineConfig, *, lr: float, temperature: float
+    ):
+        from transformers import AutoModelForCausalLM
+
+        path = Path(model_dir)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(f"model.path {path} is not a Hugging Face model directory")
+        self.source_dir = path
+        self.config = config
+        self.temperature = temperature
+        self.device = torch.device(config.device)
+        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype])
+        self.model.to(self.device).train()
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.optimizer = torch.optim.AdamW(
+            params,
+            lr=lr,
+            betas=(config.adam_beta1, config.adam_beta2),
+            eps=config.adam_eps,
+            weight_decay=config.weight_decay,
+        )
+        warmup = config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            self.optimizer, lambda step: 1.0 if warmup == 0 else min(1.0, (step + 1) / warmup)
+        )
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    def _stats(self, batch: TrainBatch, tabular: bool) -> TokenStats:
+        ids = batch.input_ids.to(self.device)
+        attention = batch.attention_mask.to(self.device)
+        logits = self.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1]
+        return token_stats(
+            logits,
+            ids[:, 1:],
+            temperature=self.temperature,
+            tabular=tabular,
+            chunk_size=self.config.stats_chunk_tokens,
+        )
+
+    @torch.no_grad()
+    def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
+        """Phase 1: ``[B, T − 1]`` fp32 statistics on the CPU, no graph."""
+        stats = self._stats(batch, tabular)
+        return TokenStats(*(None if t is None else t.cpu() for t in _fields(stats)))
+
+    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
+        """Accumulate every micro-batch's gradient, clip, step; skip the step if anything is NaN."""
+        self.optimizer.zero_grad(set_to_none=True)
+        finite = True
+        for index, micro in enumerate(micro_batches):
+            try:
+                stats = self._stats(micro, tabular=False)
+            except NonFiniteLogitsError:
+                finite = False
+                break
+            loss = loss_fn(
+                index, TokenStats(*(None if t is None else t.cpu() for t in _fields(stats)))
+            )
+            if not bool(torch.isfinite(loss.detach())):
+                finite = False
+                break
+            loss.backward()
+        params = [p for p in self.model.parameters() if p.grad is not None]
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        if not finite or not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return UpdateResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False)
+
+    def advance_schedule(self) -> None:
+        self.scheduler.step()
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """``(hf_name, tensor)`` for every parameter, detached (tied weights appear once)."""
+        for name, param in self.model.named_parameters():
+            yield name, param.detach()
+
+    def save(self, directory: Path) -> None:
+        """``model/`` (a loadable HF directory, with the tokenizer when the source has one) and
+        the optimizer and scheduler state."""
+        directory.mkdir(parents=True, exist_ok=True)
+        self.save_model(directory / MODEL_SUBDIR)
+        state = {"optimizer": self.optimizer.state_dict(), "scheduler": self.scheduler.state_dict()}
+        torch.save(state, directory / _STATE_FILE)
+
+    def save_model(self, directory: Path) -> None:
+        """The weights alone as a Hugging Face directory that vLLM and ``opefo-eval`` can load."""
+        self.model.save_pretrained(directory, safe_serialization=True)
+        tokenizer = self.source_dir / TOKENIZER_SUBDIR
+        if tokenizer.is_dir() and not (directory / TOKENIZER_SUBDIR).exists():
+            shutil.copytree(tokenizer, directory / TOKENIZER_SUBDIR)
+
+    def load(self, directory: Path) -> None:
+        from safetensors.torch import load_file
+
+        weights = directory / MODEL_SUBDIR / "model.safetensors"
+        if not weights.is_file():
+            raise FileNotFoundError(
+                f"checkpoint {directory} has no {MODEL_SUBDIR}/model.safetensors"
+            )
+        missing, unexpected = self.model.load_state_dict(load_file(weights), strict=False)
+        tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
+        if unexpected or set(missing) - tied:
+            raise ValueError(
+                f"checkpoint {weights} does not match the model: missing {missing}, "
+                f"unexpected {unexpected}"
+            )
+        state = torch.load(directory / _STATE_FILE, map_location=self.device, weights_only=True)
+        self.optimizer.load_state_dict(state["optimizer"])
+        self.scheduler.load_state_dict(state["scheduler"])
+
+
+def _fields(stats: TokenStats) -> tuple[Tensor | None, ...]:
+    return (stats.logprob, stats.entropy, stats.sum_p2, stats.sum_p2_logp)

@@ -1,0 +1,72 @@
+"""A short supervised phase so the embedded default starts with rewards neither all 0 nor all 1.
+
+Teacher-forced cross-entropy on the response tokens only (the answer and end-of-sequence), AdamW,
+fixed seed, ``steps`` mini-batches of ``batch_size`` (prompt, answer) pairs drawn with
+replacement. A few hundred steps leave the tiny model partly right on the arithmetic task: the
+state a policy-gradient method can improve, and whose entropy it can collapse.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Sequence
+from pathlib import Path
+
+import torch
+
+
+def supervised_warm_start(
+    base_dir: Path,
+    out_dir: Path,
+    pairs: Sequence[tuple[list[int], list[int]]],
+    *,
+    steps: int,
+    lr: float,
+    seed: int,
+    pad_id: int,
+    batch_size: int = 32,
+) -> Path:
+    """Fine-tune ``base_dir`` on ``(prompt_ids, response_ids)`` pairs; save to ``out_dir``.
+
+    Returns ``out_dir``. Written into a sibling temporary directory and renamed, so an
+    interrupted run leaves no half-written model behind.
+    """
+    import shutil
+
+    from transformers import AutoModelForCausalLM
+
+    if not pairs:
+        raise ValueError("warm start needs at least one (prompt, response) pair")
+    torch.manual_seed(seed)
+    rng = random.Random(seed)
+    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model.train()
+    optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
+    for _ in range(steps):
+        batch = [pairs[rng.randrange(len(pairs))] for _ in range(batch_size)]
+        ids, attention, labels = _pack(batch, pad_id)
+        loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
+        optimizer.zero_grad(set_to_none=True)
+        loss.backward()
+        optimizer.step()
+    staging = out_dir.parent / f".{out_dir.name}.partial"
+    shutil.rmtree(staging, ignore_errors=True)
+    model.save_pretrained(staging, safe_serialization=True)
+    tokenizer = base_dir / "tokenizer"
+    if tokenizer.is_dir():
+        shutil.copytree(tokenizer, staging / "tokenizer")
+    staging.rename(out_dir)
+    return out_dir
+
+
+def _pack(batch: Sequence[tuple[list[int], list[int]]], pad_id: int):
+    width = max(len(p) + len(r) for p, r in batch)
+    ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+    attention = torch.zeros((len(batch), width), dtype=torch.long)
+    labels = torch.full((len(batch), width), -100, dtype=torch.long)
+    for row, (prompt, response) in enumerate(batch):
+        full = prompt + response
+        ids[row, : len(full)] = torch.tensor(full)
+        attention[row, : len(full)] = 1
+        labels[row, len(prompt) : len(full)] = torch.tensor(response)
+    return ids, attention, labels

@@ -1,0 +1,5 @@
+"""The engine-agnostic GRPO / OPEFO training loop (ARCHITECTURE.md ``trainer/``).
+
+``loop.Trainer`` runs rollout steps; ``update`` holds the two-phase update; ``protocols`` the
+``Policy`` and ``RolloutEngine`` interfaces the loop talks to.
+"""

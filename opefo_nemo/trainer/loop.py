@@ -1,0 +1,271 @@
+"""The GRPO / OPEFO training loop, one rollout step at a time (ARCHITECTURE.md).
+
+``Trainer.train_step`` reads top to bottom as the algorithm: sample prompts → generate K responses
+each → score them → group advantages (SPEC §4) → update (token-stats pass, ``prepare``, optimizer
+step(s); :mod:`opefo_nemo.trainer.update`) → push the weights to the rollout engine → metrics
+(SPEC §6). ``Trainer.run`` adds checkpoints, validation, the NaN guard and pre-emption signals.
+"""
+
+from __future__ import annotations
+
+import logging
+import signal
+import time
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from ..config.train import TrainConfig
+from ..core import group_advantages
+from ..core.metrics import rollout_metrics, rollout_sums
+from ..data import Problem
+from ..eval import avg_at_k
+from ..parallel import NonFiniteLogitsError
+from ..rollout import SamplingConfig
+from .batch import build_batch
+from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from .metrics_log import MetricsLogger
+from .prompts import PromptCodec
+from .protocols import Policy
+from .rollout_guard import GuardedRollout
+from .sampler import PromptSampler
+from .scoring import reason_metrics, score_responses
+from .update import UpdateOutcome, realized_entropy_change, update_rollout_batch
+
+log = logging.getLogger(__name__)
+PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
+
+
+class NanStreakError(RuntimeError):
+    """Too many consecutive rollout steps had a non-finite loss or gradient."""
+
+
+@dataclass
+class Dataset:
+    """Problems with their encoded prompts (over-long ones already skipped)."""
+
+    problems: list[Problem]
+    prompts: list[list[int]]
+
+
+class Trainer:
+    """Owns the loop state: step, prompt sampler, NaN streak; talks to the engines by protocol."""
+
+    def __init__(
+        self,
+        config: TrainConfig,
+        config_dict: dict[str, Any],
+        policy: Policy,
+        rollout: GuardedRollout,
+        codec: PromptCodec,
+        train: Dataset,
+        validation: Dataset | None,
+        output_dir: Path,
+    ):
+        self.config = config
+        self.config_dict = config_dict
+        self.policy = policy
+        self.rollout = rollout
+        self.codec = codec
+        self.train = train
+        self.validation = validation
+        self.output_dir = output_dir
+        self.checkpoint_dir = output_dir / "checkpoints"
+        self.step = 0
+        self.nan_streak = 0
+        self.sampler = PromptSampler(
+            len(train.problems), config.trainer.prompts_per_step, config.run.seed
+        )
+        self._stop_signal: int | None = None
+
+    # ----------------------------------------------------------------- one rollout step
+    def train_step(self) -> dict[str, float]:
+        """One rollout step; returns its metrics (the step counter is advanced by the caller)."""
+        cfg, k = self.config, self.config.trainer.responses_per_prompt
+        timings: dict[str, float] = {}
+        start = time.perf_counter()
+
+        indices = self.sampler.next_batch()
+        prompts = [self.train.prompts[i] for i in indices]
+        completions = self.rollout.generate(prompts, k, self._sampling(self.step))
+        timings["time/rollout_s"] = time.perf_counter() - start
+
+        problems = [self.train.problems[indices[c.prompt_index]] for c in completions]
+        responses = [self.codec.decode(c.token_ids) for c in completions]
+        results = score_responses(responses, [p.ground_truth for p in problems], cfg.reward)
+        rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
+        group_ids = torch.tensor([c.prompt_index for c in completions])
+        advantages = group_advantages(
+            rewards, group_ids, cfg.advantage.normalize_std, cfg.advantage.leave_one_out
+        )
+        batch = build_batch(
+            [prompts[c.prompt_index] for c in completions],
+            [c.token_ids for c in completions],
+            advantages,
+            self.codec.pad_id,
+        )
+        timings["time/reward_s"] = time.perf_counter() - start - timings["time/rollout_s"]
+
+        mark = time.perf_counter()
+        micro = cfg.engine.micro_batch_size
+        try:
+            outcome = update_rollout_batch(
+                self.policy, cfg.method, batch, micro, seed=cfg.run.seed * 1_000_003 + self.step
+            )
+        except NonFiniteLogitsError as error:
+            log.warning("step %d: non-finite logits in the token-stats pass (%s)", self.step, error)
+            outcome = UpdateOutcome({}, cfg.method.updates_per_rollout, float("nan"))
+        metrics = dict(outcome.metrics)
+        every = cfg.metrics.realized_every
+        if every and (self.step + 1) % every == 0 and not outcome.skipped_steps:
+            metrics["flow/realized"] = realized_entropy_change(
+                self.policy, batch, micro, outcome.entropy_before
+            )
+        self.policy.advance_schedule()
+        timings["time/update_s"] = time.perf_counter() - mark
+
+        mark = time.perf_counter()
+        self.rollout.update_weights(self.policy.named_weights())
+        timings["time/weight_sync_s"] = time.perf_counter() - mark
+
+        self._nan_guard(outcome.skipped_steps)
+        lengths = torch.tensor([len(c.token_ids) for c in completions])
+        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
+        metrics.update(rollout_metrics(rollout_sums(rewards, lengths, truncated)))
+        metrics.update(reason_metrics(results))
+        metrics.update(timings)
+        metrics["train/skipped_updates"] = float(outcome.skipped_steps)
+        metrics["data/epoch"] = float(self.sampler.epoch)
+        metrics["time/step_s"] = time.perf_counter() - start
+        return metrics
+
+    def _sampling(self, step: int) -> SamplingConfig:
+        """Seeded per step, so a resumed run samples what the uninterrupted one would have."""
+        r = self.config.rollout
+        seed = (self.config.run.seed * 1_000_003 + step) * 10_000
+        return SamplingConfig(
+            temperature=r.temperature,
+            max_new_tokens=r.max_new_tokens,
+            stop_token_ids=(self.codec.eos_id,),
+            seed=seed,
+        )
+
+    def _nan_guard(self, skipped: int) -> None:
+        if not skipped:
+            self.nan_streak = 0
+            return
+        self.nan_streak += 1
+        limit = self.config.trainer.max_nan_steps
+        log.warning(
+            "step %d: %d optimizer step(s) skipped for a non-finite loss or gradient "
+            "(%d rollout step(s) in a row, limit trainer.max_nan_steps=%d)",
+            self.step,
+            skipped,
+            self.nan_streak,
+            limit,
+        )
+        if self.nan_streak >= limit:
+            raise NanStreakError(
+                f"{self.nan_streak} rollout steps in a row had a non-finite loss or gradient "
+                f"(trainer.max_nan_steps={limit}); last at step {self.step}"
+            )
+
+    # ----------------------------------------------------------------- validation
+    def validate(self) -> dict[str, float]:
+        """``val/avg@k`` on the validation set with the validation sampling (SPEC §7)."""
+        assert self.validation is not None
+        v = self.config.validation
+        problems, prompts = self.validation.problems, self.validation.prompts
+        if v.max_problems is not None:
+            problems, prompts = problems[: v.max_problems], prompts[: v.max_problems]
+        sampling = SamplingConfig(
+            temperature=v.temperature,
+            top_p=v.top_p,
+            max_new_tokens=self.config.rollout.max_new_tokens,
+            stop_token_ids=(self.codec.eos_id,),
+            seed=self.config.run.seed,
+        )
+        completions = self.rollout.generate(prompts, v.k, sampling)
+        responses = [self.codec.decode(c.token_ids) for c in completions]
+        truths = [problems[c.prompt_index].ground_truth for c in completions]
+        results = score_responses(responses, truths, self.config.reward)
+        matrix = [
+            [float(results[i * v.k + j].correct) for j in range(v.k)] for i in range(len(problems))
+        ]
+        return {f"val/avg@{v.k}": avg_at_k(matrix)}
+
+    # ----------------------------------------------------------------- checkpoints
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "sampler": self.sampler.state_dict(),
+            "nan_streak": self.nan_streak,
+            "rollout_restarts": self.rollout.restarts,
+        }
+
+    def save(self) -> Path:
+        path = save_checkpoint(
+            self.checkpoint_dir,
+            self.step,
+            self.policy,
+            self.state_dict(),
+            self.config_dict,
+            self.config.checkpoint.keep,
+        )
+        log.info("checkpoint written: %s", path)
+        return path
+
+    def resume(self, resume: str) -> Path:
+        """Restore a checkpoint and load its weights into the rollout engine."""
+        path = resolve_resume(resume, self.checkpoint_dir)
+        state = load_checkpoint(path, self.policy)
+        self.step = int(state["step"])
+        self.sampler.load_state_dict(state["sampler"])
+        self.nan_streak = int(state["nan_streak"])
+        self.rollout.update_weights(self.policy.named_weights())
+        log.info("resumed from %s at step %d", path, self.step)
+        return path
+
+    # ----------------------------------------------------------------- the run
+    def run(self) -> str:
+        """Train to ``trainer.max_steps``; returns ``"done"`` or ``"preempted"`` (checkpointed)."""
+        cfg = self.config
+        previous = {s: signal.signal(s, self._on_signal) for s in PREEMPTION_SIGNALS}
+        logger = MetricsLogger(
+            self.output_dir,
+            cfg.metrics,
+            cfg.run.name,
+            cfg.trainer.max_steps,
+            self.step,
+            self.config_dict,
+        )
+        try:
+            while self.step < cfg.trainer.max_steps:
+                metrics = self.train_step()
+                self.step += 1
+                v_every = cfg.validation.every
+                if self.validation is not None and v_every and self.step % v_every == 0:
+                    metrics.update(self.validate())
+                logger.log(self.step, metrics)
+                every = cfg.checkpoint.every
+                if every and self.step % every == 0:
+                    self.save()
+                if self._stop_signal is not None:
+                    log.warning(
+                        "signal %d: checkpointing at step %d and exiting",
+                        self._stop_signal,
+                        self.step,
+                    )
+                    self.save()
+                    return "preempted"
+            if not list(self.checkpoint_dir.glob(f"step_{self.step:06d}")):
+                self.save()
+            return "done"
+        finally:
+            logger.close()
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+
+    def _on_signal(self, signum: int, frame: object) -> None:
+        self._stop_signal = signum

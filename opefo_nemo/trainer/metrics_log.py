@@ -1,0 +1,99 @@
+"""Where the SPEC §6 metrics of every step go: a JSONL file, TensorBoard, W&B, a progress bar.
+
+``metrics.jsonl`` has one object per rollout step: ``{"step": s, "<name>": value, ...}``.
+TensorBoard event files go to ``tensorboard/``; W&B (``metrics.wandb.enabled``) is imported only
+when enabled and runs offline by default. The progress bar shows reward, entropy, λ* and the step
+time.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from ..config.train import MetricsConfig
+
+PROGRESS_KEYS = {
+    "reward/mean": "reward",
+    "entropy/mean": "H",
+    "flow/lambda": "λ*",
+    "time/step_s": "s/step",
+}
+
+
+class MetricsLogger:
+    """Appends to ``<output_dir>/metrics.jsonl`` (a resumed run continues the same file)."""
+
+    def __init__(
+        self,
+        output_dir: Path,
+        config: MetricsConfig,
+        run_name: str,
+        total_steps: int,
+        start_step: int,
+        config_dict: dict[str, Any],
+    ):
+        output_dir.mkdir(parents=True, exist_ok=True)
+        self.path = output_dir / "metrics.jsonl"
+        self._file = self.path.open("a")
+        self._tensorboard = None
+        self._wandb = None
+        self._bar = None
+        if config.tensorboard:
+            from torch.utils.tensorboard import SummaryWriter
+
+            self._tensorboard = SummaryWriter(str(output_dir / "tensorboard"))
+        if config.wandb.enabled:
+            try:
+                import wandb
+            except ImportError:
+                raise ImportError(
+                    "metrics.wandb.enabled=true but wandb is not installed (pip install wandb)"
+                ) from None
+            self._wandb = wandb.init(
+                project=config.wandb.project,
+                name=run_name,
+                mode=config.wandb.mode,
+                dir=str(output_dir),
+                config=config_dict,
+            )
+        if config.progress:
+            from tqdm import tqdm
+
+            self._bar = tqdm(total=total_steps, initial=start_step, desc=run_name, unit="step")
+
+    def log(self, step: int, metrics: dict[str, float]) -> None:
+        clean = {
+            k: (None if isinstance(v, float) and not math.isfinite(v) else v)
+            for k, v in metrics.items()
+        }
+        self._file.write(json.dumps({"step": step, **clean}, sort_keys=True) + "\n")
+        self._file.flush()
+        if self._tensorboard is not None:
+            for name, value in metrics.items():
+                self._tensorboard.add_scalar(name, value, step)
+            self._tensorboard.flush()
+        if self._wandb is not None:
+            self._wandb.log(metrics, step=step)
+        if self._bar is not None:
+            shown = {
+                short: f"{metrics[k]:.3g}" for k, short in PROGRESS_KEYS.items() if k in metrics
+            }
+            self._bar.set_postfix(shown, refresh=False)
+            self._bar.update(1)
+
+    def close(self) -> None:
+        self._file.close()
+        if self._tensorboard is not None:
+            self._tensorboard.close()
+        if self._wandb is not None:
+            self._wandb.finish()
+        if self._bar is not None:
+            self._bar.close()
+
+
+def read_metrics(path: Path) -> list[dict[str, Any]]:
+    """The records of a ``metrics.jsonl``, in order."""
+    return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]

@@ -1,0 +1,77 @@
+"""A rollout engine that survives one server death: restart it once, then fail clearly.
+
+A transport failure (dead server process, timeout, closed connection) closes a
+``VLLMRolloutEngine``; the guard then starts a fresh engine with the factory, loads the policy's
+current weights into it and retries the request. After ``max_restarts`` restarts in a run the next
+failure is a ``RuntimeError`` that says what happened.
+"""
+
+from __future__ import annotations
+
+import logging
+from collections.abc import Callable, Iterable, Iterator
+
+from torch import Tensor
+
+from ..rollout import Completion, RolloutServerError, SamplingConfig
+from ..rollout.protocol import ProtocolError
+from .protocols import RolloutEngine
+
+log = logging.getLogger(__name__)
+_FAILURES = (RolloutServerError, ProtocolError, TimeoutError, ConnectionError)
+
+
+class GuardedRollout:
+    """Wraps the engine made by ``factory``; ``weights()`` yields the policy's current weights."""
+
+    def __init__(
+        self,
+        factory: Callable[[], RolloutEngine],
+        weights: Callable[[], Iterator[tuple[str, Tensor]]],
+        max_restarts: int,
+    ):
+        self.factory = factory
+        self.weights = weights
+        self.max_restarts = max_restarts
+        self.restarts = 0
+        self.engine = factory()
+
+    def generate(
+        self, prompts: list[list[int]], n: int, sampling: SamplingConfig
+    ) -> list[Completion]:
+        try:
+            return self.engine.generate(prompts, n, sampling)
+        except _FAILURES as error:
+            self._restart(error)
+        try:
+            return self.engine.generate(prompts, n, sampling)
+        except _FAILURES as error:
+            raise RuntimeError(
+                f"the rollout engine failed again right after a restart: {error}"
+            ) from error
+
+    def update_weights(self, named_weights: Iterable[tuple[str, Tensor]]) -> None:
+        try:
+            self.engine.update_weights(named_weights)
+        except _FAILURES as error:
+            self._restart(error)
+
+    def _restart(self, error: Exception) -> None:
+        if self.restarts >= self.max_restarts:
+            raise RuntimeError(
+                f"the rollout engine failed ({error}) and has already been restarted "
+                f"{self.restarts} time(s) (rollout.max_restarts={self.max_restarts}); giving up"
+            ) from error
+        self.restarts += 1
+        log.warning(
+            "rollout engine failed (%s); restarting it (%d/%d)",
+            error,
+            self.restarts,
+            self.max_restarts,
+        )
+        self.engine.close()
+        self.engine = self.factory()
+        self.engine.update_weights(self.weights())
+
+    def close(self) -> None:
+        self.engine.close()

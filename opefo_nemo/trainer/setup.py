@@ -1,0 +1,124 @@
+"""Wiring a run from its validated config: model directory, datasets, policy, rollout, trainer.
+
+The embedded model (``model.embedded``) is built and warm-started once into ``model.path`` and
+reused afterwards; every other path must already exist.
+"""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+from ..config.train import DataConfig, TrainConfig
+from ..data import Problem, load_problems
+from ..engines.hf import HFPolicy
+from ..models import TinyModelSpec, build_tiny_model
+from ..rollout import VLLMRolloutEngine
+from ..tasks.arithmetic import make_problems
+from ..tasks.warm_start import supervised_warm_start
+from .loop import Dataset, Trainer
+from .prompts import PromptCodec, encode_problems
+from .rollout_guard import GuardedRollout
+
+log = logging.getLogger(__name__)
+ARITHMETIC = "arithmetic"
+
+
+def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    a = data.arithmetic
+    return make_problems(a.max_operand, a.operators, a.num_train, a.num_validation, a.seed)
+
+
+def embedded_model(config: TrainConfig) -> Path:
+    """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded)."""
+    target = Path(config.model.path)
+    if (target / "config.json").is_file():
+        return target
+    if config.data.train != ARITHMETIC:
+        raise ValueError(
+            "model.embedded=true warm-starts on the arithmetic task: set data=arithmetic"
+        )
+    log.info("building the embedded tiny model and warm-starting it into %s", target)
+    base = build_tiny_model(
+        target.parent / f"{target.name}.base", TinyModelSpec(), config.model.warm_start_seed
+    )
+    codec = PromptCodec(base, config.data.template)
+    train, _ = arithmetic_split(config.data)
+    pairs = [
+        (
+            codec.encode(p),
+            [*codec.tokenizer.encode(p.ground_truth, add_special_tokens=False), codec.eos_id],
+        )
+        for p in train
+    ]
+    return supervised_warm_start(
+        base,
+        target,
+        pairs,
+        steps=config.model.warm_start_steps,
+        lr=config.model.warm_start_lr,
+        seed=config.model.warm_start_seed,
+        pad_id=codec.pad_id,
+    )
+
+
+def model_dir(config: TrainConfig) -> Path:
+    if config.model.embedded:
+        return embedded_model(config)
+    path = Path(config.model.path)
+    if not (path / "config.json").is_file():
+        raise FileNotFoundError(
+            f"model.path={path} is not a Hugging Face model directory (no config.json)"
+        )
+    return path
+
+
+def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dataset | None]:
+    """Training and validation problems, encoded; long prompts handled per ``data.long_prompt``."""
+    data = config.data
+    split = arithmetic_split(data) if ARITHMETIC in (data.train, data.validation) else None
+
+    def load(source: str, which: int, what: str) -> Dataset:
+        problems = split[which] if source == ARITHMETIC else load_problems(source)
+        encoded = encode_problems(problems, codec, data.max_prompt_tokens, data.long_prompt, what)
+        if encoded.skipped_long:
+            log.warning(
+                "%s: skipped %d of %d prompts longer than data.max_prompt_tokens=%d",
+                what,
+                encoded.skipped_long,
+                len(problems),
+                data.max_prompt_tokens,
+            )
+        return Dataset(encoded.problems, encoded.prompts)
+
+    train = load(data.train, 0, f"data.train={data.train}")
+    validation = (
+        None
+        if data.validation is None
+        else load(data.validation, 1, f"data.validation={data.validation}")
+    )
+    return train, validation
+
+
+def build_trainer(config: TrainConfig, config_dict: dict[str, Any], output_dir: Path) -> Trainer:
+    """Everything a run needs, started (the rollout servers included); resumes if configured."""
+    path = model_dir(config)
+    codec = PromptCodec(path, config.data.template)
+    train, validation = load_datasets(config, codec)
+    policy = HFPolicy(
+        path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
+    )
+    r = config.rollout
+    max_len = config.data.max_prompt_tokens + r.max_new_tokens
+
+    def start_rollout() -> VLLMRolloutEngine:
+        return VLLMRolloutEngine(
+            path, num_servers=r.num_servers, seed=config.run.seed, max_model_len=max(max_len, 64)
+        )
+
+    rollout = GuardedRollout(start_rollout, policy.named_weights, r.max_restarts)
+    trainer = Trainer(config, config_dict, policy, rollout, codec, train, validation, output_dir)
+    if config.checkpoint.resume is not None:
+        trainer.resume(config.checkpoint.resume)
+    return trainer

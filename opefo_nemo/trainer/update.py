@@ -1,0 +1,154 @@
+"""The update of one rollout batch, engine-agnostic: the two-phase step of ARCHITECTURE.md.
+
+Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over every
+micro-batch, phase 2 ``prepare`` turns *all* of them into coefficients with global sums (λ*, the
+token count), phase 3 is one optimizer step with gradient accumulation over the micro-batches.
+ρ ≡ 1 (``old_logprob=None``).
+
+Approximate on-policy (``updates_per_rollout = k > 1``): the rollout batch is cut into ``k``
+consecutive mini-batches and each gets its own optimizer step. Before any update, one stats pass
+over the whole rollout batch gives ``old_logprob`` (the rollout policy). Mini-batch ``j`` then
+gets a fresh stats pass with the current weights (for ``j = 0`` the weights have not moved, so the
+first pass is reused) and its own ``prepare``: λ* and the Clip-Cov/KL-Cov selections are
+statistics of the optimizer-step batch, which is the mini-batch (SPEC §3, §5).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ..core import SingleProcessReducer
+from ..core.metrics import add_sums, loss_metrics
+from ..core.objectives import MethodConfig, TokenChunk, get_objective, policy_loss, prepare
+from ..parallel import TokenStats
+from .batch import TrainBatch
+from .protocols import Policy
+
+
+@dataclass(frozen=True)
+class UpdateOutcome:
+    """Metrics of the rollout batch's update(s) and how many optimizer steps were skipped (NaN).
+
+    ``entropy_before``: token-mean entropy of the whole rollout batch under the policy that
+    generated it (the first stats pass); ``flow/realized`` compares it with a pass after the update.
+    """
+
+    metrics: dict[str, float]
+    skipped_steps: int
+    entropy_before: float
+
+
+def stats_pass(
+    policy: Policy, micro_batches: Sequence[TrainBatch], tabular: bool
+) -> list[TokenStats]:
+    """Phase 1 over micro-batches, forward only."""
+    return [policy.token_stats(micro, tabular=tabular) for micro in micro_batches]
+
+
+def mean_entropy(micro_batches: Sequence[TrainBatch], stats: Sequence[TokenStats]) -> float:
+    """Token mean of ``H_t`` over the response tokens of all micro-batches."""
+    total = sum(
+        float((s.entropy.double() * m.response_mask).sum())
+        for m, s in zip(micro_batches, stats, strict=True)
+    )
+    count = sum(m.n_response_tokens for m in micro_batches)
+    return total / count
+
+
+def optimizer_step(
+    policy: Policy,
+    method: MethodConfig,
+    micro_batches: Sequence[TrainBatch],
+    stats: Sequence[TokenStats],
+    old_logprob: Sequence[Tensor] | None,
+    seed: int,
+) -> tuple[dict[str, float], bool]:
+    """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``.
+
+    Returns the step's metrics (SPEC §6 flow, loss, clip, ``grad/norm``, ``lr``) and whether the
+    engine skipped it for a non-finite loss or gradient.
+    """
+    objective = get_objective(method.name)
+    chunks = [
+        TokenChunk(
+            logprob=s.logprob,
+            entropy=s.entropy,
+            advantages=m.advantages,
+            mask=m.response_mask,
+            old_logprob=None if old_logprob is None else old_logprob[i],
+            token_ids=m.token_ids,
+            sum_p2=s.sum_p2,
+            sum_p2_logp=s.sum_p2_logp,
+        )
+        for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
+    ]
+    prepared = prepare(method, chunks, SingleProcessReducer(), seed=seed)
+    sums: dict[str, Tensor] = {}
+
+    def loss_fn(index: int, with_grad: TokenStats) -> Tensor:
+        nonlocal sums
+        micro = micro_batches[index]
+        out = policy_loss(
+            method,
+            with_grad.logprob,
+            micro.advantages,
+            micro.response_mask,
+            prepared.coefficients[index],
+            prepared.n_tokens,
+            old_logprob=None if old_logprob is None else old_logprob[index],
+            entropy=with_grad.entropy if objective.entropy_grad else None,
+        )
+        sums = add_sums(sums, out.sums)
+        return out.loss
+
+    result = policy.train_step(micro_batches, loss_fn)
+    metrics = dict(prepared.metrics)
+    if not result.skipped:
+        metrics.update(loss_metrics(sums, prepared.n_tokens))
+    metrics.update({"grad/norm": result.grad_norm, "lr": result.lr})
+    return metrics, result.skipped
+
+
+def update_rollout_batch(
+    policy: Policy, method: MethodConfig, batch: TrainBatch, micro_batch_size: int, seed: int
+) -> UpdateOutcome:
+    """All optimizer steps of one rollout batch (see the module docstring)."""
+    tabular = method.entropy_flow.estimator == "tabular"
+    k = method.updates_per_rollout
+    if batch.rows % k:
+        raise ValueError(f"{batch.rows} responses cannot be cut into {k} equal mini-batches")
+    minis = batch.split(batch.rows // k)
+    micros = [mini.split(micro_batch_size) for mini in minis]
+    first = [stats_pass(policy, m, tabular) for m in micros]
+    entropy_before = mean_entropy([m for ms in micros for m in ms], [s for ss in first for s in ss])
+    if k == 1:
+        metrics, skipped = optimizer_step(policy, method, micros[0], first[0], None, seed)
+        return UpdateOutcome(metrics, int(skipped), entropy_before)
+
+    per_step: list[dict[str, float]] = []
+    skipped_steps = 0
+    for j, mini_micros in enumerate(micros):
+        stats = first[j] if j == 0 else stats_pass(policy, mini_micros, tabular)
+        old = [s.logprob for s in first[j]]
+        metrics, skipped = optimizer_step(policy, method, mini_micros, stats, old, seed * k + j)
+        skipped_steps += int(skipped)
+        per_step.append(metrics)
+    averaged = {
+        name: sum(m[name] for m in per_step if name in m) / sum(name in m for m in per_step)
+        for name in {key for m in per_step for key in m}
+    }
+    averaged["entropy/mean"] = entropy_before
+    return UpdateOutcome(averaged, skipped_steps, entropy_before)
+
+
+@torch.no_grad()
+def realized_entropy_change(
+    policy: Policy, batch: TrainBatch, micro_batch_size: int, entropy_before: float
+) -> float:
+    """``flow/realized``: token-mean entropy of ``batch`` now minus ``entropy_before`` (SPEC §6)."""
+    micros = batch.split(micro_batch_size)
+    return mean_entropy(micros, stats_pass(policy, micros, tabular=False)) - entropy_before
