@@ -4,7 +4,7 @@
 block before waiting for any reply (servers generate in parallel) and concatenates the replies in
 server order, so the result is prompt-major in the caller's order. ``update_weights`` streams the
 Hugging Face-named tensors through shared memory (``shm.py``) to all servers at once, chunk by
-chunk. Tensors on a GPU are staged through host shared memory too (CUDA IPC is not implemented).
+chunk (or, with ``weight_transport="cuda_ipc"``, as CUDA IPC handles: not verified).
 
 Failure policy: requests are validated before anything is sent (prompt ids within the
 vocabulary, prompt plus ``max_new_tokens`` within ``max_model_len``). Any failure after that (a
@@ -27,9 +27,11 @@ import threading
 import weakref
 from collections.abc import Iterable
 from pathlib import Path
+from typing import Literal
 
 import torch
 
+from opefo_nemo.rollout.cuda_ipc import ipc_chunks
 from opefo_nemo.rollout.process import RolloutServerError, ServerProcess
 from opefo_nemo.rollout.shm import pack_chunks, remove_stale_segments
 from opefo_nemo.rollout.types import Completion, SamplingConfig
@@ -45,6 +47,8 @@ class VLLMRolloutEngine:
     has no seed). ``extra_env``: added to the servers' environment (e.g. ``CUDA_VISIBLE_DEVICES``
     per server is not set for you). ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB).
     ``chunk_bytes``: size of the shared-memory segment used for weight updates.
+    ``weight_transport``: "shm" (host shared memory, any device; tested) or "cuda_ipc" (CUDA IPC
+    handles for servers on the trainer's GPUs; not verified, see ``cuda_ipc.py``).
     """
 
     def __init__(
@@ -62,6 +66,7 @@ class VLLMRolloutEngine:
         chunk_bytes: int = 256 << 20,
         shm_dir: str | os.PathLike = "/dev/shm",
         log_dir: str | os.PathLike | None = None,
+        weight_transport: Literal["shm", "cuda_ipc"] = "shm",
     ) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers must be >= 1, got {num_servers}")
@@ -69,6 +74,11 @@ class VLLMRolloutEngine:
             raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory")
         if request_timeout_s <= 0 or startup_timeout_s <= 0:
             raise ValueError("request_timeout_s and startup_timeout_s must be positive")
+        if weight_transport not in ("shm", "cuda_ipc"):
+            raise ValueError(
+                f"weight_transport must be 'shm' or 'cuda_ipc', got {weight_transport!r}"
+            )
+        self.weight_transport = weight_transport
         self.request_timeout_s = request_timeout_s
         self.max_model_len = max_model_len
         config = json.loads((Path(model_dir) / "config.json").read_text())
@@ -174,14 +184,24 @@ class VLLMRolloutEngine:
         with self._close_on_failure():
             for server in self.servers:
                 server.request({"op": "update_begin"}, self.request_timeout_s)
-            for segment, table in pack_chunks(named_weights, self.chunk_bytes, self.shm_dir):
-                message = {"op": "update_chunk", "segment": segment.name, "tensors": table}
+            for message in self._chunk_messages(named_weights):
                 for server in self.servers:
                     server.send(message)
                 for server in self.servers:
                     server.receive(self.request_timeout_s, "'update_chunk'")
             for server in self.servers:
                 server.request({"op": "update_end"}, self.request_timeout_s)
+
+    def _chunk_messages(self, named_weights: Iterable[tuple[str, torch.Tensor]]):
+        if self.weight_transport == "cuda_ipc":
+            for table in ipc_chunks(named_weights, self.chunk_bytes):
+                yield {"op": "update_chunk", "ipc": table}
+            return
+        with contextlib.closing(
+            pack_chunks(named_weights, self.chunk_bytes, self.shm_dir)
+        ) as chunks:
+            for segment, table in chunks:
+                yield {"op": "update_chunk", "segment": segment.name, "tensors": table}
 
     def sleep(self) -> None:
         """Release accelerator memory (vLLM sleep level 1); a no-op on CPU servers."""

@@ -15,7 +15,9 @@ request ``op``          other request fields                       reply fields 
                         first prompt, for seeds and indices)
 ``update_begin``        —                                          —
 ``update_chunk``        ``segment`` (shm file name), ``tensors``   —
-                        (list of ``name, dtype, shape, offset``)
+                        (list of ``name, dtype, shape, offset``);
+                        or ``ipc``: CUDA IPC entries
+                        (see ``cuda_ipc.py``)
 ``update_end``          —                                          ``num_tensors``
 ``sleep`` / ``wake``    —                                          —
 ``shutdown``            —                                          — (then the server exits)

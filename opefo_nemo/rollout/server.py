@@ -171,7 +171,12 @@ class RolloutServer:
                     raise ValueError(
                         f"expected update_chunk or update_end, got {request.get('op')!r}"
                     )
-                tensors = read_chunk(self.shm_dir, request["segment"], request["tensors"])
+                if "ipc" in request:
+                    from opefo_nemo.rollout.cuda_ipc import read_ipc_chunk
+
+                    tensors = read_ipc_chunk(request["ipc"])
+                else:
+                    tensors = read_chunk(self.shm_dir, request["segment"], request["tensors"])
                 send_message(self.sock, {"ok": True})
                 state["awaiting_reply"] = False
                 state["num_tensors"] += len(tensors)

@@ -49,6 +49,12 @@ def dtype_name(dtype: torch.dtype) -> str:
     return name
 
 
+def dtype_from_name(name: str) -> torch.dtype:
+    if name not in _DTYPES:
+        raise TypeError(f"unknown tensor dtype {name!r}")
+    return _DTYPES[name]
+
+
 class SharedSegment:
     """A writable shared-memory file of a fixed size, owned (and unlinked) by its creator."""
 
@@ -129,7 +135,7 @@ def read_chunk(
         raw = memoryview(mapped)
         tensors = []
         for entry in table:
-            dtype = _DTYPES[entry["dtype"]]
+            dtype = dtype_from_name(entry["dtype"])
             numel = 1
             for size in entry["shape"]:
                 numel *= size
