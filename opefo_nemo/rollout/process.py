@@ -41,24 +41,29 @@ class ServerProcess:
                 p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p
             ),
         }
-        with open(log_path, "ab") as log:
-            self.proc = subprocess.Popen(
-                [
-                    python,
-                    "-m",
-                    "opefo_nemo.rollout.server",
-                    "--fd",
-                    str(child_sock.fileno()),
-                    *server_args,
-                ],
-                stdin=subprocess.DEVNULL,
-                stdout=log,
-                stderr=subprocess.STDOUT,
-                env=env,
-                pass_fds=(child_sock.fileno(),),
-                start_new_session=True,
-            )
-        child_sock.close()
+        try:
+            with open(log_path, "ab") as log:
+                self.proc = subprocess.Popen(
+                    [
+                        python,
+                        "-m",
+                        "opefo_nemo.rollout.server",
+                        "--fd",
+                        str(child_sock.fileno()),
+                        *server_args,
+                    ],
+                    stdin=subprocess.DEVNULL,
+                    stdout=log,
+                    stderr=subprocess.STDOUT,
+                    env=env,
+                    pass_fds=(child_sock.fileno(),),
+                    start_new_session=True,
+                )
+        except BaseException:
+            parent_sock.close()
+            raise
+        finally:
+            child_sock.close()
         self.sock = parent_sock
         self.info: dict = {}
         self.in_flight = True  # until the ready message: a request the server has not answered
