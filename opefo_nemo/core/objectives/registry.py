@@ -1,6 +1,6 @@
 """The objective registry: a method of SPEC §5 is one per-token loss function plus its contract.
 
-Adding a method is one decorated function (in ``losses.py`` or a module of your own, imported
+Adding a method is one decorated function (or one more decorator on an existing loss) (in ``losses.py`` or a module of your own, imported
 before use) and one ``conf/method/<name>.yaml``::
 
     @register_objective("my_method", strict=True, balance="adaptive")
