@@ -1,4 +1,4 @@
-"""The per-token losses ``ℓ_t`` of SPEC §5, one registered function per method.
+"""The per-token losses ``ℓ_t`` of SPEC §5, registered by method name (methods may share one).
 
 Each returns a tensor of the inputs' shape ``[*]``; aggregation (the global token mean) is done by
 :func:`opefo_nemo.core.objectives.loss.policy_loss`.
