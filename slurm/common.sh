@@ -184,7 +184,7 @@ opefo_srun_command() {
 }
 
 opefo_preflight() {
-    opefo_log "preflight on $SLURM_NTASKS tasks' worth of layout"
+    opefo_log "preflight for $SLURM_NTASKS tasks"
     local status=0
     "${OPEFO_SRUN[@]}" --nodes=1 --ntasks=1 --output="$OPEFO_ATTEMPT_DIR/preflight.log" \
         opefo-preflight --world-size "$SLURM_NTASKS" "${OPEFO_OVERRIDES[@]}" || status=$?

@@ -5,17 +5,21 @@ from __future__ import annotations
 from .layout import ParallelLayout
 from .memory import GIB, MemoryEstimate
 
-
-def _gib(value: int) -> str:
-    return f"{value / GIB:9.2f}"
+MIB = 1024**2
 
 
 def memory_table(estimate: MemoryEstimate, layout: ParallelLayout, gpu_memory_bytes: int) -> str:
-    """Rows of the estimate in GiB; the optimizer row not in use is marked ``(unused)``.
+    """Rows of the estimate in GiB (MiB below 1 GiB); the optimizer row not in use is marked
+    ``(unused)``.
 
     The last lines compare both phases with ``gpu_memory_bytes`` (omitted when it is 0: CPU).
     """
     distributed = estimate.distributed_optimizer
+    unit, scale = ("GiB", GIB) if max(estimate.peak, gpu_memory_bytes) >= GIB else ("MiB", MIB)
+
+    def amount(value: int) -> str:
+        return f"{value / scale:9.2f}"
+
     rows = [
         ("weights", estimate.weights, ""),
         ("gradients", estimate.gradients, ""),
@@ -35,12 +39,12 @@ def memory_table(estimate: MemoryEstimate, layout: ParallelLayout, gpu_memory_by
     lines = [
         f"per-GPU memory, TP={layout.tensor} PP={layout.pipeline} DP={layout.data} "
         f"(sequence parallel {'on' if layout.sequence_parallel else 'off'})",
-        f"{'':{width}}{'GiB':>9}",
+        f"{'':{width}}{unit:>9}",
     ]
-    lines += [f"{name:{width}}{_gib(value)} {note}".rstrip() for name, value, note in rows]
-    lines.append(f"{'training phase total':{width}}{_gib(estimate.training)}")
-    lines.append(f"{'generation phase total':{width}}{_gib(estimate.generation)}")
+    lines += [f"{name:{width}}{amount(value)} {note}".rstrip() for name, value, note in rows]
+    lines.append(f"{'training phase total':{width}}{amount(estimate.training)}")
+    lines.append(f"{'generation phase total':{width}}{amount(estimate.generation)}")
     if gpu_memory_bytes > 0:
         verdict = "fits" if estimate.peak <= gpu_memory_bytes else "DOES NOT FIT"
-        lines.append(f"{'GPU memory':{width}}{_gib(gpu_memory_bytes)} {verdict}")
+        lines.append(f"{'GPU memory':{width}}{amount(gpu_memory_bytes)} {verdict}")
     return "\n".join(lines)

@@ -47,6 +47,7 @@ def test_memory_table_for_a_readable_model(capsys, tmp_path):
     )
     assert status == 0, out
     assert "per-GPU memory, TP=1 PP=1 DP=1" in out
+    assert out.splitlines()[4].strip() == "MiB"  # a small model is shown in MiB
     for row in ("weights", "gradients", "optimizer states", "activations", "vLLM share"):
         assert row in out
     assert "GPU memory" not in out.split("generation phase total")[1]  # CPU: no capacity line

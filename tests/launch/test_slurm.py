@@ -12,6 +12,7 @@ import os
 import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -47,6 +48,8 @@ def _job_env(slurm_conf: Path, work: Path) -> dict[str, str]:
     return {
         **os.environ,
         "PATH": f"{venv_bin}:{os.environ['PATH']}",
+        # The tiny model is built once per machine and shared with the trainer's own tests.
+        "OPEFO_CACHE": os.environ.get("OPEFO_CACHE", str(ROOT / ".cache" / "opefo")),
         "SLURM_CONF": str(slurm_conf),
         "OPEFO_HOME": str(ROOT),
         "OPEFO_CONTAINER": "none",
@@ -115,7 +118,59 @@ def test_impossible_layout_stops_at_preflight(slurm_conf, tmp_path):
 
 def test_missing_data_directory_fails_before_anything_runs(slurm_conf, tmp_path):
     env = {**_job_env(slurm_conf, tmp_path), "OPEFO_DATA_DIR": str(tmp_path / "no-data")}
-    status, _, out = _sbatch(env, tmp_path, ["--ntasks-per-node=1"], ["+preset=tiny_cpu"])
+    status, _, out = _sbatch(
+        env, tmp_path, ["--ntasks-per-node=1", "--cpus-per-task=1"], ["+preset=tiny_cpu"]
+    )
     assert status != 0
     assert f"OPEFO_DATA_DIR={tmp_path / 'no-data'} is not a readable directory" in out
     assert "preflight" not in out
+
+
+def _wait_for(predicate, timeout_s: float, what: str) -> None:
+    deadline = time.monotonic() + timeout_s
+    while not predicate():
+        assert time.monotonic() < deadline, f"timed out waiting for {what}"
+        time.sleep(1)
+
+
+def test_usr1_checkpoints_requeues_and_resumes(slurm_conf, tmp_path):
+    """The time-limit signal (Slurm's --signal=B:USR1, sent here with scancel --batch) makes the
+    trainer checkpoint and exit, the job requeue itself, and the next attempt resume."""
+    env = _job_env(slurm_conf, tmp_path)
+    command = [
+        "timeout", str(SBATCH_TIMEOUT_S), "sbatch", "--wait", "--parsable", "--nodes=1",
+        "--gpus-per-node=0", "--time=20", "--ntasks-per-node=1", "--cpus-per-task=2",
+        str(ROOT / "slurm" / "opefo_7b.sbatch"),
+        "+preset=tiny_cpu", "trainer.max_steps=5", "checkpoint.every=100",
+    ]  # fmt: skip
+    job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
+    try:
+        job_id = job.stdout.readline().strip().split(";")[0]
+        assert job_id.isdigit()
+        metrics = tmp_path / "checkpoints" / f"opefo-7b-{job_id}" / "metrics.jsonl"
+        _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 600, "step 1")
+        scancel = ["scancel", "--signal=USR1", "--batch", job_id]
+        subprocess.run(scancel, env=env, check=True)
+        log_dir = tmp_path / "logs" / f"opefo-7b-{job_id}"
+        _wait_for(lambda: (log_dir / "attempt-1").exists() or _pending(env, job_id), 300, "requeue")
+        # A requeued job is held for ~2 minutes before it is eligible: release it now.
+        release = ["scontrol", "update", f"jobid={job_id}", "starttime=now"]
+        subprocess.run(release, env=env, check=False)
+        assert job.wait(timeout=SBATCH_TIMEOUT_S) == 0
+    finally:
+        if job.poll() is None:
+            job.kill()
+    out = (tmp_path / f"slurm-opefo-7b-{job_id}.out").read_text()
+    assert "USR1: time limit near" in out and f"requeueing job {job_id}" in out
+    assert "attempt 1 resumes from the latest checkpoint" in out
+    assert (log_dir / "attempt-1" / "rank-0.log").is_file()
+    steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line]
+    assert steps == [1, 2, 3, 4, 5], steps
+
+
+def _pending(env: dict[str, str], job_id: str) -> bool:
+    state = subprocess.run(
+        ["squeue", "--noheader", "--format=%T", f"--jobs={job_id}"],
+        env=env, capture_output=True, text=True,
+    )  # fmt: skip
+    return state.stdout.strip() == "PENDING"
