@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# Entry point of the opefo-nemo image: runs the given command (default from the image's CMD).
+# Entry point of the opefo-nemo image: runs the given command (default: opefo-preflight --help).
 # Arguments that start with a Hydra override (key=value, +key=value, ~key) are passed to
-# opefo-train, so `docker run IMAGE preset=opefo_7b method=opefo` trains.
+# opefo-train, so `docker run IMAGE +preset=tiny_cpu method=opefo` trains.
 set -euo pipefail
 if [[ $# -eq 0 ]]; then
-    set -- opefo-train --help
+    set -- opefo-preflight --help
 elif [[ "$1" == *=* || "$1" == "~"* ]]; then
     set -- opefo-train "$@"
 fi
