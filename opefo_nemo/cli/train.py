@@ -15,21 +15,26 @@ from pathlib import Path
 from ..config.compose import compose
 from ..trainer.metrics_log import read_metrics
 from ..trainer.report import write_comparison
-from ..trainer.setup import build_trainer
+from ..trainer.rollout_guard import GuardedRollout
+from ..trainer.setup import build_trainer, model_dir, start_rollout
 
 EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]")
 log = logging.getLogger("opefo_nemo")
 
 
-def train_one(overrides: Sequence[str]) -> tuple[str, Path]:
-    """Train the run ``overrides`` describe; returns its status and output directory."""
+def train_one(overrides: Sequence[str], rollout: GuardedRollout | None = None) -> tuple[str, Path]:
+    """Train the run ``overrides`` describe; returns its status and output directory.
+
+    ``rollout``: a running rollout engine to reuse (left open); else one is started and closed.
+    """
     config, config_dict = compose(overrides)
     output_dir = Path(config.run.output_dir)
-    trainer = build_trainer(config, config_dict, output_dir)
+    trainer = build_trainer(config, config_dict, output_dir, rollout)
     try:
         status = trainer.run()
     finally:
-        trainer.rollout.close()
+        if rollout is None:
+            trainer.rollout.close()
     log.info(
         "%s: %s after %d steps; metrics in %s", config.run.name, status, trainer.step, output_dir
     )
@@ -37,23 +42,21 @@ def train_one(overrides: Sequence[str]) -> tuple[str, Path]:
 
 
 def compare(overrides: Sequence[str]) -> Path:
-    """Train each method of ``run.compare`` from the same start; write the comparison report."""
+    """Train each method of ``run.compare`` from the same start (one shared rollout engine);
+    write the comparison report under ``run.output_dir``."""
     config, _ = compose(overrides)
     root = Path(config.run.output_dir)
+    rollout = start_rollout(config, model_dir(config), lambda: iter(()))
     runs = {}
-    for method in config.run.compare:
-        status, out = train_one(
-            [
-                *overrides,
-                f"method={method}",
-                "run.compare=[]",
-                f"run.name={method}",
-                f"run.output_dir={root / method}",
-            ]
-        )
-        if status != "done":
-            raise SystemExit(f"{method} was pre-empted; rerun with checkpoint.resume=latest")
-        runs[method] = read_metrics(out / "metrics.jsonl")
+    try:
+        for method in config.run.compare:
+            run = [f"method={method}", "run.compare=[]", f"run.name={method}"]
+            status, out = train_one([*overrides, *run, f"run.output_dir={root / method}"], rollout)
+            if status != "done":
+                raise SystemExit(f"{method} was pre-empted; rerun with checkpoint.resume=latest")
+            runs[method] = read_metrics(out / "metrics.jsonl")
+    finally:
+        rollout.close()
     png = write_comparison(runs, root)
     log.info("comparison report: %s (and %s)", png, root / "summary.md")
     return png

@@ -80,6 +80,7 @@ class RolloutConfig:
     max_new_tokens: int = 64
     num_servers: int = 1
     max_restarts: int = 1
+    gpu_memory_utilization: float = 0.5
 
 
 @dataclass(frozen=True)
@@ -217,6 +218,9 @@ class TrainConfig:
         require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
         require(r.num_servers >= 1, "rollout.num_servers", "must be >= 1")
         require(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0")
+        require(
+            0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]"
+        )
         one_of(self.data.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
         require(self.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
         a = self.data.arithmetic

@@ -42,6 +42,34 @@ class NanStreakError(RuntimeError):
     """Too many consecutive rollout steps had a non-finite loss or gradient."""
 
 
+class NanGuard:
+    """Counts consecutive rollout steps with a skipped (non-finite) update; raises at ``limit``."""
+
+    def __init__(self, limit: int):
+        self.limit = limit
+        self.streak = 0
+
+    def record(self, step: int, skipped: int) -> None:
+        """Log a step whose update skipped ``skipped`` optimizer steps; raise after ``limit``."""
+        if not skipped:
+            self.streak = 0
+            return
+        self.streak += 1
+        log.warning(
+            "step %d: %d optimizer step(s) skipped for a non-finite loss or gradient "
+            "(%d rollout step(s) in a row, limit trainer.max_nan_steps=%d)",
+            step,
+            skipped,
+            self.streak,
+            self.limit,
+        )
+        if self.streak >= self.limit:
+            raise NanStreakError(
+                f"{self.streak} rollout steps in a row had a non-finite loss or gradient "
+                f"(trainer.max_nan_steps={self.limit}); last at step {step}"
+            )
+
+
 @dataclass
 class Dataset:
     """Problems with their encoded prompts (over-long ones already skipped)."""
@@ -74,7 +102,7 @@ class Trainer:
         self.output_dir = output_dir
         self.checkpoint_dir = output_dir / "checkpoints"
         self.step = 0
-        self.nan_streak = 0
+        self.nan_guard = NanGuard(config.trainer.max_nan_steps)
         self.sampler = PromptSampler(
             len(train.problems), config.trainer.prompts_per_step, config.run.seed
         )
@@ -130,7 +158,7 @@ class Trainer:
         self.rollout.update_weights(self.policy.named_weights())
         timings["time/weight_sync_s"] = time.perf_counter() - mark
 
-        self._nan_guard(outcome.skipped_steps)
+        self.nan_guard.record(self.step, outcome.skipped_steps)
         lengths = torch.tensor([len(c.token_ids) for c in completions])
         truncated = torch.tensor([c.finish_reason == "length" for c in completions])
         metrics.update(rollout_metrics(rollout_sums(rewards, lengths, truncated)))
@@ -152,30 +180,11 @@ class Trainer:
             seed=seed,
         )
 
-    def _nan_guard(self, skipped: int) -> None:
-        if not skipped:
-            self.nan_streak = 0
-            return
-        self.nan_streak += 1
-        limit = self.config.trainer.max_nan_steps
-        log.warning(
-            "step %d: %d optimizer step(s) skipped for a non-finite loss or gradient "
-            "(%d rollout step(s) in a row, limit trainer.max_nan_steps=%d)",
-            self.step,
-            skipped,
-            self.nan_streak,
-            limit,
-        )
-        if self.nan_streak >= limit:
-            raise NanStreakError(
-                f"{self.nan_streak} rollout steps in a row had a non-finite loss or gradient "
-                f"(trainer.max_nan_steps={limit}); last at step {self.step}"
-            )
-
     # ----------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """``val/avg@k`` on the validation set with the validation sampling (SPEC §7)."""
-        assert self.validation is not None
+        if self.validation is None:
+            raise ValueError("validation needs data.validation (a file or `arithmetic`)")
         v = self.config.validation
         problems, prompts = self.validation.problems, self.validation.prompts
         if v.max_problems is not None:
@@ -200,7 +209,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         return {
             "sampler": self.sampler.state_dict(),
-            "nan_streak": self.nan_streak,
+            "nan_streak": self.nan_guard.streak,
             "rollout_restarts": self.rollout.restarts,
         }
 
@@ -222,7 +231,7 @@ class Trainer:
         state = load_checkpoint(path, self.policy)
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
-        self.nan_streak = int(state["nan_streak"])
+        self.nan_guard.streak = int(state["nan_streak"])
         self.rollout.update_weights(self.policy.named_weights())
         log.info("resumed from %s at step %d", path, self.step)
         return path

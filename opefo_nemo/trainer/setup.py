@@ -7,8 +7,11 @@ reused afterwards; every other path must already exist.
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
+
+from torch import Tensor
 
 from ..config.train import DataConfig, TrainConfig
 from ..data import Problem, load_problems
@@ -101,23 +104,48 @@ def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dat
     return train, validation
 
 
-def build_trainer(config: TrainConfig, config_dict: dict[str, Any], output_dir: Path) -> Trainer:
-    """Everything a run needs, started (the rollout servers included); resumes if configured."""
+def start_rollout(
+    config: TrainConfig, path: Path, weights: Callable[[], Iterator[tuple[str, Tensor]]]
+) -> GuardedRollout:
+    """vLLM servers on the model directory, restarted on failure per ``rollout.max_restarts``."""
+    r = config.rollout
+    max_len = max(config.data.max_prompt_tokens + r.max_new_tokens, 64)
+
+    def start() -> VLLMRolloutEngine:
+        return VLLMRolloutEngine(
+            path,
+            num_servers=r.num_servers,
+            seed=config.run.seed,
+            max_model_len=max_len,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+        )
+
+    return GuardedRollout(start, weights, r.max_restarts)
+
+
+def build_trainer(
+    config: TrainConfig,
+    config_dict: dict[str, Any],
+    output_dir: Path,
+    rollout: GuardedRollout | None = None,
+) -> Trainer:
+    """Everything a run needs, started; resumes if configured.
+
+    ``rollout``: an already running rollout engine (of the same model architecture) to reuse,
+    e.g. across the runs of a comparison; the policy's weights are loaded into it first.
+    Otherwise the rollout servers are started on the model directory.
+    """
     path = model_dir(config)
     codec = PromptCodec(path, config.data.template)
     train, validation = load_datasets(config, codec)
     policy = HFPolicy(
         path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
     )
-    r = config.rollout
-    max_len = config.data.max_prompt_tokens + r.max_new_tokens
-
-    def start_rollout() -> VLLMRolloutEngine:
-        return VLLMRolloutEngine(
-            path, num_servers=r.num_servers, seed=config.run.seed, max_model_len=max(max_len, 64)
-        )
-
-    rollout = GuardedRollout(start_rollout, policy.named_weights, r.max_restarts)
+    if rollout is None:
+        rollout = start_rollout(config, path, policy.named_weights)
+    else:
+        rollout.weights = policy.named_weights
+        rollout.update_weights(policy.named_weights())
     trainer = Trainer(config, config_dict, policy, rollout, codec, train, validation, output_dir)
     if config.checkpoint.resume is not None:
         trainer.resume(config.checkpoint.resume)

@@ -1,0 +1,132 @@
+"""``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (SPEC §7).
+
+MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
+``policy/`` directory. Benchmarks are the SPEC §7 sets under ``--data-dir`` (``<name>.jsonl``,
+avg@k with the paper's k) and/or ``--file NAME=PATH`` files. Sampling follows the paper:
+temperature 1.0, top-p 0.7, zero-shot (template ``raw``). The paper-style table is printed and
+written to ``--out`` as ``results.md`` and ``results.json``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import logging
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config.train import RewardSettings
+from ..data import BENCHMARK_NAMES, Problem, benchmark, load_eval_set, load_jsonl
+from ..eval import score_benchmark, write_report
+from ..rollout import SamplingConfig, VLLMRolloutEngine
+from ..trainer.checkpoint import POLICY_SUBDIR
+from ..trainer.prompts import PromptCodec
+from ..trainer.scoring import score_responses
+
+log = logging.getLogger("opefo_nemo.eval")
+
+
+def resolve_model(path: str | Path) -> Path:
+    """The Hugging Face directory inside a checkpoint, a policy directory, or ``path`` itself."""
+    root = Path(path)
+    for candidate in (root / POLICY_SUBDIR / "model", root / "model", root):
+        if (candidate / "config.json").is_file():
+            return candidate
+    raise FileNotFoundError(f"{root} holds no Hugging Face model (no config.json found)")
+
+
+def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="opefo-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("model", help="model directory, checkpoint, or checkpoint policy/ dir")
+    parser.add_argument("--name", help="row name in the table (default: the model path)")
+    parser.add_argument("--data-dir", help="directory with the SPEC §7 <benchmark>.jsonl files")
+    parser.add_argument(
+        "--benchmarks",
+        default=",".join(BENCHMARK_NAMES),
+        help="comma-separated SPEC §7 benchmarks to read from --data-dir",
+    )
+    parser.add_argument(
+        "--file",
+        action="append",
+        default=[],
+        metavar="NAME=PATH",
+        help="an extra benchmark file in the JSONL schema (repeatable)",
+    )
+    parser.add_argument(
+        "--samples", type=int, help="samples per problem (default: paper's k, else 1)"
+    )
+    parser.add_argument(
+        "--max-problems", type=int, help="evaluate only the first N problems of each"
+    )
+    parser.add_argument("--temperature", type=float, default=1.0)
+    parser.add_argument("--top-p", type=float, default=0.7)
+    parser.add_argument("--max-new-tokens", type=int, default=3000)
+    parser.add_argument("--template", default="raw", help="prompt template (SPEC §7: raw)")
+    parser.add_argument("--verifier", default="math_verify", help="integer | dapo | math_verify")
+    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--num-servers", type=int, default=1)
+    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
+    return parser.parse_args(argv)
+
+
+def benchmark_sets(args: argparse.Namespace) -> dict[str, tuple[list[Problem], int]]:
+    """``name → (problems, samples per problem)`` from ``--data-dir`` and ``--file``."""
+    sets: dict[str, tuple[list[Problem], int]] = {}
+    if args.data_dir:
+        for name in filter(None, args.benchmarks.split(",")):
+            samples = args.samples or benchmark(name).samples
+            sets[name] = (load_eval_set(name, args.data_dir), samples)
+    for spec in args.file:
+        name, sep, path = spec.partition("=")
+        if not sep or not name or not path:
+            raise ValueError(f"--file expects NAME=PATH, got {spec!r}")
+        sets[name] = (load_jsonl(path, source=name, dedup=False), args.samples or 1)
+    if not sets:
+        raise ValueError("nothing to evaluate: give --data-dir and/or --file NAME=PATH")
+    for name, (problems, _) in sets.items():
+        if not problems:
+            raise ValueError(f"benchmark {name} has no problems")
+    return sets
+
+
+def evaluate(args: argparse.Namespace) -> tuple[Path, Path]:
+    model = resolve_model(args.model)
+    sets = benchmark_sets(args)
+    codec = PromptCodec(model, args.template)
+    reward = RewardSettings(verifier=args.verifier)
+    scores = {}
+    with VLLMRolloutEngine(
+        model, num_servers=args.num_servers, seed=args.seed, max_model_len=args.max_model_len
+    ) as engine:
+        for name, (problems, samples) in sets.items():
+            problems = problems[: args.max_problems] if args.max_problems else problems
+            sampling = SamplingConfig(
+                temperature=args.temperature,
+                top_p=args.top_p,
+                max_new_tokens=args.max_new_tokens,
+                stop_token_ids=(codec.eos_id,),
+                seed=args.seed,
+            )
+            completions = engine.generate([codec.encode(p) for p in problems], samples, sampling)
+            responses = [codec.decode(c.token_ids) for c in completions]
+            truths = [problems[c.prompt_index].ground_truth for c in completions]
+            results = score_responses(responses, truths, reward)
+            matrix = [
+                [float(results[i * samples + j].correct) for j in range(samples)]
+                for i in range(len(problems))
+            ]
+            scores[name] = score_benchmark(name, matrix)
+            log.info("%s: avg@%d = %.3f", name, samples, scores[name].avg_at_k)
+    return write_report({args.name or str(args.model): scores}, args.out)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
+    )
+    evaluate(parse_args(argv))
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

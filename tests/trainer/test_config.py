@@ -1,0 +1,54 @@
+"""Configuration: composition with NeMo-style overrides and start-up validation naming the key."""
+
+from __future__ import annotations
+
+import pytest
+
+from opefo_nemo.config import method_names
+from opefo_nemo.config.compose import compose
+
+
+def test_defaults_compose_to_the_embedded_task():
+    config, data = compose([])
+    assert config.method.name == "opefo"
+    assert config.data.train == "arithmetic" and config.reward.verifier == "integer"
+    assert config.model.embedded
+    assert data["run"]["output_dir"] == "outputs/opefo"
+
+
+def test_group_and_value_overrides():
+    config, _ = compose(["method=grpo", "trainer.max_steps=7", "++rollout.temperature=0.8"])
+    assert config.method.name == "grpo" and config.method.updates_per_rollout == 8
+    assert config.trainer.max_steps == 7
+    assert config.rollout.temperature == 0.8
+
+
+@pytest.mark.parametrize("name", method_names())
+def test_every_method_file_composes(name):
+    config, _ = compose([f"method={name}"])
+    assert config.method.name == name
+
+
+@pytest.mark.parametrize(
+    ("overrides", "key"),
+    [
+        (["+trainer.foo=1"], "trainer.foo"),
+        (["+foo=1"], "foo"),
+        (["trainer.max_steps=x"], "trainer.max_steps"),
+        (["engine.dtype=float16"], "engine.dtype"),
+        (
+            ["method=grpo", "trainer.prompts_per_step=3", "trainer.responses_per_prompt=3"],
+            "method.updates_per_rollout",
+        ),
+        (["rollout.top_p=0.7"], "rollout.top_p"),
+        (["rollout.temperature=0"], "rollout.temperature"),
+        (["trainer.responses_per_prompt=1"], "trainer.responses_per_prompt"),
+        (["model=local"], "model.path"),
+        (["data.long_prompt=truncate"], "data.long_prompt"),
+        (["method.lr=-1"], "method.lr"),
+        (["++method.foo=1"], "method.foo"),
+    ],
+)
+def test_bad_config_names_the_key(overrides, key):
+    with pytest.raises(ValueError, match=key.replace(".", r"\.")):
+        compose(overrides)
