@@ -17,7 +17,6 @@ from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.setup import build_trainer, embedded_model, start_rollout
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-WARM_START_STEPS = 300
 SMALL_RUN = (
     "trainer.prompts_per_step=4",
     "trainer.responses_per_prompt=4",
@@ -41,7 +40,7 @@ def pytest_collection_modifyitems(items):
 def warm_model(tmp_path_factory) -> Path:
     """The embedded default's model (tiny Qwen2, warm-started on arithmetic), built once."""
     path = tmp_path_factory.mktemp("models") / "tiny_arithmetic"
-    config, _ = compose([f"model.path={path}", f"model.warm_start_steps={WARM_START_STEPS}"])
+    config, _ = compose([f"model.path={path}"])
     return embedded_model(config)
 
 

@@ -1,0 +1,52 @@
+"""Behaviour on the embedded task: strict GRPO's entropy falls, OPEFO's does not collapse.
+
+Both methods start from the same warm-started model and see the same prompts (same seeds), with
+the embedded default's settings (80 steps, 16 prompts × 8 responses, lr 1.5e-4). Entropy is
+compared as the mean of the first and of the last 10 steps (single steps are noisy: each sees
+different prompts). Measured on this setup (CPU, 2 cores, vLLM 0.32; docs/training.md):
+grpo_strict 0.509 → 0.432 (−15 %); opefo 0.517 → 0.564 (+9 %); with a 300-step warm start
+0.581 → 0.490 and 0.592 → 0.699 (+18 %). OPEFO's entropy drifts *up* here: its same-batch
+``flow/realized`` is positive on average (see docs/training.md). The thresholds leave room for
+platform round-off: grpo_strict must lose at least 8 %; opefo must keep at least 97 % of its start
+and stay within +40 %, and end at least 0.05 nat above grpo_strict.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from opefo_nemo.cli.train import EMBEDDED_DEFAULT
+from opefo_nemo.trainer.metrics_log import read_metrics
+
+pytestmark = [pytest.mark.vllm, pytest.mark.slow]
+DEMO = [o for o in EMBEDDED_DEFAULT if o.startswith(("method.", "engine."))]
+
+
+def window_means(records, key, width=10):
+    values = [r[key] for r in records]
+    return sum(values[:width]) / width, sum(values[-width:]) / width
+
+
+def test_grpo_strict_entropy_falls_while_opefo_holds(make_trainer, tmp_path):
+    runs = {}
+    for method in ("grpo_strict", "opefo"):
+        overrides = [
+            f"method={method}",
+            *DEMO,
+            "trainer.max_steps=80",
+            "trainer.prompts_per_step=16",
+            "trainer.responses_per_prompt=8",
+        ]
+        trainer = make_trainer(overrides, tmp_path / method)
+        assert trainer.run() == "done"
+        runs[method] = read_metrics(tmp_path / method / "metrics.jsonl")
+    grpo_first, grpo_last = window_means(runs["grpo_strict"], "entropy/mean")
+    opefo_first, opefo_last = window_means(runs["opefo"], "entropy/mean")
+    print(f"grpo_strict {grpo_first:.3f} -> {grpo_last:.3f}")
+    print(f"opefo {opefo_first:.3f} -> {opefo_last:.3f}")
+    assert grpo_last < 0.92 * grpo_first
+    assert 0.97 * opefo_first < opefo_last < 1.4 * opefo_first
+    assert opefo_last - grpo_last > 0.05
+    for record in runs["opefo"]:
+        scale = max(record["flow/pos"] + record["flow/neg"], 1.0)
+        assert abs(record["flow/net_after_balance"]) < 1e-6 * scale

@@ -1,0 +1,83 @@
+"""Errors are never silent: bad paths, empty data, long prompts, failing rewards (no vLLM)."""
+
+from __future__ import annotations
+
+import pytest
+
+from opefo_nemo.config.compose import compose
+from opefo_nemo.data import DatasetError
+from opefo_nemo.models import TinyModelSpec, build_tiny_model
+from opefo_nemo.tasks.arithmetic import make_problems
+from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
+from opefo_nemo.trainer.sampler import PromptSampler
+from opefo_nemo.trainer.scoring import reason_metrics, score_responses
+from opefo_nemo.trainer.setup import build_trainer, load_datasets
+
+
+@pytest.fixture(scope="module")
+def tiny(tmp_path_factory):
+    return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TinyModelSpec(), seed=0)
+
+
+def test_missing_model_path_is_an_error_naming_it(tmp_path):
+    missing = tmp_path / "no_model"
+    config, data = compose(["model=local", f"model.path={missing}"])
+    with pytest.raises(FileNotFoundError, match=r"model\.path=.*no_model"):
+        build_trainer(config, data, tmp_path / "out")
+
+
+def test_missing_data_file_is_an_error_naming_it(tiny, tmp_path):
+    config, _ = compose([f"model.path={tiny}", f"data.train={tmp_path / 'absent.jsonl'}"])
+    with pytest.raises((FileNotFoundError, DatasetError), match=r"absent\.jsonl"):
+        load_datasets(config, PromptCodec(tiny, "raw"))
+
+
+def test_empty_dataset_is_an_error(tiny, tmp_path):
+    empty = tmp_path / "empty.jsonl"
+    empty.write_text("\n")
+    config, _ = compose([f"model.path={tiny}", f"data.train={empty}", "data.validation=null"])
+    with pytest.raises(ValueError, match="empty"):
+        load_datasets(config, PromptCodec(tiny, "raw"))
+
+
+def test_long_prompts_are_skipped_and_counted_or_refused(tiny):
+    codec = PromptCodec(tiny, "raw")
+    problems, _ = make_problems(12, "+", 1000, 0, 0)
+    lengths = [len(codec.encode(p)) for p in problems]
+    limit = 5  # <bos> + "a+b=": 5 tokens for one-digit operands, more otherwise
+    expected_long = sum(n > limit for n in lengths)
+    assert 0 < expected_long < len(problems)
+    kept = encode_problems(problems, codec, limit, "skip", "data.train")
+    assert kept.skipped_long == expected_long
+    assert len(kept.problems) == len(problems) - expected_long
+    assert all(len(p) <= limit for p in kept.prompts)
+    with pytest.raises(ValueError, match=r"data\.max_prompt_tokens=5"):
+        encode_problems(problems, codec, limit, "error", "data.train")
+    with pytest.raises(ValueError, match="no usable problem"):
+        encode_problems(problems, codec, 2, "skip", "data.train")
+
+
+def test_a_failing_reward_item_scores_zero_and_is_counted():
+    config, _ = compose([])
+    results = score_responses(["7", "7", "x"], ["7", "not-a-number", "7"], config.reward)
+    assert [r.score for r in results] == [1.0, 0.0, 0.0]
+    assert [r.reason for r in results] == ["correct", "error", "no_answer"]
+    metrics = reason_metrics(results)
+    assert metrics["reward/failed"] == 1.0
+    assert metrics["reward/correct_frac"] == pytest.approx(1 / 3)
+
+
+def test_prompt_sampler_covers_each_epoch_and_resumes_exactly():
+    sampler = PromptSampler(10, 4, seed=3)
+    first = [sampler.next_batch() for _ in range(5)]  # 20 draws = two full epochs
+    flat = [i for batch in first for i in batch]
+    assert sorted(flat[:10]) == list(range(10)) and sorted(flat[10:]) == list(range(10))
+    assert flat[:10] != flat[10:]
+    replay = PromptSampler(10, 4, seed=3)
+    replay.next_batch()
+    state = replay.state_dict()
+    resumed = PromptSampler(10, 4, seed=3)
+    resumed.load_state_dict(state)
+    assert [resumed.next_batch() for _ in range(4)] == first[1:]
+    with pytest.raises(ValueError, match="10 problems, this run has 11"):
+        PromptSampler(11, 4, seed=3).load_state_dict(state)

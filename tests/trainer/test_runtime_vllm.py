@@ -1,0 +1,83 @@
+"""Run-time behaviour with the real vLLM engine: server death, pre-emption, validation, eval."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import threading
+
+import pytest
+
+from opefo_nemo.cli import eval as eval_cli
+from opefo_nemo.config.compose import compose
+from opefo_nemo.rollout import SamplingConfig
+from opefo_nemo.trainer.checkpoint import list_checkpoints
+from opefo_nemo.trainer.metrics_log import read_metrics
+from opefo_nemo.trainer.setup import arithmetic_split, start_rollout
+
+pytestmark = pytest.mark.vllm
+
+
+def _kill_servers(rollout) -> None:
+    for pid in rollout.engine.server_pids:
+        os.kill(pid, signal.SIGKILL)
+
+
+def test_a_dead_rollout_server_is_restarted_once_then_fails_clearly(warm_model):
+    config, _ = compose([f"model.path={warm_model}", "rollout.max_restarts=1"])
+    from opefo_nemo.engines.hf import HFPolicy
+
+    policy = HFPolicy(warm_model, config.engine, lr=1e-3, temperature=1.0)
+    rollout = start_rollout(config, warm_model, policy.named_weights)
+    sampling = SamplingConfig(max_new_tokens=4, stop_token_ids=(2,), seed=0)
+    prompts = [[1, 4, 15, 5, 49]]
+    try:
+        first = rollout.generate(prompts, 2, sampling)
+        _kill_servers(rollout)
+        again = rollout.generate(prompts, 2, sampling)
+        assert rollout.restarts == 1
+        assert [c.token_ids for c in again] == [c.token_ids for c in first]
+        _kill_servers(rollout)
+        with pytest.raises(RuntimeError, match=r"restarted 1 time\(s\) \(rollout.max_restarts=1\)"):
+            rollout.generate(prompts, 2, sampling)
+    finally:
+        rollout.close()
+
+
+def test_sigusr1_checkpoints_after_the_current_step_and_stops(make_trainer, tmp_path):
+    trainer = make_trainer(["trainer.max_steps=50"], tmp_path / "run")
+    timer = threading.Timer(0.5, os.kill, (os.getpid(), signal.SIGUSR1))
+    timer.start()
+    try:
+        status = trainer.run()
+    finally:
+        timer.cancel()
+    assert status == "preempted"
+    assert 1 <= trainer.step < 50
+    (checkpoint,) = list_checkpoints(tmp_path / "run" / "checkpoints")
+    assert json.loads((checkpoint / "trainer_state.json").read_text())["step"] == trainer.step
+    assert [r["step"] for r in read_metrics(tmp_path / "run" / "metrics.jsonl")] == list(
+        range(1, trainer.step + 1)
+    )
+    assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
+
+
+def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_path):
+    trainer = make_trainer(["trainer.max_steps=0", "validation.k=4"], tmp_path / "run")
+    from_trainer = trainer.validate()["val/avg@4"]
+    assert 0 < from_trainer < 1
+
+    config, _ = compose([f"model.path={warm_model}"])
+    _, validation = arithmetic_split(config.data)
+    bench = tmp_path / "arith.jsonl"
+    rows = [json.dumps({"problem": p.problem, "answer": p.ground_truth}) for p in validation]
+    bench.write_text("\n".join(rows) + "\n")
+    args = [str(warm_model), "--file", f"arith={bench}", "--samples", "4", "--verifier", "integer"]
+    args += ["--max-new-tokens", "8", "--max-model-len", "64", "--out", str(tmp_path / "eval")]
+    assert eval_cli.main(args) == 0
+    report = json.loads((tmp_path / "eval" / "results.json").read_text())
+    text = json.dumps(report)
+    assert "arith" in text
+    md = (tmp_path / "eval" / "results.md").read_text()
+    assert f"{100 * from_trainer:.1f}" in md
