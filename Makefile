@@ -16,4 +16,4 @@ test: lint
 	$(PY) -m pytest
 
 demo: setup
-	@echo "opefo-train's embedded default is not wired yet (issue 6)"; exit 2
+	$(VENV)/bin/opefo-train
