@@ -81,3 +81,26 @@ def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_pa
     assert "arith" in text
     md = (tmp_path / "eval" / "results.md").read_text()
     assert f"{100 * from_trainer:.1f}" in md
+
+
+def test_opefo_train_compare_mode_writes_the_report(warm_model, tmp_path):
+    from opefo_nemo.cli import train as train_cli
+
+    overrides = [
+        f"model.path={warm_model}",
+        f"run.output_dir={tmp_path / 'cmp'}",
+        "run.compare=[grpo_strict,opefo]",
+        "trainer.max_steps=2",
+        "trainer.prompts_per_step=4",
+        "trainer.responses_per_prompt=4",
+        "metrics.progress=false",
+    ]
+    assert train_cli.main(overrides) == 0
+    for method in ("grpo_strict", "opefo"):
+        records = read_metrics(tmp_path / "cmp" / method / "metrics.jsonl")
+        assert [r["step"] for r in records] == [1, 2]
+    first = read_metrics(tmp_path / "cmp" / "grpo_strict" / "metrics.jsonl")[0]
+    second = read_metrics(tmp_path / "cmp" / "opefo" / "metrics.jsonl")[0]
+    assert first["reward/mean"] == second["reward/mean"], "same start, same seeds: same rollout"
+    assert (tmp_path / "cmp" / "report.png").is_file()
+    assert (tmp_path / "cmp" / "summary.md").is_file()
