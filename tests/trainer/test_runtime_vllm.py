@@ -94,6 +94,8 @@ def test_opefo_train_compare_mode_writes_the_report(warm_model, tmp_path):
         "trainer.prompts_per_step=4",
         "trainer.responses_per_prompt=4",
         "metrics.progress=false",
+        "validation.every=2",
+        "validation.k=2",
     ]
     assert train_cli.main(overrides) == 0
     for method in ("grpo_strict", "opefo"):
@@ -104,3 +106,6 @@ def test_opefo_train_compare_mode_writes_the_report(warm_model, tmp_path):
     assert first["reward/mean"] == second["reward/mean"], "same start, same seeds: same rollout"
     assert (tmp_path / "cmp" / "report.png").is_file()
     assert (tmp_path / "cmp" / "summary.md").is_file()
+    last = read_metrics(tmp_path / "cmp" / "opefo" / "metrics.jsonl")[-1]
+    assert 0 <= last["val/avg@2"] <= 1
+    assert list((tmp_path / "cmp" / "opefo" / "tensorboard").glob("events.out.tfevents.*"))

@@ -109,6 +109,18 @@ def test_strict_gradient_is_the_full_batch_gradient_for_any_micro_batch(model_di
     assert max(lambdas) - min(lambdas) < 1e-6
 
 
+def test_bfloat16_policy_trains_with_fp32_statistics(model_dir):
+    method = load_method("opefo")
+    engine = EngineConfig(dtype="bfloat16", warmup_steps=0)
+    policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=1.0)
+    assert next(policy.model.parameters()).dtype == torch.bfloat16
+    prompts, responses, adv = random_rollout()
+    outcome = update_rollout_batch(policy, method, build_batch(prompts, responses, adv, 0), 4, 0)
+    assert outcome.skipped_steps == 0 and math.isfinite(outcome.metrics["grad/norm"])
+    micro = build_batch(prompts, responses, adv, 0)
+    assert policy.token_stats(micro).logprob.dtype == torch.float32
+
+
 def test_non_finite_loss_skips_the_step_and_keeps_the_weights(model_dir):
     method = load_method("grpo_strict")
     policy = HFPolicy(model_dir, ENGINE, lr=1e-2, temperature=1.0)
