@@ -8,11 +8,15 @@ state a policy-gradient method can improve, and whose entropy it can collapse.
 
 from __future__ import annotations
 
+import json
 import random
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
+
+RECIPE_FILE = "opefo_warm_start.json"
 
 
 def supervised_warm_start(
@@ -24,12 +28,14 @@ def supervised_warm_start(
     lr: float,
     seed: int,
     pad_id: int,
+    recipe: dict[str, Any],
     batch_size: int = 32,
 ) -> Path:
     """Fine-tune ``base_dir`` on ``(prompt_ids, response_ids)`` pairs; save to ``out_dir``.
 
-    Returns ``out_dir``. Written into a sibling temporary directory and renamed, so an
-    interrupted run leaves no half-written model behind.
+    ``recipe`` (JSON-serialisable: the settings that made this model) is saved beside the weights
+    for :func:`read_recipe`. Returns ``out_dir``. Written into a sibling temporary directory and
+    renamed, so an interrupted run leaves no half-written model behind.
     """
     import shutil
 
@@ -55,8 +61,15 @@ def supervised_warm_start(
     tokenizer = base_dir / "tokenizer"
     if tokenizer.is_dir():
         shutil.copytree(tokenizer, staging / "tokenizer")
+    (staging / RECIPE_FILE).write_text(json.dumps(recipe, indent=1, sort_keys=True))
     staging.rename(out_dir)
     return out_dir
+
+
+def read_recipe(model_dir: Path) -> dict[str, Any] | None:
+    """The recipe a warm-started model was made with (``None`` if it has none)."""
+    path = model_dir / RECIPE_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def _pack(batch: Sequence[tuple[list[int], list[int]]], pad_id: int):

@@ -6,6 +6,7 @@ reused afterwards; every other path must already exist.
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -19,7 +20,7 @@ from ..engines.hf import HFPolicy
 from ..models import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
 from ..tasks.arithmetic import make_problems
-from ..tasks.warm_start import supervised_warm_start
+from ..tasks.warm_start import read_recipe, supervised_warm_start
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
 from .rollout_guard import GuardedRollout
@@ -34,9 +35,26 @@ def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
 
 
 def embedded_model(config: TrainConfig) -> Path:
-    """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded)."""
+    """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded).
+
+    The recipe (warm-start settings and task) is stored with the model; a cached model built with
+    another recipe is an error rather than a silent reuse.
+    """
     target = Path(config.model.path)
-    if (target / "config.json").is_file():
+    recipe = {
+        "steps": config.model.warm_start_steps,
+        "lr": config.model.warm_start_lr,
+        "seed": config.model.warm_start_seed,
+        "template": config.data.template,
+        "arithmetic": dataclasses.asdict(config.data.arithmetic),
+    }
+    if target.exists():
+        found = read_recipe(target)
+        if found != recipe:
+            raise ValueError(
+                f"model.path={target} holds a warm start made with {found}, not {recipe}: "
+                "delete it or point model.path elsewhere"
+            )
         return target
     if config.data.train != ARITHMETIC:
         raise ValueError(
@@ -63,6 +81,7 @@ def embedded_model(config: TrainConfig) -> Path:
         lr=config.model.warm_start_lr,
         seed=config.model.warm_start_seed,
         pad_id=codec.pad_id,
+        recipe=recipe,
     )
 
 

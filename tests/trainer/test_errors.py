@@ -11,7 +11,7 @@ from opefo_nemo.tasks.arithmetic import make_problems
 from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import reason_metrics, score_responses
-from opefo_nemo.trainer.setup import build_trainer, load_datasets
+from opefo_nemo.trainer.setup import build_trainer, embedded_model, load_datasets
 
 
 @pytest.fixture(scope="module")
@@ -81,3 +81,13 @@ def test_prompt_sampler_covers_each_epoch_and_resumes_exactly():
     assert [resumed.next_batch() for _ in range(4)] == first[1:]
     with pytest.raises(ValueError, match="10 problems, this run has 11"):
         PromptSampler(11, 4, seed=3).load_state_dict(state)
+
+
+def test_a_cached_warm_start_with_another_recipe_is_refused(tmp_path):
+    path = tmp_path / "warm"
+    config, _ = compose([f"model.path={path}", "model.warm_start_steps=2"])
+    assert embedded_model(config) == path
+    assert embedded_model(config) == path  # same recipe: reused
+    other, _ = compose([f"model.path={path}", "model.warm_start_steps=3"])
+    with pytest.raises(ValueError, match=r"model\.path=.*warm start made with"):
+        embedded_model(other)
