@@ -50,6 +50,11 @@ def embedded_model(config: TrainConfig) -> Path:
     }
     if target.exists():
         found = read_recipe(target)
+        if found is None:
+            raise ValueError(
+                f"model.path={target} exists but records no warm-start recipe (built by an older "
+                "version, or not a warm start): delete it to rebuild, or point model.path elsewhere"
+            )
         if found != recipe:
             raise ValueError(
                 f"model.path={target} holds a warm start made with {found}, not {recipe}: "
