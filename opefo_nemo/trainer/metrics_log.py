@@ -24,7 +24,9 @@ PROGRESS_KEYS = {
 
 
 class MetricsLogger:
-    """Appends to ``<output_dir>/metrics.jsonl`` (a resumed run continues the same file)."""
+    """Appends to ``<output_dir>/metrics.jsonl``. A run resumed at ``start_step`` continues the
+    same file after dropping any record of a later step (logged after the checkpoint it resumes
+    from), so every step appears exactly once."""
 
     def __init__(
         self,
@@ -37,6 +39,9 @@ class MetricsLogger:
     ):
         output_dir.mkdir(parents=True, exist_ok=True)
         self.path = output_dir / "metrics.jsonl"
+        if self.path.is_file():
+            kept = [r for r in read_metrics(self.path) if r["step"] <= start_step]
+            self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         self._file = self.path.open("a")
         self._tensorboard = None
         self._wandb = None

@@ -46,3 +46,21 @@ def test_write_comparison_writes_png_and_table(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     table = (tmp_path / "summary.md").read_text()
     assert "| grpo_strict |" in table and "| opefo |" in table
+
+
+def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
+    from opefo_nemo.config.train import MetricsConfig
+    from opefo_nemo.trainer.metrics_log import MetricsLogger, read_metrics
+
+    config = MetricsConfig(tensorboard=False, progress=False)
+    logger = MetricsLogger(tmp_path, config, "run", 10, 0, {})
+    for step in range(1, 8):
+        logger.log(step, {"reward/mean": step / 10, "grad/norm": float("nan")})
+    logger.close()
+    resumed = MetricsLogger(tmp_path, config, "run", 10, 5, {})
+    resumed.log(6, {"reward/mean": 0.66})
+    resumed.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert records[-1]["reward/mean"] == 0.66
+    assert records[0]["grad/norm"] is None
