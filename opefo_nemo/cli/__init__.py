@@ -1,1 +1,2 @@
-"""Command-line entry points: ``opefo-train`` and ``opefo-eval`` (wiring only)."""
+"""Command-line entry points, Hydra/argparse wiring only (see ARCHITECTURE.md): ``opefo-train``,
+``opefo-eval``, ``opefo-preflight``."""
