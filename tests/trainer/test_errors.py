@@ -91,3 +91,16 @@ def test_a_cached_warm_start_with_another_recipe_is_refused(tmp_path):
     other, _ = compose([f"model.path={path}", "model.warm_start_steps=3"])
     with pytest.raises(ValueError, match=r"model\.path=.*warm start made with"):
         embedded_model(other)
+
+
+def test_opefo_eval_finds_the_model_inside_a_checkpoint(tmp_path):
+    from opefo_nemo.cli.eval import resolve_model
+
+    model = tmp_path / "ckpt" / "step_000010" / "policy" / "model"
+    model.mkdir(parents=True)
+    (model / "config.json").write_text("{}")
+    assert resolve_model(tmp_path / "ckpt" / "step_000010") == model
+    assert resolve_model(model.parent) == model
+    assert resolve_model(model) == model
+    with pytest.raises(FileNotFoundError, match=r"no config\.json"):
+        resolve_model(tmp_path / "ckpt")
