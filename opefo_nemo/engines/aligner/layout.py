@@ -1,0 +1,131 @@
+"""How a Megatron GPT model of a given shape is laid out across tensor and pipeline ranks.
+
+The shape facts come from :class:`opefo_nemo.launch.ModelShape` (read from a Hugging Face
+``config.json``); this adds what Megatron decides on top of them:
+
+- the vocabulary padded to a multiple of ``make_vocab_size_divisible_by × TP`` (SPEC §1), so that
+  the embedding and output layer split into equal vocabulary slices;
+- which global decoder layers each pipeline stage builds: ``L / PP`` each, or Megatron's uneven
+  split with ``first_stage_layers`` / ``last_stage_layers`` given and the rest spread evenly over
+  the middle stages (``num_layers_in_first/last_pipeline_stage``);
+- whether the norms carry Transformer Engine's fused names (``linear_qkv.layer_norm_weight``,
+  ``linear_fc1.layer_norm_weight``) or the local spec's (``input_layernorm``,
+  ``pre_mlp_layernorm``).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from typing import Any
+
+from ...launch.memory import padded_vocab_size
+from ...launch.model_shape import ModelShape
+
+
+@dataclass(frozen=True)
+class MegatronLayout:
+    """A model shape placed on ``tensor_parallel × pipeline_parallel`` ranks (one replica)."""
+
+    shape: ModelShape
+    tensor_parallel: int = 1
+    pipeline_parallel: int = 1
+    make_vocab_size_divisible_by: int = 128
+    fused_layernorm: bool = False
+    first_stage_layers: int | None = None
+    last_stage_layers: int | None = None
+
+    def __post_init__(self) -> None:
+        for name in ("tensor_parallel", "pipeline_parallel", "make_vocab_size_divisible_by"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value <= 0:
+                raise ValueError(f"MegatronLayout.{name} must be a positive integer, got {value!r}")
+        tp, shape = self.tensor_parallel, self.shape
+        for name, count in (
+            ("num_attention_heads", shape.num_attention_heads),
+            ("num_key_value_heads", shape.num_key_value_heads),
+            ("intermediate_size", shape.intermediate_size),
+        ):
+            if count % tp:
+                raise ValueError(
+                    f"{name} = {count} is not divisible by tensor parallel {tp}: Megatron "
+                    "splits it evenly across the tensor-parallel ranks"
+                )
+        if shape.num_attention_heads % shape.num_key_value_heads:
+            raise ValueError(
+                f"num_attention_heads = {shape.num_attention_heads} is not a multiple of "
+                f"num_key_value_heads = {shape.num_key_value_heads}"
+            )
+        self._stage_sizes()
+
+    @classmethod
+    def from_hf_config(cls, config: Mapping[str, Any], **settings: Any) -> MegatronLayout:
+        """From a Hugging Face ``config.json`` mapping (Qwen2, Qwen3, Llama) and layout settings.
+
+        Raises ``ValueError`` for a config this mapping cannot represent exactly (an MLP bias).
+        """
+        if config.get("mlp_bias"):
+            raise ValueError("mlp_bias = true: the weight mapping has no MLP biases")
+        return cls(ModelShape.from_hf_config(config), **settings)
+
+    @property
+    def padded_vocab_size(self) -> int:
+        """Rows of Megatron's embedding and output layer: the vocabulary padded (SPEC §1)."""
+        return padded_vocab_size(
+            self.shape.vocab_size, self.make_vocab_size_divisible_by, self.tensor_parallel
+        )
+
+    @property
+    def queries_per_group(self) -> int:
+        """Query heads that share one key/value head (``H / G``)."""
+        return self.shape.num_attention_heads // self.shape.num_key_value_heads
+
+    def _stage_sizes(self) -> tuple[int, ...]:
+        """Decoder layers built by each pipeline stage; raises if they cannot be split so."""
+        layers, stages = self.shape.num_layers, self.pipeline_parallel
+        first, last = self.first_stage_layers, self.last_stage_layers
+        if stages == 1:
+            if first is not None or last is not None:
+                raise ValueError("first/last_stage_layers need pipeline_parallel > 1")
+            return (layers,)
+        fixed = [count for count in (first, last) if count is not None]
+        if any(not isinstance(count, int) or count < 0 for count in fixed):
+            raise ValueError(f"first/last_stage_layers must be non-negative integers, got {fixed}")
+        middle_stages = stages - len(fixed)
+        middle_layers = layers - sum(fixed)
+        if middle_layers < 0 or (middle_stages and middle_layers % middle_stages):
+            raise ValueError(
+                f"{layers} layers cannot be split over {stages} pipeline stages with "
+                f"first_stage_layers = {first}, last_stage_layers = {last}: the remaining "
+                f"{middle_layers} layers must divide evenly over {middle_stages} stages"
+            )
+        if not middle_stages and middle_layers:
+            raise ValueError(
+                f"first_stage_layers + last_stage_layers = {sum(fixed)} != {layers} layers"
+            )
+        each = middle_layers // middle_stages if middle_stages else 0
+        sizes = [each] * stages
+        if first is not None:
+            sizes[0] = first
+        if last is not None:
+            sizes[-1] = last
+        return tuple(sizes)
+
+    def stage_layers(self, stage: int) -> range:
+        """Global indices of the decoder layers of pipeline ``stage``.
+
+        Stage ``s`` holds its layers under local indices ``0 … n_s − 1``; global index =
+        local index + ``sum(n_0 … n_{s−1})`` (Megatron's layer offset).
+        """
+        if not 0 <= stage < self.pipeline_parallel:
+            raise ValueError(f"pipeline stage {stage} is outside 0 … {self.pipeline_parallel - 1}")
+        sizes = self._stage_sizes()
+        offset = sum(sizes[:stage])
+        return range(offset, offset + sizes[stage])
+
+    def stage_of_layer(self, layer: int) -> int:
+        """The pipeline stage that holds global decoder ``layer``."""
+        for stage in range(self.pipeline_parallel):
+            if layer in self.stage_layers(stage):
+                return stage
+        raise ValueError(f"decoder layer {layer} is outside 0 … {self.shape.num_layers - 1}")
