@@ -1,0 +1,104 @@
+"""Tiny Hugging Face models (built locally from a config, random weights) and the matching
+megatron-core ``TransformerConfig``, shared by the weight-mapping tests."""
+
+from __future__ import annotations
+
+import torch
+from torch import Tensor
+
+from opefo_nemo.engines.aligner import MegatronLayout
+
+#: Small enough for CPU; 4 query heads over 2 key/value groups (GQA), vocabulary not a multiple of
+#: the padding multiple so the padded rows exist.
+_COMMON = {
+    "hidden_size": 32,
+    "num_hidden_layers": 4,
+    "num_attention_heads": 4,
+    "num_key_value_heads": 2,
+    "intermediate_size": 48,
+    "vocab_size": 100,
+    "max_position_embeddings": 64,
+}
+FAMILIES = {
+    "qwen2": {"model_type": "qwen2", "tie_word_embeddings": False},
+    "qwen2_tied": {"model_type": "qwen2", "tie_word_embeddings": True},
+    "llama": {"model_type": "llama", "tie_word_embeddings": False},
+    "qwen3": {"model_type": "qwen3", "head_dim": 12, "tie_word_embeddings": False},
+}
+#: Megatron's vocabulary padding multiple in these tests (NeMo's default is 128).
+DIVISIBLE_BY = 8
+
+
+def hf_config(family: str) -> dict:
+    """The ``config.json`` mapping of the tiny ``family`` model."""
+    return {**_COMMON, **FAMILIES[family]}
+
+
+def hf_model(family: str, seed: int = 0) -> torch.nn.Module:
+    """A ``transformers`` causal LM of ``family`` with every parameter drawn at random (norms and
+    biases too, so that a misplaced row cannot hide behind ones or zeros)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**hf_config(family))
+    torch.manual_seed(seed)
+    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    with torch.no_grad():
+        for parameter in model.parameters():
+            parameter.normal_()
+    return model.eval()
+
+
+def hf_weights(model: torch.nn.Module) -> dict[str, Tensor]:
+    """Every distinct parameter under its Hugging Face name (a tied ``lm_head`` is not repeated)."""
+    return {name: p.detach().clone() for name, p in model.named_parameters()}
+
+
+def layout(family: str, tp: int = 1, pp: int = 1, **settings) -> MegatronLayout:
+    return MegatronLayout.from_hf_config(
+        hf_config(family),
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        make_vocab_size_divisible_by=DIVISIBLE_BY,
+        **settings,
+    )
+
+
+def megatron_gpt(layout: MegatronLayout, stage: int):
+    """A real megatron-core ``GPTModel`` of ``layout``'s shape for pipeline ``stage``, built on CPU
+    with the local (Transformer-Engine-free) layer spec. ``parallel_state`` must be initialised."""
+    import torch.nn.functional as F
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+    from megatron.core.models.gpt.gpt_model import GPTModel
+    from megatron.core.transformer.transformer_config import TransformerConfig
+
+    shape = layout.shape
+    config = TransformerConfig(
+        num_layers=shape.num_layers,
+        hidden_size=shape.hidden_size,
+        num_attention_heads=shape.num_attention_heads,
+        num_query_groups=shape.num_key_value_heads,
+        kv_channels=shape.head_dim,
+        ffn_hidden_size=shape.intermediate_size,
+        add_bias_linear=False,
+        add_qkv_bias=shape.qkv_bias,
+        gated_linear_unit=True,
+        activation_func=F.silu,
+        normalization="RMSNorm",
+        qk_layernorm=shape.qk_norm,
+        tensor_model_parallel_size=layout.tensor_parallel,
+        pipeline_model_parallel_size=layout.pipeline_parallel,
+        num_layers_in_first_pipeline_stage=layout.first_stage_layers,
+        num_layers_in_last_pipeline_stage=layout.last_stage_layers,
+        pipeline_dtype=torch.float32,
+        use_cpu_initialization=True,
+    )
+    return GPTModel(
+        config,
+        get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm),
+        vocab_size=layout.padded_vocab_size,
+        max_sequence_length=64,
+        pre_process=stage == 0,
+        post_process=stage == layout.pipeline_parallel - 1,
+        share_embeddings_and_output_weights=shape.tie_word_embeddings,
+        position_embedding_type="rope",
+    )
