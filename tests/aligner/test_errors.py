@@ -5,17 +5,40 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.engines.aligner import MegatronLayout, hf_to_megatron, split_for_rank
+from opefo_nemo.engines.aligner import (
+    MegatronLayout,
+    fetch_from_shards,
+    hf_named_weights,
+    hf_to_megatron,
+    split_for_rank,
+)
 from opefo_nemo.engines.aligner.weight_mapping import Sharding
 
 from .tiny import hf_config, hf_model, hf_weights, layout
 
 
-def test_kv_heads_not_divisible_by_tp():
-    with pytest.raises(
-        ValueError, match="num_key_value_heads = 2 is not divisible by tensor parallel 4"
-    ):
-        layout("qwen2", tp=4)
+def test_heads_and_groups_must_fit_tp():
+    with pytest.raises(ValueError, match="num_attention_heads = 4 is not divisible by tensor para"):
+        layout("qwen2", tp=3)
+    three_groups = {**hf_config("qwen2"), "num_attention_heads": 6, "num_key_value_heads": 3}
+    with pytest.raises(ValueError, match="num_key_value_heads = 3 and tensor parallel 2"):
+        MegatronLayout.from_hf_config(three_groups, tensor_parallel=2)
+
+
+def test_tp_above_kv_groups_round_trips():
+    """TP 4 over 2 key/value groups: each group's fused rows span two ranks (flat row blocks)."""
+    weights = hf_weights(hf_model("qwen2"))
+    lay = layout("qwen2", tp=4)
+    shards = hf_to_megatron(lay, weights)
+    qkv = "decoder.layers.0.self_attention.linear_qkv.weight"
+    assert shards[(0, 1)][qkv].shape == (16, 32)
+    attention = "model.layers.0.self_attn."
+    k, v = (weights[f"{attention}{p}_proj.weight"] for p in "kv")
+    q = weights[f"{attention}q_proj.weight"]
+    assert torch.equal(shards[(0, 0)][qkv], q[:16]), "rank 0: group 0's two query heads"
+    assert torch.equal(shards[(0, 1)][qkv], torch.cat([k[:8], v[:8]])), "rank 1: its k and v"
+    streamed = dict(hf_named_weights(lay, fetch_from_shards(lay, shards)))
+    assert all(torch.equal(streamed[name], weights[name]) for name in weights)
 
 
 def test_layers_not_divisible_by_pp():

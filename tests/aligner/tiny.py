@@ -41,7 +41,7 @@ def hf_model(family: str, seed: int = 0) -> torch.nn.Module:
 
     config = transformers.AutoConfig.for_model(**hf_config(family))
     torch.manual_seed(seed)
-    model = transformers.AutoModelForCausalLM.from_config(config, torch_dtype=torch.float32)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
     with torch.no_grad():
         for parameter in model.parameters():
             parameter.normal_()

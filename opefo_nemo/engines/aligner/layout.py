@@ -43,7 +43,6 @@ class MegatronLayout:
         tp, shape = self.tensor_parallel, self.shape
         for name, count in (
             ("num_attention_heads", shape.num_attention_heads),
-            ("num_key_value_heads", shape.num_key_value_heads),
             ("intermediate_size", shape.intermediate_size),
         ):
             if count % tp:
@@ -51,10 +50,16 @@ class MegatronLayout:
                     f"{name} = {count} is not divisible by tensor parallel {tp}: Megatron "
                     "splits it evenly across the tensor-parallel ranks"
                 )
-        if shape.num_attention_heads % shape.num_key_value_heads:
+        groups = shape.num_key_value_heads
+        if groups % tp and tp % groups:
+            raise ValueError(
+                f"num_key_value_heads = {groups} and tensor parallel {tp}: one must divide the "
+                "other (Megatron splits whole key/value groups, or each group over TP / G ranks)"
+            )
+        if shape.num_attention_heads % groups:
             raise ValueError(
                 f"num_attention_heads = {shape.num_attention_heads} is not a multiple of "
-                f"num_key_value_heads = {shape.num_key_value_heads}"
+                f"num_key_value_heads = {groups}"
             )
         self._stage_sizes()
 

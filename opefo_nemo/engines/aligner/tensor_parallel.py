@@ -3,8 +3,10 @@
 For ``TP`` ranks, rank ``r`` holds (``n`` = rows or columns of the full tensor):
 
 - ``COLUMN``: rows ``r·n/TP … (r+1)·n/TP − 1``. For the fused QKV this is whole key/value groups
-  (``G/TP`` of them, with their query heads), because Megatron's row order is group-major; for the
-  embedding and output layer it is the rank's slice of the padded vocabulary.
+  (``G/TP`` of them, with their query heads), because Megatron's row order is group-major; when
+  ``TP > G`` each group's rows are split over ``TP/G`` ranks (Megatron's attention all-gathers
+  them back at run time). For the embedding and output layer it is the rank's slice of the
+  padded vocabulary.
 - ``GATED_COLUMN``: ``[gate_r; up_r]``: the rank's row block of the gate half, then of the up half
   (not a flat row block of ``[gate; up]``), so each rank's SwiGLU pairs its own gate and up rows.
 - ``ROW``: columns ``r·n/TP … (r+1)·n/TP − 1`` (``linear_proj``, ``linear_fc2``).
