@@ -12,6 +12,7 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+from ..config import conf_dir
 from ..config.compose import compose
 from ..trainer.metrics_log import read_metrics
 from ..trainer.report import write_comparison
@@ -71,6 +72,11 @@ def compare(overrides: Sequence[str]) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if args and args[0] in ("-h", "--help"):
+        print(
+            f"usage: opefo-train [override ...]\n{__doc__}\nconfiguration: {conf_dir()}/config.yaml"
+        )
+        return 0
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
