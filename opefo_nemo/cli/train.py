@@ -73,9 +73,7 @@ def compare(overrides: Sequence[str]) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        print(
-            f"usage: opefo-train [override ...]\n{__doc__}\nconfiguration: {conf_dir()}/config.yaml"
-        )
+        print(f"{__doc__}\nconfiguration: {conf_dir()}/config.yaml")
         return 0
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
