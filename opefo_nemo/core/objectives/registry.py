@@ -1,7 +1,7 @@
 """The objective registry: a method of SPEC §5 is one per-token loss function plus its contract.
 
-Adding a method is one decorated function (or one more decorator on an existing loss) (in ``losses.py`` or a module of your own, imported
-before use) and one ``conf/method/<name>.yaml``::
+Adding a method is one decorated function, or one more decorator on an existing loss (in
+``losses.py`` or a module of your own, imported before use), and one ``conf/method/<name>.yaml``::
 
     @register_objective("my_method", strict=True, balance="adaptive")
     def my_method(inputs: LossInputs, config: MethodConfig) -> Tensor:
