@@ -27,7 +27,14 @@ def _run(capsys, *argv: str) -> tuple[int, str]:
 
 def test_tiny_cpu_preset_passes(capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("OPEFO_CKPT_DIR", str(tmp_path))
-    status, out = _run(capsys, "--world-size", "1", "+preset=tiny_cpu", "trainer.max_steps=2")
+    status, out = _run(
+        capsys,
+        "--world-size",
+        "1",
+        "+preset=tiny_cpu",
+        "trainer.max_steps=2",
+        "trainer.prompts_per_step=8",
+    )
     assert status == 0, out
     assert out.rstrip().endswith("preflight: OK")
     assert "engine hf: 8 prompts × 8 responses" in out
@@ -65,6 +72,8 @@ def test_every_problem_printed_and_exit_status(capsys, tmp_path):
         f"data.train={tmp_path / 'missing.jsonl'}",
         "data.validation=null",
         "engine.micro_batch_size=5",
+        "trainer.prompts_per_step=8",
+        "trainer.responses_per_prompt=8",
     )
     assert status == 1
     problems = [line for line in out.splitlines() if line.startswith("[")]
