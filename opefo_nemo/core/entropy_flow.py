@@ -73,14 +73,14 @@ def flow_sums(delta_h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     return dh.clamp(min=0).sum(), (-dh).clamp(min=0).sum()
 
 
-def lambda_star(pos: Tensor | float, neg: Tensor | float, eps: float = LAMBDA_EPS) -> Tensor:
+def lambda_star(P: Tensor | float, N: Tensor | float, eps: float = LAMBDA_EPS) -> Tensor:
     """Balancing coefficient ``λ* = (N − P) / max(N + P, eps)`` from *global* sums (SPEC §3).
 
     λ* ∈ [−1, 1]; it makes ``(1 + λ*) P − (1 − λ*) N = 0`` whenever ``N + P > 0``, and is 0 when
     there is no flow. Returns a 0-d float64 tensor.
     """
-    pos_t = torch.as_tensor(pos, dtype=torch.float64)
-    neg_t = torch.as_tensor(neg, dtype=torch.float64)
+    pos_t = torch.as_tensor(P, dtype=torch.float64)
+    neg_t = torch.as_tensor(N, dtype=torch.float64)
     if pos_t.dim() or neg_t.dim():
         raise ValueError("lambda_star takes the scalar global sums P and N")
     if bool(pos_t < 0) or bool(neg_t < 0):
@@ -89,8 +89,8 @@ def lambda_star(pos: Tensor | float, neg: Tensor | float, eps: float = LAMBDA_EP
 
 
 def side_weights(
-    pos: Tensor | float,
-    neg: Tensor | float,
+    P: Tensor | float,
+    N: Tensor | float,
     balance: str = "adaptive",
     static_lambda: float = 0.001,
     eps: float = LAMBDA_EPS,
@@ -104,7 +104,7 @@ def side_weights(
         raise ValueError(f"unknown entropy_flow.balance {balance!r}; expected one of {BALANCES}")
     lam = torch.tensor(float(static_lambda), dtype=torch.float64)
     if balance != "static":
-        lam = lambda_star(pos, neg, eps)
+        lam = lambda_star(P, N, eps)
     one = torch.ones((), dtype=torch.float64)
     w_pos = one + lam if balance in ("adaptive", "static", "pos_only") else one
     w_neg = one - lam if balance in ("adaptive", "static", "neg_only") else one
@@ -115,8 +115,8 @@ def side_weights(
 def balance(
     delta_h: Tensor,
     mask: Tensor,
-    pos: Tensor | float,
-    neg: Tensor | float,
+    P: Tensor | float,
+    N: Tensor | float,
     balance: str = "adaptive",
     static_lambda: float = 0.001,
 ) -> tuple[Tensor, Tensor]:
@@ -126,7 +126,7 @@ def balance(
     ``mask``. Returns ``(weights [*] fp32, λ 0-d float64)``; neither carries gradient.
     """
     check_same_shape("delta_h", delta_h, mask=mask)
-    lam, w_pos, w_neg = side_weights(pos, neg, balance, static_lambda)
+    lam, w_pos, w_neg = side_weights(P, N, balance, static_lambda)
     valid = as_bool_mask(mask)
     weights = torch.ones_like(delta_h, dtype=torch.float32)
     weights = torch.where(valid & (delta_h > 0), w_pos.float(), weights)
