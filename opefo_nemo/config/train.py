@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.objectives import MethodConfig
+from ..launch.model_shape import ModelShape
 from .schema import build, one_of, require
 
 VERIFIERS = ("integer", "dapo", "math_verify")
@@ -69,6 +70,88 @@ class EngineConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     stats_chunk_tokens: int | None = None
+
+
+@dataclass(frozen=True)
+class AlignerEngineConfig:
+    """``engine=aligner`` (``conf/engine/aligner.yaml``, every key documented there): the
+    NeMo-Aligner actor's Megatron layout, precision and optimizer, and the colocated rollout."""
+
+    name: str = "aligner"
+    dtype: str = "bfloat16"
+    micro_batch_size: int = 1
+    tensor_model_parallel_size: int = 1
+    pipeline_model_parallel_size: int = 1
+    sequence_parallel: bool = False
+    transformer_engine: bool = True
+    recompute_activations: bool = False
+    use_distributed_optimizer: bool = True
+    make_vocab_size_divisible_by: int = 128
+    warmup_steps: int = 10
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    adam_eps: float = 1e-8
+    stats_chunk_tokens: int | None = None
+    rollout_tp_size: int = 1
+
+    def validate(self) -> None:
+        """Ranges and contradictions between the keys; errors name the key (``engine.<key>``)."""
+        one_of(self.dtype, DTYPES, "engine.dtype")
+        for key in (
+            "tensor_model_parallel_size",
+            "pipeline_model_parallel_size",
+            "make_vocab_size_divisible_by",
+            "rollout_tp_size",
+        ):
+            require(getattr(self, key) >= 1, f"engine.{key}", "must be >= 1")
+        require(
+            not self.sequence_parallel or self.tensor_model_parallel_size > 1,
+            "engine.sequence_parallel",
+            "needs engine.tensor_model_parallel_size > 1 (it splits activations over the TP group)",
+        )
+        _validate_optimizer(self)
+
+    def validate_model(self, shape: ModelShape, source: str) -> None:
+        """The layout against the model read from ``source`` (its ``config.json``)."""
+        tp, pp = self.tensor_model_parallel_size, self.pipeline_model_parallel_size
+        require(
+            pp <= shape.num_layers and shape.num_layers % pp == 0,
+            "engine.pipeline_model_parallel_size",
+            f"({pp}) must divide the {shape.num_layers} decoder layers of {source}",
+        )
+        for what, count in (
+            ("num_attention_heads", shape.num_attention_heads),
+            ("intermediate_size", shape.intermediate_size),
+        ):
+            require(
+                count % tp == 0,
+                "engine.tensor_model_parallel_size",
+                f"({tp}) must divide {what} = {count} of {source}",
+            )
+        groups = shape.num_key_value_heads
+        require(
+            groups % tp == 0 or tp % groups == 0,
+            "engine.tensor_model_parallel_size",
+            f"({tp}) and num_key_value_heads = {groups} of {source}: one must divide the other",
+        )
+
+
+def _validate_optimizer(e: EngineConfig | AlignerEngineConfig) -> None:
+    """The schedule and AdamW keys both engines share."""
+    require(e.micro_batch_size >= 1, "engine.micro_batch_size", "must be >= 1")
+    require(e.warmup_steps >= 0, "engine.warmup_steps", "must be >= 0")
+    require(e.grad_clip >= 0, "engine.grad_clip", "must be >= 0 (0 disables clipping)")
+    require(
+        e.stats_chunk_tokens is None or e.stats_chunk_tokens >= 1,
+        "engine.stats_chunk_tokens",
+        "must be >= 1 or null",
+    )
+
+
+ENGINE_CONFIGS: dict[str, type] = {"hf": EngineConfig, "aligner": AlignerEngineConfig}
+"""``engine.name`` → the dataclass its section is validated as."""
 
 
 @dataclass(frozen=True)
@@ -143,7 +226,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    engine: EngineConfig = field(default_factory=EngineConfig)
+    engine: EngineConfig | AlignerEngineConfig = field(default_factory=EngineConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -168,7 +251,7 @@ class TrainConfig:
             raise ValueError(f"unknown section {unknown[0]} (known: {', '.join(sorted(hints))})")
         method_data = {k: v for k, v in data["method"].items() if k != "defaults"}
         sections = {
-            name: build(hints[name], value, name)
+            name: build(_section_type(name, value, hints), value, name)
             for name, value in data.items()
             if name != "method"
         }
@@ -193,16 +276,15 @@ class TrainConfig:
             f"({self.method.updates_per_rollout}) must divide the rollout batch "
             f"trainer.prompts_per_step × trainer.responses_per_prompt = {self.rollout_batch_size}",
         )
-        one_of(e.name, ("hf",), "engine.name")
-        one_of(e.dtype, DTYPES, "engine.dtype")
-        require(e.micro_batch_size >= 1, "engine.micro_batch_size", "must be >= 1")
-        require(e.warmup_steps >= 0, "engine.warmup_steps", "must be >= 0")
-        require(e.grad_clip >= 0, "engine.grad_clip", "must be >= 0 (0 disables clipping)")
-        require(
-            e.stats_chunk_tokens is None or e.stats_chunk_tokens >= 1,
-            "engine.stats_chunk_tokens",
-            "must be >= 1 or null",
-        )
+        if isinstance(e, AlignerEngineConfig):
+            e.validate()
+            shape = _readable_shape(self.model.path)
+            if shape is not None:
+                e.validate_model(shape, f"model.path={self.model.path}")
+        else:
+            one_of(e.name, ("hf",), "engine.name")
+            one_of(e.dtype, DTYPES, "engine.dtype")
+            _validate_optimizer(e)
         one_of(r.name, ("vllm",), "rollout.name")
         require(
             r.temperature > 0,
@@ -243,3 +325,21 @@ class TrainConfig:
         require(self.validation.k >= 1, "validation.k", "must be >= 1")
         require(self.metrics.realized_every >= 0, "metrics.realized_every", "must be >= 0")
         one_of(self.metrics.wandb.mode, ("offline", "online", "disabled"), "metrics.wandb.mode")
+
+
+def _section_type(name: str, value: Any, hints: Mapping[str, Any]) -> Any:
+    """The dataclass of section ``name``; ``engine`` is chosen by its ``name`` key."""
+    if name != "engine":
+        return hints[name]
+    engine = value.get("name", "hf") if isinstance(value, Mapping) else "hf"
+    one_of(engine, tuple(ENGINE_CONFIGS), "engine.name")
+    return ENGINE_CONFIGS[engine]
+
+
+def _readable_shape(path: str) -> ModelShape | None:
+    """The model's shape from ``path/config.json``; ``None`` when it is not there (yet): the
+    trainer then fails on the missing model, preflight on the path."""
+    try:
+        return ModelShape.from_model_dir(path)
+    except (OSError, ValueError):
+        return None

@@ -2,15 +2,13 @@
 
 The model shapes are the published ``config.json`` values of Qwen2.5-Math-7B and Qwen3-4B-Base,
 written to a temporary model directory (nothing is downloaded). The presets select the ``aligner``
-engine, whose ``conf/engine/aligner.yaml`` arrives with that engine; until then the test composes
-over a copy of ``conf/`` where that file holds only ``name: aligner``, so every other value comes
-from config.yaml, the groups and the preset files themselves, merged by Hydra.
+engine (``conf/engine/aligner.yaml``); each composed config also passes the trainer's own
+start-up validation (``TrainConfig.from_mapping``).
 """
 
 from __future__ import annotations
 
 import json
-import shutil
 from pathlib import Path
 
 import pytest
@@ -18,6 +16,7 @@ from omegaconf import OmegaConf
 
 from opefo_nemo.cli.preflight import compose_config
 from opefo_nemo.config.method import method_names
+from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.launch import GIB
 from opefo_nemo.launch.checks import plan_memory, plan_problems
 from opefo_nemo.launch.from_config import plan_from_config
@@ -52,18 +51,13 @@ PRESETS = {"opefo_7b": ("Qwen2.5-Math-7B", 3000), "opefo_4b": ("Qwen3-4B-Base", 
 
 @pytest.fixture
 def composed(tmp_path, monkeypatch):
-    """Compose ``+preset=<name> method=<m>`` with Hydra over a copy of ``conf/`` that has a
-    one-line ``engine/aligner.yaml`` (``name: aligner``) standing in for the engine's own file;
-    models are the published config.json files, written to a temporary model directory."""
+    """Compose ``+preset=<name> method=<m>`` with Hydra over ``conf/``; models are the published
+    config.json files, written to a temporary model directory."""
     for name, config in HF_CONFIGS.items():
         (tmp_path / "models" / name).mkdir(parents=True)
         (tmp_path / "models" / name / "config.json").write_text(json.dumps(config))
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dapo-math-17k.parquet").write_bytes(b"")
-    conf = tmp_path / "conf"
-    shutil.copytree(CONF, conf)
-    (conf / "engine" / "aligner.yaml").write_text("name: aligner\n")
-    monkeypatch.setenv("OPEFO_CONF_DIR", str(conf))
     monkeypatch.setenv("OPEFO_MODEL_DIR", str(tmp_path / "models"))
     monkeypatch.setenv("OPEFO_DATA_DIR", str(tmp_path / "data"))
     monkeypatch.setenv("OPEFO_CKPT_DIR", str(tmp_path / "checkpoints"))
@@ -72,6 +66,7 @@ def composed(tmp_path, monkeypatch):
         overrides = [f"+preset={preset}"] + ([f"method={method}"] if method else [])
         config, problems = compose_config(overrides)
         assert problems == [] and config is not None, problems
+        TrainConfig.from_mapping(config)
         return config
 
     return compose

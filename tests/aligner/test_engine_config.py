@@ -1,0 +1,116 @@
+"""``engine=aligner``: conf/engine/aligner.yaml composes into a validated AlignerEngineConfig,
+contradictions name the key, the paper presets validate, ``engine=hf`` is unchanged, and building
+the engine here fails with a clear message (the NeMo actor is not built yet)."""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+
+import pytest
+import yaml
+
+from opefo_nemo.config.compose import compose
+from opefo_nemo.config.method import conf_dir
+from opefo_nemo.config.train import AlignerEngineConfig, EngineConfig
+from opefo_nemo.engines.aligner.availability import AlignerUnavailableError, build_actor
+
+QWEN_7B = {  # the published Qwen2.5-Math-7B config.json shape
+    "model_type": "qwen2",
+    "hidden_size": 3584,
+    "num_hidden_layers": 28,
+    "num_attention_heads": 28,
+    "num_key_value_heads": 4,
+    "intermediate_size": 18944,
+    "vocab_size": 152064,
+}
+
+
+@pytest.fixture
+def model_dir(tmp_path):
+    (tmp_path / "config.json").write_text(json.dumps(QWEN_7B))
+    return tmp_path
+
+
+def _aligner(*overrides: str, model=None):
+    path = [f"model.path={model}", "model.embedded=false"] if model else []
+    return compose(["engine=aligner", *path, *overrides])[0]
+
+
+def test_every_key_is_documented_and_is_a_field():
+    text = (conf_dir() / "engine" / "aligner.yaml").read_text()
+    keys = yaml.safe_load(text)
+    assert list(keys) == [f.name for f in dataclasses.fields(AlignerEngineConfig)]
+    for line in text.splitlines():
+        if line and not line.startswith((" ", "#")):
+            assert "#" in line or line.startswith("name:"), f"undocumented key: {line}"
+    assert AlignerEngineConfig(**keys) == AlignerEngineConfig()
+
+
+def test_aligner_composes_and_hf_is_unchanged():
+    config = _aligner()
+    assert isinstance(config.engine, AlignerEngineConfig)
+    assert config.engine.tensor_model_parallel_size == 1 and config.engine.transformer_engine
+    hf = compose([])[0].engine
+    assert hf == EngineConfig(micro_batch_size=16)
+    assert compose(["engine.device=cuda:1"])[0].engine.device == "cuda:1"
+
+
+@pytest.mark.parametrize("preset", ["opefo_7b", "opefo_4b"])
+def test_paper_presets_validate(preset, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPEFO_MODEL_DIR", str(tmp_path))
+    name = "Qwen2.5-Math-7B" if preset == "opefo_7b" else "Qwen3-4B-Base"
+    (tmp_path / name).mkdir()
+    (tmp_path / name / "config.json").write_text(json.dumps(QWEN_7B))
+    engine = compose([f"+preset={preset}"])[0].engine
+    assert isinstance(engine, AlignerEngineConfig)
+    assert engine.tensor_model_parallel_size == 2 and engine.sequence_parallel
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["engine.sequence_parallel=true"], "engine.sequence_parallel needs engine.tensor_model"),
+        (["engine.tensor_model_parallel_size=0"], "engine.tensor_model_parallel_size must be >= 1"),
+        (["engine.pipeline_model_parallel_size=0"], "engine.pipeline_model_parallel_size must"),
+        (["engine.rollout_tp_size=0"], "engine.rollout_tp_size must be >= 1"),
+        (["engine.micro_batch_size=0"], "engine.micro_batch_size must be >= 1"),
+        (["engine.make_vocab_size_divisible_by=0"], "engine.make_vocab_size_divisible_by must"),
+        (["engine.dtype=float16"], "engine.dtype is 'float16'"),
+        (["engine.grad_clip=-1"], "engine.grad_clip must be >= 0"),
+        (["+engine.device=cpu"], "unknown key engine.device"),
+        (["engine.sequence_parallel=2"], "engine.sequence_parallel must be true or false"),
+        (["engine.name=nemo"], "engine.name is 'nemo'"),
+    ],
+)
+def test_contradictions_name_the_key(overrides, message):
+    with pytest.raises(ValueError, match=message):
+        _aligner(*overrides)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["engine.pipeline_model_parallel_size=32"], r"\(32\) must divide the 28 decoder layers"),
+        (["engine.pipeline_model_parallel_size=3"], r"\(3\) must divide the 28 decoder layers"),
+        (["engine.tensor_model_parallel_size=8"], r"\(8\) must divide num_attention_heads = 28"),
+        (
+            ["engine.tensor_model_parallel_size=2", "engine.make_vocab_size_divisible_by=1"],
+            None,
+        ),
+    ],
+)
+def test_layout_against_the_model(model_dir, overrides, message):
+    if message is None:
+        assert _aligner(*overrides, model=model_dir).engine.tensor_model_parallel_size == 2
+        return
+    with pytest.raises(ValueError, match=message):
+        _aligner(*overrides, model=model_dir)
+
+
+def test_building_the_engine_here_fails_clearly():
+    with pytest.raises(AlignerUnavailableError) as error:
+        build_actor(_aligner().engine)
+    text = str(error.value)
+    assert "engine.name=aligner" in text and "not built yet (issue 8)" in text
+    assert "nemo" in text  # NeMo is not installed in this environment
