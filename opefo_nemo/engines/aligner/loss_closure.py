@@ -1,0 +1,202 @@
+"""Loss and token-stats functions for megatron-core's ``forward_backward_func`` (SPEC §1, §5).
+
+megatron-core's schedule (``megatron/core/pipeline_parallel/schedules.py``, 0.16.1) calls
+``output, fn = forward_step_func(data_iterator, model)`` once per micro-batch and, on the last
+pipeline stage, ``fn(output)`` (``forward_step_calc_loss``). A 2-tuple ``(loss, reduced)`` return
+has its loss multiplied by the context-parallel size and divided by ``num_microbatches`` before the
+backward; ``reduced`` is appended to the list the schedule returns. (A 3-tuple
+``(loss, num_tokens, reduced)`` divides by the micro-batch's own token count unless
+``calculate_per_token_loss``: a per-micro-batch mean, not SPEC §5's global one; not used here.)
+Megatron's ``DistributedDataParallel`` then averages the gradients over the data-parallel ranks:
+it scales them by ``1 / dp_size`` before a SUM reduction, or reduces with AVG when
+``average_in_collective`` (``distributed_data_parallel.py``); with ``calculate_per_token_loss`` it
+only sums, and ``finalize_model_grads`` divides by the schedule's token count, which stays 0 for
+2-tuple returns, so nothing is divided.
+
+SPEC §5 wants ``∇ Σ_t mask_t ℓ_t / N_global`` summed over micro-batches and ranks. Each
+micro-batch's :func:`~opefo_nemo.core.objectives.policy_loss` is already its share ``Σ ℓ_t /
+N_global``, so :func:`loss_function` returns it multiplied by :attr:`MegatronScaling.factor`
+``= num_microbatches × dp_size`` (``× 1`` for the DP part with ``calculate_per_token_loss``):
+megatron's two averages cancel and the final gradient is the full-batch gradient, for any
+micro-batch size and data-parallel size. Sequence parallelism does not enter: the output layer
+all-gathers the sequence before the vocabulary projection, so the logits are the full sequence on
+every TP rank either way (megatron's ``finalize_model_grads`` sums the norms' gradients over TP).
+
+Logits are vocab-parallel (``parallel_output=True``): ``[seq, batch, V/TP]`` as the output layer
+produces them (``sequence_first=True``) or ``[batch, seq, V/TP]`` as ``GPTModel.forward`` returns
+them without labels (a transposed copy it makes itself). The per-token tensors of the batch are
+``[batch, seq]``; for sequence-first logits the *targets* are transposed (a small int64 copy),
+never the logits: ``token_stats`` flattens them to ``[tokens, V/TP]``, which for a transposed
+logits view would copy the whole tensor. For the same reason the per-token tensors cover all
+``T`` input positions (:func:`per_position`: the last position predicts nothing and is masked)
+instead of slicing the logits to ``T − 1``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ...core.objectives import Coefficients, MethodConfig, get_objective, policy_loss
+from ...parallel import TokenStats, token_stats
+from ...trainer.batch import TrainBatch
+
+LossFunction = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
+"""What ``forward_step_func`` returns beside the model output: ``fn(logits) -> (loss, reduced)``."""
+
+
+@dataclass(frozen=True)
+class MegatronScaling:
+    """megatron-core's own scaling of a 2-tuple loss (module docstring), to be undone.
+
+    ``num_microbatches``: micro-batches of this rank in the step (the schedule's argument).
+    ``data_parallel_size``: ranks the DDP wrapper averages over. ``calculate_per_token_loss``:
+    the model config's flag of that name (DDP then sums instead of averaging).
+    """
+
+    num_microbatches: int
+    data_parallel_size: int
+    calculate_per_token_loss: bool = False
+
+    def __post_init__(self) -> None:
+        for name in ("num_microbatches", "data_parallel_size"):
+            if getattr(self, name) < 1:
+                raise ValueError(f"MegatronScaling.{name} must be >= 1, got {getattr(self, name)}")
+
+    @property
+    def factor(self) -> float:
+        """What the loss share is multiplied by so that megatron's divisions cancel."""
+        dp = 1 if self.calculate_per_token_loss else self.data_parallel_size
+        return float(self.num_microbatches * dp)
+
+
+@dataclass(frozen=True)
+class VocabParallelLogits:
+    """How to read this model's logits: the TP group they are split over (``None``: TP 1), the
+    true vocabulary size (padded columns excluded, SPEC §1), the sampling temperature, the
+    token-stats chunk (``None``: default) and the layout (``sequence_first``: ``[s, b, V/TP]``)."""
+
+    tp_group: dist.ProcessGroup | None
+    vocab_size: int
+    temperature: float = 1.0
+    chunk_size: int | None = None
+    sequence_first: bool = False
+
+    def stats(self, logits: Tensor, targets: Tensor, tabular: bool = False) -> TokenStats:
+        """Per-token statistics ``[batch, seq]`` of ``targets`` (``[batch, seq]`` int64)."""
+        if logits.dim() != 3:
+            raise ValueError(f"expected 3-d vocab-parallel logits, got shape {tuple(logits.shape)}")
+        arranged = targets.t() if self.sequence_first else targets
+        stats = token_stats(
+            logits,
+            arranged,
+            temperature=self.temperature,
+            group=self.tp_group,
+            vocab_size=self.vocab_size,
+            tabular=tabular,
+            chunk_size=self.chunk_size,
+        )
+        if not self.sequence_first:
+            return stats
+        return TokenStats(*(None if t is None else t.t() for t in _fields(stats)))
+
+
+def _fields(stats: TokenStats) -> tuple[Tensor | None, ...]:
+    return (stats.logprob, stats.entropy, stats.sum_p2, stats.sum_p2_logp)
+
+
+@dataclass(frozen=True)
+class LossMicroBatch:
+    """The per-token tensors of one micro-batch that the loss needs, all ``[batch, seq]``:
+    ``targets`` (int64), response ``mask``, ``advantages``, the phase-2 ``coefficients`` from the
+    whole step's ``prepare``, and ``old_logprob`` (``None`` in strict on-policy mode)."""
+
+    targets: Tensor
+    mask: Tensor
+    advantages: Tensor
+    coefficients: Coefficients
+    old_logprob: Tensor | None = None
+
+
+def per_position(tensor: Tensor, fill: float | bool | int = 0) -> Tensor:
+    """A ``TrainBatch`` per-token tensor ``[b, T − 1]`` extended to the model's ``T`` positions
+    with ``fill`` in the last column (that position predicts no token)."""
+    pad = torch.full_like(tensor[:, :1], fill)
+    return torch.cat([tensor, pad], dim=1)
+
+
+def loss_micro_batch(
+    batch: TrainBatch, coefficients: Coefficients, old_logprob: Tensor | None = None
+) -> LossMicroBatch:
+    """The :class:`LossMicroBatch` of a ``TrainBatch`` micro-batch and its phase-2
+    ``coefficients`` (all ``[b, T − 1]``), extended to ``[b, T]`` by :func:`per_position`."""
+    return LossMicroBatch(
+        targets=per_position(batch.targets),
+        mask=per_position(batch.response_mask, False),
+        advantages=per_position(batch.advantages),
+        coefficients=Coefficients(
+            delta_h=per_position(coefficients.delta_h),
+            weight=per_position(coefficients.weight, 1.0),
+            selected=per_position(coefficients.selected, False),
+        ),
+        old_logprob=None if old_logprob is None else per_position(old_logprob),
+    )
+
+
+def loss_function(
+    method: MethodConfig,
+    micro: LossMicroBatch,
+    n_tokens: int,
+    scaling: MegatronScaling,
+    logits_spec: VocabParallelLogits,
+) -> LossFunction:
+    """The loss function of one micro-batch for megatron-core's schedule (phase 3).
+
+    ``n_tokens``: the global response-token count of the optimizer-step batch (``prepare``'s).
+    Returns ``fn(logits) -> (policy_loss share × scaling.factor, reduced)`` where ``reduced``
+    holds the unscaled metric sums of :func:`policy_loss` (0-d float64, add them over
+    micro-batches and DP ranks) and ``logprob`` (``[batch, seq]``, detached).
+    """
+    objective = get_objective(method.name)
+
+    def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        stats = logits_spec.stats(logits, micro.targets)
+        out = policy_loss(
+            method,
+            stats.logprob,
+            micro.advantages,
+            micro.mask,
+            micro.coefficients,
+            n_tokens,
+            old_logprob=micro.old_logprob,
+            entropy=stats.entropy if objective.entropy_grad else None,
+        )
+        reduced = {**out.sums, "logprob": stats.logprob.detach()}
+        return out.loss * scaling.factor, reduced
+
+    return compute
+
+
+def stats_function(
+    targets: Tensor, logits_spec: VocabParallelLogits, tabular: bool = False
+) -> LossFunction:
+    """The token-stats pass's function for ``forward_backward_func(forward_only=True)`` (phase 1).
+
+    ``fn(logits) -> (0, reduced)`` with ``reduced`` = ``logprob``, ``entropy`` (and with
+    ``tabular`` ``sum_p2``, ``sum_p2_logp``), ``[batch, seq]`` fp32, computed without gradient;
+    the schedule collects one such mapping per micro-batch, in order.
+    """
+
+    def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+        with torch.no_grad():
+            stats = logits_spec.stats(logits, targets, tabular=tabular)
+        reduced = {"logprob": stats.logprob, "entropy": stats.entropy}
+        if tabular:
+            reduced.update(sum_p2=stats.sum_p2, sum_p2_logp=stats.sum_p2_logp)
+        return torch.zeros((), device=logits.device), reduced
+
+    return compute

@@ -1,0 +1,71 @@
+"""Run megatron-core 0.16.1's GPTModel forward and its no-pipelining schedule on CPU (gloo).
+
+megatron-core asks for CUDA in a few places that have nothing to do with the math: buffers it
+allocates with an explicit CUDA device, and the dropout RNG tracker. On this CPU-only torch they
+raise "Torch not compiled with CUDA enabled". :func:`megatron_on_cpu` points exactly these at the
+CPU, in a spawned test rank only:
+
+- ``pipeline_parallel/schedules.py`` ``forward_backward_no_pipelining``:
+  ``total_num_tokens = torch.zeros([], dtype=torch.int, device="cuda")`` (the only CUDA use of
+  the schedule itself with ``finalize_model_grads_func=None``);
+- ``transformer/utils.py`` ``get_default_causal_mask``: ``torch.ones(sq, sq, device="cuda")``;
+- ``utils.py`` ``GlobalMemoryBuffer.get_tensor`` (core attention's matmul buffer):
+  ``device=torch.cuda.current_device()``;
+- ``tensor_parallel/random.py``: the RNG tracker's ``fork()`` saves and restores the CUDA RNG
+  state around dropout (dropout is 0 in these tests, so the state is never used).
+
+A ``TorchFunctionMode`` rewrites ``device="cuda…"`` arguments of torch calls to ``"cpu"``;
+``torch.cuda.current_device`` returns ``"cpu"``; the tracker keeps CPU RNG states. Nothing else
+changes: the model, the schedule's loop, ``forward_step``, ``forward_step_calc_loss`` (the loss
+scaling) and ``backward_step`` run as shipped. Sequence parallelism and megatron's
+``DistributedDataParallel`` stay off: both allocate CUDA buffers and streams throughout
+(``tensor_parallel/mappings.py``, ``distributed/param_and_grad_buffer.py``), and the local
+layer spec's torch norm refuses sequence parallelism.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from contextlib import contextmanager
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+
+class _CudaDeviceToCpu(TorchFunctionMode):
+    """Every torch call's ``device="cuda…"`` keyword becomes ``"cpu"``."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = dict(kwargs or {})
+        device = kwargs.get("device")
+        if device is not None and str(device).startswith("cuda"):
+            kwargs["device"] = "cpu"
+        return func(*args, **kwargs)
+
+
+@contextmanager
+def megatron_on_cpu() -> Iterator[None]:
+    """The module docstring's redirections, for the ``with`` block (call after
+    ``parallel_state.initialize_model_parallel``)."""
+    from megatron.core.tensor_parallel import random
+
+    saved = (
+        torch.cuda.current_device,
+        random._get_cuda_rng_state,
+        random._set_cuda_rng_state,
+    )
+    torch.cuda.current_device = lambda: "cpu"
+    random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
+    random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+    tracker = random.get_cuda_rng_tracker()
+    tracker.states_[random._MODEL_PARALLEL_RNG_TRACKER_NAME] = torch.get_rng_state()
+    try:
+        with _CudaDeviceToCpu():
+            yield
+    finally:
+        tracker.reset()
+        (
+            torch.cuda.current_device,
+            random._get_cuda_rng_state,
+            random._set_cuda_rng_state,
+        ) = saved
