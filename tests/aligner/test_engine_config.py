@@ -6,6 +6,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import subprocess
+import sys
 
 import pytest
 import yaml
@@ -114,3 +116,15 @@ def test_building_the_engine_here_fails_clearly():
     text = str(error.value)
     assert "engine.name=aligner" in text and "not built yet (issue 8)" in text
     assert "nemo" in text  # NeMo is not installed in this environment
+
+
+def test_package_imports_without_nemo_or_megatron():
+    code = (
+        "import sys, opefo_nemo.engines.aligner; "
+        "print(sorted({m.split('.')[0] for m in sys.modules} "
+        "& {'megatron', 'nemo', 'nemo_aligner'}))"
+    )
+    result = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == "[]"
