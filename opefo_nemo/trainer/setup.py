@@ -23,6 +23,7 @@ from ..tasks.arithmetic import make_problems
 from ..tasks.warm_start import read_recipe, supervised_warm_start
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
+from .protocols import Policy
 from .rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
@@ -147,6 +148,19 @@ def start_rollout(
     return GuardedRollout(start, weights, r.max_restarts)
 
 
+def build_policy(config: TrainConfig, path: Path) -> Policy:
+    """The training engine ``engine.name`` selects, on the model at ``path``."""
+    if config.engine.name == "aligner":
+        from ..engines.aligner import build_actor
+
+        return build_actor(
+            path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
+        )
+    return HFPolicy(
+        path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
+    )
+
+
 def build_trainer(
     config: TrainConfig,
     config_dict: dict[str, Any],
@@ -160,11 +174,9 @@ def build_trainer(
     Otherwise the rollout servers are started on the model directory.
     """
     path = model_dir(config)
+    policy = build_policy(config, path)
     codec = PromptCodec(path, config.data.template)
     train, validation = load_datasets(config, codec)
-    policy = HFPolicy(
-        path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
-    )
     if rollout is None:
         rollout = start_rollout(config, path, policy.named_weights)
     else:

@@ -6,6 +6,7 @@ import pytest
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.data import DatasetError
+from opefo_nemo.engines.aligner import AlignerUnavailableError
 from opefo_nemo.models import TinyModelSpec, build_tiny_model
 from opefo_nemo.tasks.arithmetic import make_problems
 from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
@@ -23,6 +24,14 @@ def test_missing_model_path_is_an_error_naming_it(tmp_path):
     missing = tmp_path / "no_model"
     config, data = compose(["model=local", f"model.path={missing}"])
     with pytest.raises(FileNotFoundError, match=r"model\.path=.*no_model"):
+        build_trainer(config, data, tmp_path / "out")
+
+
+def test_paper_preset_stops_at_the_aligner_engine_with_a_clear_message(tiny, tmp_path):
+    """The presets select engine=aligner, whose NeMo actor is not built yet (issue 8)."""
+    config, data = compose(["+preset=opefo_7b", f"model.path={tiny}"])
+    assert config.engine.name == "aligner"
+    with pytest.raises(AlignerUnavailableError, match=r"engine\.name=aligner.*not built yet"):
         build_trainer(config, data, tmp_path / "out")
 
 
