@@ -64,3 +64,23 @@ def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert records[-1]["reward/mean"] == 0.66
     assert records[0]["grad/norm"] is None
+
+
+def test_metrics_logger_logs_to_wandb_in_offline_mode(tmp_path):
+    from opefo_nemo.config.train import MetricsConfig, WandbConfig
+    from opefo_nemo.trainer.metrics_log import MetricsLogger
+
+    config = MetricsConfig(
+        tensorboard=False, progress=False, wandb=WandbConfig(enabled=True, mode="offline")
+    )
+    logger = MetricsLogger(tmp_path, config, "wandb_run", 2, 0, {"method": {"name": "opefo"}})
+    run = logger._wandb
+    logger.log(1, {"reward/mean": 0.25, "flow/lambda": 0.5})
+    logger.log(2, {"reward/mean": 0.75, "flow/lambda": -0.1})
+    logger.log(3, {"reward/mean": 0.5, "flow/lambda": 0.0})
+    # W&B commits a step's row when the next step starts: step 2 is in the summary now.
+    assert run.summary["reward/mean"] == 0.75
+    assert run.summary["flow/lambda"] == -0.1
+    assert run.config["method"] == {"name": "opefo"}
+    logger.close()
+    assert len(list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
