@@ -10,12 +10,14 @@ written to ``--out`` as ``results.md`` and ``results.json``.
 from __future__ import annotations
 
 import argparse
+import json
 import logging
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config.train import RewardSettings
-from ..data import BENCHMARK_NAMES, Problem, benchmark, load_eval_set, load_jsonl
+from ..config.train import VERIFIERS, RewardSettings
+from ..data import BENCHMARK_NAMES, TEMPLATES, Problem, benchmark, load_eval_set, load_jsonl
 from ..eval import score_benchmark, write_report
 from ..rollout import SamplingConfig, VLLMRolloutEngine
 from ..trainer.checkpoint import POLICY_SUBDIR
@@ -28,6 +30,8 @@ log = logging.getLogger("opefo_nemo.eval")
 def resolve_model(path: str | Path) -> Path:
     """The Hugging Face directory inside a checkpoint, a policy directory, or ``path`` itself."""
     root = Path(path)
+    if not root.exists():
+        raise FileNotFoundError(f"model path {root} does not exist")
     for candidate in (root / POLICY_SUBDIR / "model", root / "model", root):
         if (candidate / "config.json").is_file():
             return candidate
@@ -57,14 +61,24 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-problems", type=int, help="evaluate only the first N problems of each"
     )
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--top-p", type=float, default=0.7)
-    parser.add_argument("--max-new-tokens", type=int, default=3000)
-    parser.add_argument("--template", default="raw", help="prompt template (SPEC §7: raw)")
-    parser.add_argument("--verifier", default="math_verify", help="integer | dapo | math_verify")
-    parser.add_argument("--seed", type=int, default=0)
-    parser.add_argument("--num-servers", type=int, default=1)
-    parser.add_argument("--max-model-len", type=int, default=4096)
+    parser.add_argument("--temperature", type=float, default=1.0, help="(default: 1.0, SPEC §7)")
+    parser.add_argument("--top-p", type=float, default=0.7, help="(default: 0.7, SPEC §7)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=3000, help="response length limit (default: 3000)"
+    )
+    parser.add_argument(
+        "--template", default="raw", choices=TEMPLATES, help="prompt template (SPEC §7: raw)"
+    )
+    parser.add_argument("--verifier", default="math_verify", choices=VERIFIERS)
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--num-servers", type=int, default=1, help="vLLM servers (default: 1)")
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="vLLM context: prompt + response tokens; at most the model's "
+        "max_position_embeddings (default: 4096)",
+    )
     parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
     return parser.parse_args(argv)
 
@@ -89,25 +103,62 @@ def benchmark_sets(args: argparse.Namespace) -> dict[str, tuple[list[Problem], i
     return sets
 
 
-def evaluate(args: argparse.Namespace) -> tuple[Path, Path]:
+def check_lengths(
+    model: Path, prompts: dict[str, list[list[int]]], args: argparse.Namespace
+) -> None:
+    """Before any vLLM server starts: ``--max-model-len`` fits the model's positions and every
+    prompt plus ``--max-new-tokens`` fits ``--max-model-len``."""
+    positions = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
+    if positions is not None and args.max_model_len > positions:
+        raise ValueError(
+            f"--max-model-len {args.max_model_len} exceeds {model}'s max_position_embeddings "
+            f"{positions}: pass --max-model-len {positions} or less"
+        )
+    for name, encoded in prompts.items():
+        longest = max(len(prompt) for prompt in encoded)
+        if longest + args.max_new_tokens > args.max_model_len:
+            raise ValueError(
+                f"{name}: its longest prompt ({longest} tokens) plus --max-new-tokens "
+                f"{args.max_new_tokens} exceeds --max-model-len {args.max_model_len}"
+            )
+
+
+def prepare(
+    args: argparse.Namespace,
+) -> tuple[Path, PromptCodec, dict[str, tuple[list[Problem], list[list[int]], int]]]:
+    """The model directory, its prompt codec, and ``name → (problems, prompts, samples)``; every
+    input error is raised here, before any vLLM server starts."""
     model = resolve_model(args.model)
-    sets = benchmark_sets(args)
     codec = PromptCodec(model, args.template)
+    sets = {}
+    for name, (problems, samples) in benchmark_sets(args).items():
+        problems = problems[: args.max_problems] if args.max_problems else problems
+        sets[name] = (problems, [codec.encode(p) for p in problems], samples)
+    check_lengths(model, {name: prompts for name, (_, prompts, _) in sets.items()}, args)
+    return model, codec, sets
+
+
+def evaluate(
+    args: argparse.Namespace,
+    model: Path,
+    codec: PromptCodec,
+    sets: dict[str, tuple[list[Problem], list[list[int]], int]],
+) -> tuple[Path, Path]:
+    """Generate, score and write the table for the sets :func:`prepare` returned."""
     reward = RewardSettings(verifier=args.verifier)
+    sampling = SamplingConfig(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=(codec.eos_id,),
+        seed=args.seed,
+    )
     scores = {}
     with VLLMRolloutEngine(
         model, num_servers=args.num_servers, seed=args.seed, max_model_len=args.max_model_len
     ) as engine:
-        for name, (problems, samples) in sets.items():
-            problems = problems[: args.max_problems] if args.max_problems else problems
-            sampling = SamplingConfig(
-                temperature=args.temperature,
-                top_p=args.top_p,
-                max_new_tokens=args.max_new_tokens,
-                stop_token_ids=(codec.eos_id,),
-                seed=args.seed,
-            )
-            completions = engine.generate([codec.encode(p) for p in problems], samples, sampling)
+        for name, (problems, prompts, samples) in sets.items():
+            completions = engine.generate(prompts, samples, sampling)
             responses = [codec.decode(c.token_ids) for c in completions]
             truths = [problems[c.prompt_index].ground_truth for c in completions]
             results = score_responses(responses, truths, reward)
@@ -124,7 +175,13 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
-    evaluate(parse_args(argv))
+    args = parse_args(argv)
+    try:
+        model, codec, sets = prepare(args)
+    except (ValueError, FileNotFoundError) as error:  # bad input: the message names it
+        print(f"opefo-eval: error: {error}", file=sys.stderr)
+        return 2
+    evaluate(args, model, codec, sets)
     return 0
 
 

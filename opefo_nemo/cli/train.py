@@ -79,7 +79,11 @@ def main(argv: Sequence[str] | None = None) -> int:
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
     overrides = args or list(EMBEDDED_DEFAULT)
-    config, _ = compose(overrides)
+    try:
+        config, _ = compose(overrides)
+    except ValueError as error:  # a bad override or config: the message names it, no traceback
+        print(f"opefo-train: error: {error}", file=sys.stderr)
+        return 2
     if config.run.compare:
         compare(overrides)
         return 0

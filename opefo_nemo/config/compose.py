@@ -7,6 +7,7 @@ used only to compose: it neither changes the working directory nor writes its ow
 
 from __future__ import annotations
 
+import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -27,7 +28,7 @@ def compose(overrides: Sequence[str] = ()) -> tuple[TrainConfig, dict[str, Any]]
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             composed = hydra_compose(config_name="config", overrides=list(overrides))
     except HydraException as error:
-        raise ValueError(f"configuration overrides {list(overrides)}: {error}") from None
+        raise ValueError(f"configuration overrides {list(overrides)}: {_brief(error)}") from None
     try:
         data = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as error:
@@ -36,3 +37,19 @@ def compose(overrides: Sequence[str] = ()) -> tuple[TrainConfig, dict[str, Any]]
         ) from None
     assert isinstance(data, dict)
     return TrainConfig.from_mapping(data), data
+
+
+def _brief(error: Exception) -> str:
+    """Hydra's error on one line: an unknown key named as such; otherwise without the config search
+    path, and with a group's available options after the message, less ``_defaults`` (the base
+    the method files extend, not a method)."""
+    text = str(error).split("Config search path:")[0]
+    unknown = re.match(r"Could not override '([^']+)'", text)
+    if unknown:  # Hydra's hint, "use +key=value", would only move the error to validation
+        return f"unknown key {unknown.group(1)} (no such key in conf/)"
+    lines = [line.strip() for line in text.splitlines() if line.strip()]
+    listed = [i for i, line in enumerate(lines) if line.startswith("Available options")]
+    if not listed:
+        return " ".join(lines)
+    options = [line for line in lines[listed[0] + 1 :] if not line.startswith("_")]
+    return f"{' '.join(lines[: listed[0]])} (available: {', '.join(options)})"

@@ -113,3 +113,53 @@ def test_opefo_eval_finds_the_model_inside_a_checkpoint(tmp_path):
     assert resolve_model(model) == model
     with pytest.raises(FileNotFoundError, match=r"no config\.json"):
         resolve_model(tmp_path / "ckpt")
+
+
+def test_opefo_eval_rejects_bad_input_before_starting_vllm(tiny, tmp_path, capsys):
+    import json
+
+    from opefo_nemo.cli import eval as eval_cli
+
+    bench = tmp_path / "arith.jsonl"
+    bench.write_text(json.dumps({"problem": "3+4=", "answer": "7"}) + "\n")
+    positions = json.loads((tiny / "config.json").read_text())["max_position_embeddings"]
+    common = ["--file", f"arith={bench}", "--verifier", "integer", "--out", str(tmp_path / "o")]
+    cases = {
+        "does not exist": [str(tmp_path / "no_ckpt"), *common],
+        f"max_position_embeddings {positions}": [
+            str(tiny),
+            *common,
+            "--max-model-len",
+            str(positions + 1),
+        ],
+        "plus --max-new-tokens": [
+            str(tiny),
+            *common,
+            "--max-model-len",
+            str(positions),
+            "--max-new-tokens",
+            str(positions),
+        ],
+        "data file not found": [str(tiny), "--file", f"arith={tmp_path / 'none.jsonl'}"],
+    }
+    for expected, argv in cases.items():
+        assert eval_cli.main(argv) == 2, expected
+        err = capsys.readouterr().err
+        assert err.startswith("opefo-eval: error:") and expected in err, err
+    with pytest.raises(SystemExit):
+        eval_cli.parse_args([str(tiny), "--verifier", "exact"])
+    assert "invalid choice: 'exact'" in capsys.readouterr().err
+
+
+def test_opefo_train_prints_a_bad_override_as_one_line(capsys):
+    from opefo_nemo.cli import train as train_cli
+
+    assert train_cli.main(["trainer.max_stepz=5"]) == 2
+    err = capsys.readouterr().err
+    assert "unknown key trainer.max_stepz" in err and "Traceback" not in err
+    assert train_cli.main(["method=opefoo"]) == 2
+    err = capsys.readouterr().err
+    assert "method/opefoo" in err and "grpo_strict, kl_cov" in err
+    assert "_defaults" not in err and "Config search path" not in err
+    assert train_cli.main(["method.lr=-1"]) == 2
+    assert "method.lr must be > 0" in capsys.readouterr().err
