@@ -26,11 +26,6 @@ class ParallelLayout:
         """Ranks the layout needs."""
         return self.tensor * self.pipeline * self.data
 
-    @property
-    def model_parallel(self) -> int:
-        """Ranks one model replica spans: ``tensor · pipeline``."""
-        return self.tensor * self.pipeline
-
     @classmethod
     def for_world(
         cls, world_size: int, tensor: int, pipeline: int, sequence_parallel: bool = False

@@ -56,11 +56,6 @@ class TokenChunk:
             raise ValueError(f"token_ids must be integers, got dtype {self.token_ids.dtype}")
         object.__setattr__(self, "mask", as_bool_mask(self.mask))
 
-    @property
-    def reference_logprob(self) -> Tensor:
-        """``logprob_old`` of SPEC §5: the rollout policy's, or the current one (strict)."""
-        return self.logprob if self.old_logprob is None else self.old_logprob
-
 
 @dataclass(frozen=True)
 class Coefficients:
