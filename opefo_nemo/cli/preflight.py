@@ -48,43 +48,27 @@ def _default_gpu_memory_gib() -> float:
 def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, list[Problem]]:
     """The composed config as a plain dict, or ``None`` and the problem that stopped it.
 
-    A missing group option (``engine=aligner`` before that engine exists, a misspelt preset)
-    becomes one problem naming the group and the option.
+    A Hydra error becomes one problem on one line: a misspelt key is named, a missing group
+    option (a misspelt preset) is listed with the options that exist.
     """
     from hydra import compose, initialize_config_dir
-    from hydra.errors import HydraException, MissingConfigException
+    from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
+    from ..config.compose import hydra_error_message
     from ..config.method import conf_dir
 
     try:
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
             config = compose("config", overrides=list(overrides))
         data = OmegaConf.to_container(config, resolve=True, throw_on_missing=True)
-    except MissingConfigException as error:
-        return None, [_missing_option_problem(str(error))]
-    except (HydraException, ValueError, FileNotFoundError) as error:
+    except HydraException as error:
+        message = hydra_error_message(error)
+        topic = "engine" if "'engine/" in message else "config"
+        return None, [Problem(topic, f"cannot compose the config: {message}")]
+    except (ValueError, FileNotFoundError) as error:
         return None, [Problem("config", f"cannot compose the config: {error}")]
     return data, []
-
-
-def _missing_option_problem(text: str) -> Problem:
-    """Hydra's missing-option error in one line: what is missing and what is available."""
-    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
-    message = lines[0].split(": ", 1)[-1] if lines[0].startswith("In '") else lines[0]
-    available: list[str] = []
-    for index, line in enumerate(lines[1:], start=1):
-        if line.startswith("Available options in"):
-            group = line.split("'")[1] if "'" in line else "the group"
-            options = []
-            for option in lines[index + 1 :]:
-                if option.startswith("Config search path"):
-                    break
-                options.append(option)
-            available.append(f"available in {group}: {', '.join(options)}")
-    topic = "engine" if "'engine/" in message else "config"
-    suffix = f" ({'; '.join(available)})" if available else ""
-    return Problem(topic, f"cannot compose the config: {message}{suffix}")
 
 
 def validation_problems(config: dict[str, Any]) -> list[Problem]:

@@ -28,7 +28,9 @@ def compose(overrides: Sequence[str] = ()) -> tuple[TrainConfig, dict[str, Any]]
         with initialize_config_dir(config_dir=str(conf_dir()), version_base="1.3"):
             composed = hydra_compose(config_name="config", overrides=list(overrides))
     except HydraException as error:
-        raise ValueError(f"configuration overrides {list(overrides)}: {_brief(error)}") from None
+        raise ValueError(
+            f"configuration overrides {list(overrides)}: {hydra_error_message(error)}"
+        ) from None
     try:
         data = OmegaConf.to_container(composed, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as error:
@@ -39,7 +41,7 @@ def compose(overrides: Sequence[str] = ()) -> tuple[TrainConfig, dict[str, Any]]
     return TrainConfig.from_mapping(data), data
 
 
-def _brief(error: Exception) -> str:
+def hydra_error_message(error: Exception) -> str:
     """Hydra's error on one line: an unknown key named as such; otherwise without the config search
     path, and with a group's available options after the message, less ``_defaults`` (the base
     the method files extend, not a method)."""
@@ -48,6 +50,8 @@ def _brief(error: Exception) -> str:
     if unknown:  # Hydra's hint, "use +key=value", would only move the error to validation
         return f"unknown key {unknown.group(1)} (no such key in conf/)"
     lines = [line.strip() for line in text.splitlines() if line.strip()]
+    if lines and lines[0].startswith("In '"):  # "In 'config': Could not find ..."
+        lines[0] = lines[0].split(": ", 1)[-1]
     listed = [i for i, line in enumerate(lines) if line.startswith("Available options")]
     if not listed:
         return " ".join(lines)

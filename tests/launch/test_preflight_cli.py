@@ -101,6 +101,17 @@ def test_config_validation_errors_are_problems(capsys):
     assert "[config] trainer.responses_per_prompt must be >= 2" in out
 
 
+def test_composition_errors_are_one_line_problems(capsys):
+    status, out = _run(capsys, "+preset=opefo_9b")
+    assert status == 1
+    expected = "Could not find 'preset/opefo_9b' (available: opefo_4b, opefo_7b, tiny_cpu)"
+    assert f"[config] cannot compose the config: {expected}" in out
+    status, out = _run(capsys, "trainer.max_stepz=3")
+    assert status == 1
+    assert "[config] cannot compose the config: unknown key trainer.max_stepz" in out
+    assert "Config search path" not in out and "To append" not in out
+
+
 def test_console_script_is_installed():
     script = Path(sys.executable).parent / "opefo-preflight"
     result = subprocess.run([str(script), "--help"], capture_output=True, text=True)
