@@ -77,18 +77,29 @@ def policy_loss(
     per_token = objective.token_loss(inputs, config)
     per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
     loss = per_token.sum() / n_tokens
-    return LossOutput(loss, _loss_sums(inputs, valid, per_token, coefficients.delta_h, config))
+    sums = _loss_sums(inputs, valid, per_token, coefficients.delta_h, config, objective.ratio_clip)
+    return LossOutput(loss, sums)
 
 
 @torch.no_grad()
 def _loss_sums(
-    inputs: LossInputs, valid: Tensor, per_token: Tensor, delta_h: Tensor, config: MethodConfig
+    inputs: LossInputs,
+    valid: Tensor,
+    per_token: Tensor,
+    delta_h: Tensor,
+    config: MethodConfig,
+    ratio_clip: bool,
 ) -> dict[str, Tensor]:
-    """Clip counts and the ΔH of clipped tokens (SPEC §6, the paper's Fig. 2c), loss numerator."""
+    """Clip counts and the ΔH of clipped tokens (SPEC §6, the paper's Fig. 2c), loss numerator.
+
+    ``ratio_clip``: the method's loss clips the ratio; if not (KL-Cov's ``−A ρ``), no token is
+    clipped, whatever ρ is.
+    """
+    clipping = valid if ratio_clip else torch.zeros_like(valid)
     ratio = inputs.ratio.detach()
     adv = inputs.advantages
-    upper = valid & (adv > 0) & (ratio > 1 + config.clip_eps_high)
-    lower = valid & (adv < 0) & (ratio < 1 - config.clip_eps_low)
+    upper = clipping & (adv > 0) & (ratio > 1 + config.clip_eps_high)
+    lower = clipping & (adv < 0) & (ratio < 1 - config.clip_eps_low)
     dh = delta_h.double()
     return {
         "loss": per_token.detach().double().sum(),

@@ -22,15 +22,15 @@ def clipped_surrogate(inputs: LossInputs, eps_low: float, eps_high: float) -> Te
     return torch.maximum(-adv * ratio, -adv * clipped)
 
 
-@register_objective("clip_higher", strict=False)
-@register_objective("grpo", strict=False)
+@register_objective("clip_higher", strict=False, ratio_clip=True)
+@register_objective("grpo", strict=False, ratio_clip=True)
 def grpo(inputs: LossInputs, config: MethodConfig) -> Tensor:
     """GRPO with ratio clipping (paper: ε 0.2/0.2, 8 updates per rollout); ``clip_higher`` is the
     same loss with a relaxed upper bound (paper: ε_low 0.2, ε_high 0.28)."""
     return clipped_surrogate(inputs, config.clip_eps_low, config.clip_eps_high)
 
 
-@register_objective("entropy_reg", strict=False, entropy_grad=True)
+@register_objective("entropy_reg", strict=False, entropy_grad=True, ratio_clip=True)
 def entropy_reg(inputs: LossInputs, config: MethodConfig) -> Tensor:
     """GRPO minus ``β H_t`` with the entropy differentiated (paper: β = 0.01)."""
     if inputs.entropy is None:
@@ -39,7 +39,7 @@ def entropy_reg(inputs: LossInputs, config: MethodConfig) -> Tensor:
     return surrogate - config.entropy_coef * inputs.entropy
 
 
-@register_objective("clip_cov", strict=False, selection="clip_cov")
+@register_objective("clip_cov", strict=False, selection="clip_cov", ratio_clip=True)
 def clip_cov(inputs: LossInputs, config: MethodConfig) -> Tensor:
     """GRPO with the gradient removed on the globally selected high-covariance tokens."""
     surrogate = clipped_surrogate(inputs, config.clip_eps_low, config.clip_eps_high)

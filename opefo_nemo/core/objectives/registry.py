@@ -34,6 +34,8 @@ class Objective:
     variant of SPEC §3 it applies. ``selection``: the batch-level token selection it needs
     (``clip_cov`` or ``kl_cov``), chosen globally in ``prepare``. ``entropy_grad``: its loss
     differentiates the entropy, so the update pass must produce entropy with gradient.
+    ``ratio_clip``: its loss clips the ratio ρ (the clipped surrogate), so the ``clip/*`` metrics
+    of SPEC §6 count its clipped tokens; without it nothing is clipped and they are 0.
     """
 
     name: str
@@ -42,6 +44,7 @@ class Objective:
     balance: str = "none"
     selection: str | None = None
     entropy_grad: bool = False
+    ratio_clip: bool = False
 
 
 _REGISTRY: dict[str, Objective] = {}
@@ -54,6 +57,7 @@ def register_objective(
     balance: str = "none",
     selection: str | None = None,
     entropy_grad: bool = False,
+    ratio_clip: bool = False,
 ) -> Callable[[TokenLoss], TokenLoss]:
     """Decorator registering ``fn(inputs, config) -> per-token loss ℓ_t`` under ``name``."""
     if balance not in BALANCES:
@@ -64,7 +68,7 @@ def register_objective(
     def decorate(fn: TokenLoss) -> TokenLoss:
         if name in _REGISTRY:
             raise ValueError(f"objective {name!r} is registered twice")
-        _REGISTRY[name] = Objective(name, fn, strict, balance, selection, entropy_grad)
+        _REGISTRY[name] = Objective(name, fn, strict, balance, selection, entropy_grad, ratio_clip)
         return fn
 
     return decorate

@@ -1,0 +1,70 @@
+"""SPEC §6 ``clip/*``: counts and ΔH sums of the tokens the ratio clip actually clipped.
+
+A token is clipped when its loss takes the clipped branch of ``max(−A ρ, −A clip(ρ))`` strictly,
+so its gradient is cut. Methods whose loss has no ratio clip (KL-Cov: ``−A ρ`` + penalty; the
+strict methods, where ρ ≡ 1) clip nothing, whatever ρ is.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+
+from opefo_nemo.core import SingleProcessReducer
+from opefo_nemo.core.metrics import loss_metrics
+from opefo_nemo.core.objectives import policy_loss, prepare
+
+from . import reference as ref
+from .test_objectives import METHOD_SETTINGS, batch, method
+
+CLIPPING_METHODS = ("grpo", "clip_higher", "entropy_reg", "clip_cov")
+
+
+def reference_clip_metrics(name: str, cfg, chunk) -> dict[str, float]:
+    """Loop over tokens: which branch of the clipped surrogate each valid token takes."""
+    counts = {"upper": 0, "lower": 0}
+    dh = {"upper": 0.0, "lower": 0.0}
+    n = 0
+    for i in range(len(chunk.mask)):
+        if not chunk.mask[i]:
+            continue
+        n += 1
+        lp, a = float(chunk.logprob[i]), float(chunk.advantages[i])
+        old = lp if chunk.old_logprob is None else float(chunk.old_logprob[i])
+        rho = math.exp(lp - old)
+        clipped = min(max(rho, 1 - cfg.clip_eps_low), 1 + cfg.clip_eps_high)
+        if name not in CLIPPING_METHODS or not -a * clipped > -a * rho:
+            continue
+        side = "upper" if rho > 1 else "lower"
+        counts[side] += 1
+        dh[side] += ref.delta_h_paper(lp, float(chunk.entropy[i]), a)
+    return {
+        "clip/frac_upper": counts["upper"] / n,
+        "clip/frac_lower": counts["lower"] / n,
+        "clip/dh_upper": dh["upper"],
+        "clip/dh_lower": dh["lower"],
+    }
+
+
+@pytest.mark.parametrize("name", sorted(METHOD_SETTINGS))
+def test_clip_metrics_count_only_tokens_the_loss_clipped(name):
+    cfg = method(name)
+    chunk = batch(n=400, seed=11, multi_update=not cfg.strict_on_policy)
+    prepared = prepare(cfg, [chunk], SingleProcessReducer(), seed=1)
+    out = policy_loss(
+        cfg,
+        chunk.logprob,
+        chunk.advantages,
+        chunk.mask,
+        prepared.coefficients[0],
+        prepared.n_tokens,
+        old_logprob=chunk.old_logprob,
+        entropy=chunk.entropy,
+    )
+    got = loss_metrics(out.sums, prepared.n_tokens)
+    expected = reference_clip_metrics(name, cfg, chunk)
+    if name in ("grpo", "clip_higher"):
+        assert expected["clip/frac_upper"] > 0 and expected["clip/frac_lower"] > 0
+    for key, value in expected.items():
+        assert got[key] == pytest.approx(value, rel=1e-5, abs=1e-9), key
