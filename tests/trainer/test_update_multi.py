@@ -1,0 +1,82 @@
+"""Approximate on-policy (k updates per rollout) on the hf engine, against a by-hand reference.
+
+SPEC §5: mini-batch ``j`` is its own optimizer step with the clipped surrogate over its own
+tokens, ``ρ = exp(logprob − logprob_old)`` where ``logprob_old`` is the *rollout* policy's (the
+weights before the first update), not the weights of the previous mini-batch step.
+"""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+
+from opefo_nemo.config import load_method
+from opefo_nemo.engines.hf import HFPolicy
+from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.trainer.update import update_rollout_batch
+
+from .test_update import ENGINE, TEMPERATURE, model_dir, random_rollout  # noqa: F401
+
+ROWS, UPDATES, EPS = 6, 2, 0.05
+
+
+def response_logprobs(model, prompts, responses) -> list[torch.Tensor]:
+    """``log softmax(z / T)`` of each response token, one unpadded forward per row."""
+    out = []
+    for p, r in zip(prompts, responses, strict=True):
+        logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
+        logp = torch.log_softmax(logits.double() / TEMPERATURE, dim=-1)
+        out.append(logp.gather(1, torch.tensor(r)[:, None])[:, 0])
+    return out
+
+
+def reference_gradient(model, prompts, responses, adv, old) -> tuple[dict, float]:
+    """``∇ Σ max(−A ρ, −A clip(ρ, 1 ± ε)) / N`` over the given rows; also ``max |ρ − 1|``."""
+    model = copy.deepcopy(model)
+    new = torch.cat(response_logprobs(model, prompts, responses))
+    a = torch.cat([torch.full((len(r),), float(x)) for r, x in zip(responses, adv, strict=True)])
+    rho = torch.exp(new - torch.cat(old))
+    terms = torch.maximum(-a * rho, -a * rho.clamp(1 - EPS, 1 + EPS))
+    (terms.sum() / new.numel()).backward()
+    grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
+    return grads, float((rho.detach() - 1).abs().max())
+
+
+def test_every_mini_batch_step_uses_the_rollout_policy_as_old(model_dir):  # noqa: F811
+    overrides = [f"updates_per_rollout={UPDATES}", f"clip_eps_low={EPS}", f"clip_eps_high={EPS}"]
+    method = load_method("grpo", overrides)
+    policy = HFPolicy(model_dir, ENGINE, lr=1e-2, temperature=TEMPERATURE)
+    prompts, responses, adv = random_rollout(ROWS, seed=3)
+    with torch.no_grad():
+        old = response_logprobs(policy.model, prompts, responses)
+
+    size = ROWS // UPDATES
+    references, taken = [], []
+    train_step, step = policy.train_step, policy.optimizer.step
+
+    def reference_then_train(micro_batches, loss_fn):
+        rows = slice(len(references) * size, (len(references) + 1) * size)
+        references.append(
+            reference_gradient(policy.model, prompts[rows], responses[rows], adv[rows], old[rows])
+        )
+        return train_step(micro_batches, loss_fn)
+
+    def capture_then_step(*args, **kwargs):
+        taken.append({n: p.grad.clone() for n, p in policy.model.named_parameters()})
+        return step(*args, **kwargs)
+
+    policy.train_step = reference_then_train
+    policy.optimizer.step = capture_then_step
+    batch = build_batch(prompts, responses, adv, pad_id=0)
+    outcome = update_rollout_batch(policy, method, batch, micro_batch_size=2, seed=0)
+
+    assert outcome.skipped_steps == 0 and len(taken) == len(references) == UPDATES
+    assert references[0][1] < 1e-6  # the first step sees the rollout weights: ρ ≡ 1
+    assert references[1][1] > 0.05  # the second one does not, so a wrong old would show
+    for (want, _), got in zip(references, taken, strict=True):
+        assert set(want) == set(got)
+        for name, grad in got.items():
+            torch.testing.assert_close(
+                grad.double(), want[name].double(), atol=2e-6, rtol=1e-4, msg=name
+            )
