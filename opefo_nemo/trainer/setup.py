@@ -143,6 +143,7 @@ def start_rollout(
             seed=config.run.seed,
             max_model_len=max_len,
             gpu_memory_utilization=r.gpu_memory_utilization,
+            dtype=config.engine.dtype,  # sample from the policy the engine trains (SPEC §1)
         )
 
     return GuardedRollout(start, weights, r.max_restarts)
