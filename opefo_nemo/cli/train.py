@@ -14,6 +14,8 @@ from pathlib import Path
 
 from ..config import conf_dir
 from ..config.compose import compose
+from ..data import DatasetError
+from ..engines.aligner import AlignerUnavailableError
 from ..trainer.metrics_log import read_metrics
 from ..trainer.report import write_comparison
 from ..trainer.rollout_guard import GuardedRollout
@@ -27,6 +29,8 @@ EMBEDDED_DEFAULT = (
     "method.lr=1.5e-4",
     "engine.warmup_steps=3",
 )
+#: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.
+START_UP_ERRORS = (FileNotFoundError, DatasetError, AlignerUnavailableError)
 log = logging.getLogger("opefo_nemo")
 
 
@@ -84,10 +88,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except ValueError as error:  # a bad override or config: the message names it, no traceback
         print(f"opefo-train: error: {error}", file=sys.stderr)
         return 2
-    if config.run.compare:
-        compare(overrides)
-        return 0
-    status, _ = train_one(overrides)
+    try:
+        if config.run.compare:
+            compare(overrides)
+            return 0
+        status, _ = train_one(overrides)
+    except START_UP_ERRORS as error:  # a missing path, empty data, an unavailable engine
+        print(f"opefo-train: error: {error}", file=sys.stderr)
+        return 2
     return 0 if status in ("done", "preempted") else 1
 
 

@@ -163,3 +163,13 @@ def test_opefo_train_prints_a_bad_override_as_one_line(capsys):
     assert "_defaults" not in err and "Config search path" not in err
     assert train_cli.main(["method.lr=-1"]) == 2
     assert "method.lr must be > 0" in capsys.readouterr().err
+
+
+def test_opefo_train_prints_a_start_up_problem_as_one_line(capsys, tmp_path):
+    from opefo_nemo.cli import train as train_cli
+
+    missing = tmp_path / "no_model"
+    assert train_cli.main(["model=local", f"model.path={missing}"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("opefo-train: error: ") and "no_model" in err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1
