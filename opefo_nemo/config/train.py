@@ -58,11 +58,9 @@ class DataConfig:
 
 
 @dataclass(frozen=True)
-class EngineConfig:
-    name: str = "hf"
-    device: str = "cpu"
-    dtype: str = "float32"
-    micro_batch_size: int = 16
+class OptimizerConfig:
+    """The schedule, AdamW and token-stats keys every engine shares (validated together)."""
+
     warmup_steps: int = 10
     grad_clip: float = 1.0
     weight_decay: float = 0.0
@@ -73,7 +71,15 @@ class EngineConfig:
 
 
 @dataclass(frozen=True)
-class AlignerEngineConfig:
+class EngineConfig(OptimizerConfig):
+    name: str = "hf"
+    device: str = "cpu"
+    dtype: str = "float32"
+    micro_batch_size: int = 16
+
+
+@dataclass(frozen=True)
+class AlignerEngineConfig(OptimizerConfig):
     """``engine=aligner`` (``conf/engine/aligner.yaml``, every key documented there): the
     NeMo-Aligner actor's Megatron layout, precision and optimizer, and the colocated rollout."""
 
@@ -87,13 +93,6 @@ class AlignerEngineConfig:
     recompute_activations: bool = False
     use_distributed_optimizer: bool = True
     make_vocab_size_divisible_by: int = 128
-    warmup_steps: int = 10
-    grad_clip: float = 1.0
-    weight_decay: float = 0.0
-    adam_beta1: float = 0.9
-    adam_beta2: float = 0.999
-    adam_eps: float = 1e-8
-    stats_chunk_tokens: int | None = None
     rollout_tp_size: int = 1
 
     def validate(self) -> None:
