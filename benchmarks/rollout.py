@@ -24,16 +24,20 @@ from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    parser.add_argument("--hidden", type=int, default=1024)
-    parser.add_argument("--layers", type=int, default=8)
-    parser.add_argument("--num-servers", type=int, default=1)
-    parser.add_argument("--prompts", type=int, default=32)
-    parser.add_argument("--n", type=int, default=4)
-    parser.add_argument("--max-new-tokens", type=int, default=128)
-    parser.add_argument("--updates", type=int, default=3)
-    parser.add_argument("--dtype", default="float32")
+    parser.add_argument("--hidden", type=int, default=1024, help="hidden size of the model")
+    parser.add_argument("--layers", type=int, default=8, help="decoder layers of the model")
+    parser.add_argument("--num-servers", type=int, default=1, help="vLLM server processes")
+    parser.add_argument("--prompts", type=int, default=32, help="prompts per generate call")
+    parser.add_argument("--n", type=int, default=4, help="samples per prompt")
+    parser.add_argument("--max-new-tokens", type=int, default=128, help="tokens per sample")
+    parser.add_argument("--updates", type=int, default=3, help="timed weight updates (best kept)")
+    parser.add_argument("--dtype", default="float32", help="model and vLLM dtype")
     parser.add_argument("--python", default=None, help="interpreter of vLLM's environment")
-    parser.add_argument("--model-root", default=str(Path(tempfile.gettempdir()) / "opefo-bench"))
+    parser.add_argument(
+        "--model-root",
+        default=str(Path(tempfile.gettempdir()) / "opefo-bench"),
+        help="where the benchmark model is built (cached)",
+    )
     return parser.parse_args()
 
 

@@ -122,17 +122,21 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tokens", type=int, default=1024)
-    parser.add_argument("--vocab", type=int, default=152064)
+    parser.add_argument("--tokens", type=int, default=1024, help="rows (tokens) of the logits")
+    parser.add_argument("--vocab", type=int, default=152064, help="full vocabulary size")
     parser.add_argument("--tp", type=int, default=4, help="the shard is [tokens, vocab / tp]")
     parser.add_argument(
         "--full", action="store_true", help="8192 tokens, TP 1: the realistic shape"
     )
     parser.add_argument("--dtype", default="bfloat16", choices=["bfloat16", "float16", "float32"])
-    parser.add_argument("--temperature", type=float, default=1.0)
-    parser.add_argument("--chunk-size", type=int, default=None)
-    parser.add_argument("--repeat", type=int, default=3)
-    parser.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
+    parser.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (ours)")
+    parser.add_argument(
+        "--repeat", type=int, default=3, help="timed runs per method (median reported)"
+    )
+    parser.add_argument(
+        "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda"
+    )
     parser.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
