@@ -63,9 +63,17 @@ def layout(family: str, tp: int = 1, pp: int = 1, **settings) -> MegatronLayout:
     )
 
 
-def megatron_gpt(layout: MegatronLayout, stage: int):
+def megatron_gpt(
+    layout: MegatronLayout,
+    stage: int = 0,
+    *,
+    position_embedding_type: str = "rope",
+    max_sequence_length: int = 64,
+):
     """A real megatron-core ``GPTModel`` of ``layout``'s shape for pipeline ``stage``, built on CPU
-    with the local (Transformer-Engine-free) layer spec. ``parallel_state`` must be initialised."""
+    with the local (Transformer-Engine-free) layer spec, fp32, no dropout. ``parallel_state`` must
+    be initialised. Rotary embeddings need CUDA at forward time: models that run a forward on CPU
+    take ``position_embedding_type="learned_absolute"``."""
     import torch.nn.functional as F
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -89,6 +97,8 @@ def megatron_gpt(layout: MegatronLayout, stage: int):
         pipeline_model_parallel_size=layout.pipeline_parallel,
         num_layers_in_first_pipeline_stage=layout.first_stage_layers,
         num_layers_in_last_pipeline_stage=layout.last_stage_layers,
+        hidden_dropout=0.0,
+        attention_dropout=0.0,
         pipeline_dtype=torch.float32,
         use_cpu_initialization=True,
     )
@@ -96,9 +106,9 @@ def megatron_gpt(layout: MegatronLayout, stage: int):
         config,
         get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm),
         vocab_size=layout.padded_vocab_size,
-        max_sequence_length=64,
+        max_sequence_length=max_sequence_length,
         pre_process=stage == 0,
         post_process=stage == layout.pipeline_parallel - 1,
         share_embeddings_and_output_weights=shape.tie_word_embeddings,
-        position_embedding_type="rope",
+        position_embedding_type=position_embedding_type,
     )

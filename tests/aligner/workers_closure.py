@@ -8,7 +8,6 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import TokenChunk, prepare
@@ -25,7 +24,7 @@ from opefo_nemo.engines.aligner.loss_closure import (
 from opefo_nemo.parallel import DataParallelReducer
 
 from .cpu_megatron import megatron_on_cpu
-from .tiny import hf_config
+from .tiny import hf_config, megatron_gpt
 
 VOCAB = 100
 #: 100 padded to a multiple of 56 × TP is 112 at TP 1 and TP 2: the same weights in every layout.
@@ -37,39 +36,6 @@ def _layout(tp: int) -> MegatronLayout:
     config = {**hf_config("llama"), "num_hidden_layers": 2}
     return MegatronLayout.from_hf_config(
         config, tensor_parallel=tp, make_vocab_size_divisible_by=DIVISIBLE_BY
-    )
-
-
-def _gpt(lay: MegatronLayout):
-    """megatron-core GPTModel, local spec, learned absolute positions, no dropout, fp32."""
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-    from megatron.core.models.gpt.gpt_model import GPTModel
-    from megatron.core.transformer.transformer_config import TransformerConfig
-
-    shape = lay.shape
-    config = TransformerConfig(
-        num_layers=shape.num_layers,
-        hidden_size=shape.hidden_size,
-        num_attention_heads=shape.num_attention_heads,
-        num_query_groups=shape.num_key_value_heads,
-        kv_channels=shape.head_dim,
-        ffn_hidden_size=shape.intermediate_size,
-        add_bias_linear=False,
-        gated_linear_unit=True,
-        activation_func=F.silu,
-        normalization="RMSNorm",
-        tensor_model_parallel_size=lay.tensor_parallel,
-        hidden_dropout=0.0,
-        attention_dropout=0.0,
-        pipeline_dtype=torch.float32,
-        use_cpu_initialization=True,
-    )
-    return GPTModel(
-        config,
-        get_gpt_layer_local_spec(normalization="RMSNorm"),
-        vocab_size=lay.padded_vocab_size,
-        max_sequence_length=16,
-        position_embedding_type="learned_absolute",
     )
 
 
@@ -178,7 +144,7 @@ def _step(tp, micro_batch_size, method_name, sequence_first, batch, state, out: 
     dp, dp_rank = dist.get_world_size(dp_group), dist.get_rank(dp_group)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     lay = _layout(tp)
-    model = _gpt(lay)
+    model = megatron_gpt(lay, position_embedding_type="learned_absolute", max_sequence_length=16)
     reference = state is None
     if reference:
         state = _draw_state(model)
