@@ -184,10 +184,14 @@ opefo_srun_command() {
 }
 
 opefo_preflight() {
-    opefo_log "preflight for $SLURM_NTASKS tasks"
+    # The job's task counts, read here: inside the one-task step Slurm describes that step.
+    local per_node="${SLURM_NTASKS_PER_NODE:-0}"
+    per_node="${per_node%%(*}"
+    opefo_log "preflight for $SLURM_NTASKS tasks ($per_node per node)"
     local status=0
     "${OPEFO_SRUN[@]}" --nodes=1 --ntasks=1 --output="$OPEFO_ATTEMPT_DIR/preflight.log" \
-        opefo-preflight --world-size "$SLURM_NTASKS" "${OPEFO_OVERRIDES[@]}" || status=$?
+        opefo-preflight --world-size "$SLURM_NTASKS" --gpus-per-node "$per_node" \
+        "${OPEFO_OVERRIDES[@]}" || status=$?
     cat "$OPEFO_ATTEMPT_DIR/preflight.log"
     [[ $status -eq 0 ]] || opefo_die "preflight found problems (above; also in" \
         "$OPEFO_ATTEMPT_DIR/preflight.log); nothing was launched"

@@ -1,13 +1,15 @@
 """``opefo-preflight``: check a training config against the allocation before any GPU work.
 
-    opefo-preflight [--world-size N] [--gpu-memory-gib G] [OVERRIDES...]
+    opefo-preflight [--world-size N] [--gpus-per-node K] [--gpu-memory-gib G] [OVERRIDES...]
 
 OVERRIDES are the ones ``opefo-train`` takes (``+preset=opefo_7b method=opefo ...``); the config
 is composed from the same ``conf/`` directory. Prints the layout, the per-GPU memory table and
 every problem found (engine, config validation, layout, batch, vocabulary, paths, memory), then
 exits 1 if there was any, 0 otherwise. Imports neither NeMo nor megatron nor vLLM.
 
-``--world-size`` defaults to ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1. ``--gpu-memory-gib``
+``--world-size`` defaults to ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1. ``--gpus-per-node``
+(ranks per node; it decides where colocated vLLM servers go) defaults to ``$LOCAL_WORLD_SIZE``,
+else ``$SLURM_NTASKS_PER_NODE``, else every rank on one node. ``--gpu-memory-gib``
 defaults to the visible CUDA device's memory, else ``$OPEFO_GPU_MEMORY_GIB``, else 0 (a CPU run:
 no capacity check).
 """
@@ -21,7 +23,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from ..launch import GIB, Problem, all_problems, plan_memory
-from ..launch.checks import layout_of
+from ..launch.checks import colocated_placement, layout_of
 from ..launch.from_config import plan_from_config
 from ..launch.table import memory_table
 
@@ -32,6 +34,14 @@ def _default_world_size() -> int:
         if value:
             return int(value)
     return 1
+
+
+def _default_gpus_per_node() -> int:
+    for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
+        value = os.environ.get(name)
+        if value:
+            return int(value)
+    return 0
 
 
 def _default_gpu_memory_gib() -> float:
@@ -82,17 +92,21 @@ def validation_problems(config: dict[str, Any]) -> list[Problem]:
     return []
 
 
-def preflight(overrides: Sequence[str], world_size: int, gpu_memory_bytes: int) -> list[str]:
+def preflight(
+    overrides: Sequence[str], world_size: int, gpu_memory_bytes: int, gpus_per_node: int = 0
+) -> list[str]:
     """The report's lines; the last one is the verdict. Problems are lines starting with ``[``."""
     lines = [
-        f"preflight: world size {world_size}, GPU memory "
+        f"preflight: world size {world_size}"
+        + (f" ({gpus_per_node} per node)" if gpus_per_node else "")
+        + ", GPU memory "
         + (f"{gpu_memory_bytes / GIB:.1f} GiB" if gpu_memory_bytes else "none (CPU)"),
         f"overrides: {' '.join(overrides) or '(none)'}",
     ]
     config, problems = compose_config(overrides)
     if config is not None:
         try:
-            plan = plan_from_config(config, world_size, gpu_memory_bytes)
+            plan = plan_from_config(config, world_size, gpu_memory_bytes, gpus_per_node)
         except ValueError as error:
             problems.append(Problem("config", str(error)))
         else:
@@ -103,6 +117,12 @@ def preflight(overrides: Sequence[str], world_size: int, gpu_memory_bytes: int) 
                 f"{plan.responses_per_prompt} responses, micro-batch {plan.micro_batch_size}, "
                 f"sequence {plan.memory.sequence_length} tokens"
             )
+            placement = colocated_placement(plan)
+            if placement is not None:
+                lines.append(
+                    f"rollout: {placement.num_servers} colocated vLLM server(s), tensor parallel "
+                    f"{placement.rollout_tp_size} each, on the training GPUs"
+                )
             layout, estimate = layout_of(plan), plan_memory(plan)
             if layout is not None and estimate is not None:
                 lines.append(memory_table(estimate, layout, gpu_memory_bytes))
@@ -120,13 +140,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     parser.add_argument("--world-size", type=int, default=None, help="ranks of the allocation")
     parser.add_argument(
+        "--gpus-per-node", type=int, default=None, help="ranks per node (0: all on one node)"
+    )
+    parser.add_argument(
         "--gpu-memory-gib", type=float, default=None, help="memory of one GPU (0: CPU run)"
     )
     parser.add_argument("overrides", nargs="*", help="Hydra overrides, as for opefo-train")
     args = parser.parse_args(argv)
     world_size = args.world_size if args.world_size is not None else _default_world_size()
     gib = args.gpu_memory_gib if args.gpu_memory_gib is not None else _default_gpu_memory_gib()
-    lines = preflight(args.overrides, world_size, int(gib * GIB))
+    per_node = args.gpus_per_node if args.gpus_per_node is not None else _default_gpus_per_node()
+    lines = preflight(args.overrides, world_size, int(gib * GIB), per_node)
     print("\n".join(lines), flush=True)
     return 0 if lines[-1] == "preflight: OK" else 1
 

@@ -9,6 +9,7 @@ from pathlib import Path
 
 from .layout import ParallelLayout
 from .memory import GIB, MemoryEstimate, estimate_memory, padded_vocab_size
+from .placement import ColocatedPlacement, PlacementError, vllm_tensor_parallel_problems
 from .plan import LaunchPlan
 
 
@@ -69,7 +70,7 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
     if shape is not None:
         for name, count in (
             ("num_attention_heads", shape.num_attention_heads),
-            ("num_key_value_heads", shape.num_key_value_heads),
+            ("intermediate_size", shape.intermediate_size),
         ):
             if count % tp:
                 problems.append(
@@ -78,6 +79,15 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
                         f"model {name} = {count} is not divisible by tensor parallel {tp}",
                     )
                 )
+        groups = shape.num_key_value_heads
+        if groups % tp and tp % groups:
+            problems.append(
+                Problem(
+                    "layout",
+                    f"model num_key_value_heads = {groups} and tensor parallel {tp}: one must "
+                    "divide the other (Megatron replicates key/value heads when TP exceeds them)",
+                )
+            )
         if shape.num_layers % pp:
             problems.append(
                 Problem(
@@ -184,6 +194,39 @@ def check_paths(plan: LaunchPlan) -> list[Problem]:
     return problems
 
 
+def colocated_placement(plan: LaunchPlan) -> ColocatedPlacement | None:
+    """Where the plan's vLLM servers run on the training GPUs (``rollout/placement.py``);
+    ``None`` for single-process engines and for allocations that cannot host them."""
+    if plan.engine in SINGLE_PROCESS_ENGINES:
+        return None
+    try:
+        return ColocatedPlacement(plan.world_size, plan.ranks_per_node, plan.rollout_tp_size)
+    except PlacementError:
+        return None
+
+
+def check_rollout(plan: LaunchPlan) -> list[Problem]:
+    """The colocated vLLM servers fit the allocation: ``engine.rollout_tp_size`` GPUs of one
+    node per server, and a model vLLM can shard over that many GPUs."""
+    if plan.engine in SINGLE_PROCESS_ENGINES:
+        return []
+    problems = []
+    try:
+        ColocatedPlacement(plan.world_size, plan.ranks_per_node, plan.rollout_tp_size)
+    except PlacementError as error:
+        problems.append(Problem("rollout", str(error)))
+    if plan.shape is not None and plan.rollout_tp_size >= 1:
+        problems += [
+            Problem("rollout", message)
+            for message in vllm_tensor_parallel_problems(
+                plan.rollout_tp_size,
+                plan.shape.num_attention_heads,
+                plan.shape.num_key_value_heads,
+            )
+        ]
+    return problems
+
+
 def plan_memory(plan: LaunchPlan) -> MemoryEstimate | None:
     """The plan's per-GPU estimate, or ``None`` without a model shape or a valid layout."""
     layout = layout_of(plan)
@@ -236,11 +279,13 @@ def plan_problems(plan: LaunchPlan) -> list[Problem]:
         *check_layout(plan),
         *check_batch(plan),
         *check_vocab(plan),
+        *check_rollout(plan),
         *check_paths(plan),
         *check_memory(plan),
     ]
 
 
 def all_problems(plan: LaunchPlan) -> list[Problem]:
-    """Every check's problems, in a fixed order: engine, layout, batch, vocab, paths, memory."""
+    """Every check's problems, in a fixed order: engine, layout, batch, vocab, rollout, paths,
+    memory."""
     return [*check_engine(plan), *plan_problems(plan)]

@@ -6,6 +6,7 @@ Keys read (absent ones take the default shown; the ``hf`` engine has no parallel
     engine.tensor_model_parallel_size [1], engine.pipeline_model_parallel_size [1]
     engine.sequence_parallel [false], engine.use_distributed_optimizer [false]
     engine.recompute_activations [false], engine.make_vocab_size_divisible_by [128; 1 for hf]
+    engine.rollout_tp_size [1]
     rollout.max_new_tokens, rollout.gpu_memory_utilization [0: vLLM not on the training GPUs]
     data.max_prompt_tokens, data.train, data.validation
     trainer.prompts_per_step, trainer.responses_per_prompt, method.updates_per_rollout
@@ -91,9 +92,10 @@ def memory_settings(config: Mapping[str, Any], gpu: bool) -> MemorySettings:
 
 
 def plan_from_config(
-    config: Mapping[str, Any], world_size: int, gpu_memory_bytes: int = 0
+    config: Mapping[str, Any], world_size: int, gpu_memory_bytes: int = 0, gpus_per_node: int = 0
 ) -> LaunchPlan:
-    """The launch plan of a composed config (a plain mapping) on ``world_size`` ranks."""
+    """The launch plan of a composed config (a plain mapping) on ``world_size`` ranks,
+    ``gpus_per_node`` per node (0: all on one node)."""
     engine = _section(config, "engine")
     trainer = _section(config, "trainer")
     model = _section(config, "model")
@@ -132,4 +134,6 @@ def plan_from_config(
         data_paths=data_paths,
         checkpoint_dir=str(Path(_required(_section(config, "run"), "run", "output_dir"))),
         resume_path=str(resume) if resume and str(resume) not in ("auto", "latest") else None,
+        gpus_per_node=gpus_per_node,
+        rollout_tp_size=int(engine.get("rollout_tp_size", 1)),
     )

@@ -12,10 +12,12 @@ from .model_shape import ModelShape
 class LaunchPlan:
     """One training launch as preflight sees it.
 
-    ``world_size`` comes from the allocation (Slurm's task count, or the config's
-    ``cluster.nodes × cluster.gpus_per_node``); ``shape`` is ``None`` when the model's
+    ``world_size`` and ``gpus_per_node`` come from the allocation (Slurm's task counts;
+    ``gpus_per_node`` 0: one node holds every rank); ``shape`` is ``None`` when the model's
     ``config.json`` could not be read (a path problem that preflight reports by itself).
     ``gpu_memory_bytes`` is 0 for CPU runs: then no memory-capacity check applies.
+    ``rollout_tp_size`` is the tensor-parallel size of each colocated vLLM server
+    (``engine.rollout_tp_size``; multi-process engines only).
     """
 
     world_size: int
@@ -34,6 +36,13 @@ class LaunchPlan:
     data_paths: tuple[str, ...] = field(default_factory=tuple)
     checkpoint_dir: str | None = None
     resume_path: str | None = None
+    gpus_per_node: int = 0
+    rollout_tp_size: int = 1
+
+    @property
+    def ranks_per_node(self) -> int:
+        """GPUs (ranks) per node: ``gpus_per_node``, or the whole world on one node."""
+        return self.gpus_per_node or self.world_size
 
     @property
     def responses_per_step(self) -> int:

@@ -70,11 +70,48 @@ def test_heads_and_layers_must_split(plan):
         dataclasses.replace(plan, world_size=24, tensor_parallel=8, pipeline_parallel=3)
     )
     messages = [p.message for p in problems if p.topic == "layout"]
-    assert [p.topic for p in problems] == ["layout"] * 3 + ["vocab"]  # 152064 % (128 × 8)
+    assert [p.topic for p in problems] == ["layout"] * 2 + ["vocab"]  # 152064 % (128 × 8)
     assert any("num_attention_heads = 28" in m for m in messages)  # 28 % 8
-    assert any("num_key_value_heads = 4" in m for m in messages)  # 4 % 8
     assert any("num_layers = 28" in m for m in messages)  # 28 % 3
-    assert len(messages) == 3
+    assert len(messages) == 2  # TP 8 is a multiple of the 4 key/value heads: allowed
+
+
+def test_key_value_heads_and_tensor_parallel_must_nest(plan):
+    """megatron-core 0.16 accepts TP dividing the key/value heads or a multiple of them (its
+    TransformerConfig check), and so does the aligner engine's config; preflight agrees."""
+    from opefo_nemo.engines.aligner import MegatronLayout
+
+    for groups, tp, fits in [(4, 2, True), (4, 4, True), (2, 4, True), (3, 2, False)]:
+        shape = dataclasses.replace(
+            QWEN25_7B, num_key_value_heads=groups, num_attention_heads=12, intermediate_size=96
+        )
+        problems = plan_problems(
+            dataclasses.replace(plan, world_size=4 * tp, tensor_parallel=tp, shape=shape)
+        )
+        layout_messages = [p.message for p in problems if p.topic == "layout"]
+        assert (layout_messages == []) == fits, layout_messages
+        if not fits:
+            assert "num_key_value_heads = 3 and tensor parallel 2" in layout_messages[0]
+        try:
+            MegatronLayout(shape, tensor_parallel=tp)
+        except ValueError:
+            assert not fits
+        else:
+            assert fits
+
+
+def test_colocated_rollout_must_fit_nodes_and_heads(plan):
+    two_nodes = dataclasses.replace(plan, gpus_per_node=8, world_size=16)
+    assert plan_problems(dataclasses.replace(two_nodes, rollout_tp_size=4)) == []
+    problems = plan_problems(dataclasses.replace(two_nodes, rollout_tp_size=3))
+    assert [p.topic for p in problems] == ["rollout"] * 3
+    assert "rollout_tp_size 3 does not divide the 8 GPUs of a node" in problems[0].message
+    assert "num_attention_heads = 28" in problems[1].message  # 28 % 3
+    assert "num_key_value_heads = 4" in problems[2].message  # neither of 3, 4 divides the other
+    problems = plan_problems(dataclasses.replace(two_nodes, rollout_tp_size=16))
+    assert any("does not divide the 8 GPUs" in p.message for p in problems)
+    single = dataclasses.replace(plan, engine="hf", world_size=1, rollout_tp_size=3)
+    assert "rollout" not in _topics(single)  # the hf engine's vLLM is not colocated
 
 
 def test_batch_divisibility(plan):

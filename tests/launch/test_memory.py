@@ -155,6 +155,29 @@ def test_tensor_and_pipeline_split_parameters_like_megatron():
         assert vocab % (divisible_by * tp) == 0 and vocab >= shape.vocab_size
 
 
+@pytest.mark.parametrize("tp, pp", [(1, 1), (2, 1), (4, 1), (4, 2), (2, 2)])
+def test_parameters_per_rank_equal_the_shards_megatron_loads(tp, pp):
+    """Reference: the shards the aligner engine's weight mapping builds for every (stage, TP
+    rank) from a real Hugging Face state dict (the mapping a real megatron-core GPTModel loads
+    strictly, tests/aligner). TP 4 exceeds the 2 key/value heads: Megatron splits each group's
+    weight rows over two ranks, so the weights still divide by TP."""
+    from opefo_nemo.engines.aligner import MegatronLayout, hf_to_megatron
+
+    config = _qwen2()
+    model = transformers.AutoModelForCausalLM.from_config(config)
+    divisible_by = 8
+    layout = MegatronLayout.from_hf_config(
+        config.to_dict(),
+        tensor_parallel=tp,
+        pipeline_parallel=pp,
+        make_vocab_size_divisible_by=divisible_by,
+    )
+    shards = hf_to_megatron(layout, model.state_dict())
+    held = max(sum(t.numel() for t in rank.values()) for rank in shards.values())
+    shape = ModelShape.from_hf_config(config.to_dict())
+    assert parameters_per_rank(shape, ParallelLayout(tp, pp, 1), divisible_by) == held
+
+
 def test_distributed_optimizer_divides_states_by_data_parallel():
     shape = ModelShape.from_hf_config(_qwen2().to_dict())
     settings = MemorySettings(sequence_length=64)

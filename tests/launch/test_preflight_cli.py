@@ -95,6 +95,23 @@ def test_paper_preset_is_accepted_but_for_its_missing_files(capsys):
     assert problems and all(line.startswith("[paths] ") for line in problems), problems
 
 
+def test_colocated_rollout_placement_is_reported_and_checked(capsys, monkeypatch):
+    monkeypatch.setenv("SLURM_NTASKS_PER_NODE", "8")
+    status, out = _run(capsys, "--world-size=32", "+preset=opefo_7b", "engine.rollout_tp_size=2")
+    assert "world size 32 (8 per node)" in out
+    assert "rollout: 16 colocated vLLM server(s), tensor parallel 2 each" in out
+    assert not [line for line in out.splitlines() if line.startswith("[rollout]")]
+    status, out = _run(
+        capsys,
+        "--world-size=32",
+        "--gpus-per-node=6",
+        "+preset=opefo_7b",
+        "engine.rollout_tp_size=4",
+    )
+    assert status == 1
+    assert "[rollout] world size 32 is not a whole number of nodes of 6 GPUs" in out
+
+
 def test_config_validation_errors_are_problems(capsys):
     status, out = _run(capsys, "trainer.responses_per_prompt=1")
     assert status == 1

@@ -1,0 +1,135 @@
+"""Where the colocated vLLM servers run on a training allocation, and which ranks feed them.
+
+With the ``aligner`` engine the rollout servers share the training GPUs (ARCHITECTURE.md, "Where
+things run"): each node's ``gpus_per_node`` GPUs are cut into consecutive groups of
+``rollout_tp_size`` GPUs, and each group hosts one vLLM server whose tensor-parallel size is
+``rollout_tp_size``. Ranks are numbered node-major, as Slurm and ``torchrun`` do: global rank
+``r`` runs on node ``r // gpus_per_node`` with local GPU ``r % gpus_per_node``. So
+
+    servers           = world_size / rollout_tp_size
+    server of rank r  = r // rollout_tp_size
+    its GPUs          = local ranks [k · rollout_tp_size, (k + 1) · rollout_tp_size) of its node
+    its leader        = the group's lowest rank: it starts the server with those GPUs visible,
+                        sends it the weights through CUDA IPC (same node) and asks for its share
+                        of the prompts.
+
+A group never spans two nodes (CUDA IPC needs one node), which is why ``rollout_tp_size`` must
+divide ``gpus_per_node``. The prompts of a step are split over the servers in contiguous,
+nearly equal shares (the first ``P mod S`` servers get one more), so their completions
+concatenated in server order are the prompt-major batch one server would return.
+
+Pure Python: this module imports neither torch nor vLLM.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+
+class PlacementError(ValueError):
+    """The allocation cannot host colocated servers of the requested size."""
+
+
+@dataclass(frozen=True)
+class ServerPlacement:
+    """One colocated vLLM server: its ``index``, the ``node`` it runs on, the node-local GPU
+    indices it uses (``CUDA_VISIBLE_DEVICES``) and the global training ranks on those GPUs
+    (the first one, ``leader``, drives it)."""
+
+    index: int
+    node: int
+    local_gpus: tuple[int, ...]
+    ranks: tuple[int, ...]
+
+    @property
+    def leader(self) -> int:
+        return self.ranks[0]
+
+    @property
+    def cuda_visible_devices(self) -> str:
+        """The ``CUDA_VISIBLE_DEVICES`` value the server process is started with."""
+        return ",".join(str(gpu) for gpu in self.local_gpus)
+
+
+@dataclass(frozen=True)
+class ColocatedPlacement:
+    """The servers of a ``world_size``-rank allocation with ``gpus_per_node`` ranks per node."""
+
+    world_size: int
+    gpus_per_node: int
+    rollout_tp_size: int
+
+    def __post_init__(self) -> None:
+        for name in ("world_size", "gpus_per_node", "rollout_tp_size"):
+            value = getattr(self, name)
+            if not isinstance(value, int) or value < 1:
+                raise PlacementError(f"{name} must be a positive integer, got {value!r}")
+        if self.world_size % self.gpus_per_node:
+            raise PlacementError(
+                f"world size {self.world_size} is not a whole number of nodes of "
+                f"{self.gpus_per_node} GPUs"
+            )
+        if self.gpus_per_node % self.rollout_tp_size:
+            raise PlacementError(
+                f"engine.rollout_tp_size {self.rollout_tp_size} does not divide the "
+                f"{self.gpus_per_node} GPUs of a node: a vLLM server's GPUs must sit on one node"
+            )
+
+    @property
+    def num_servers(self) -> int:
+        return self.world_size // self.rollout_tp_size
+
+    @property
+    def servers(self) -> tuple[ServerPlacement, ...]:
+        """Every server, in index order."""
+        return tuple(self.server(index) for index in range(self.num_servers))
+
+    def server(self, index: int) -> ServerPlacement:
+        """Server ``index`` (0 ≤ index < :attr:`num_servers`)."""
+        if not 0 <= index < self.num_servers:
+            raise IndexError(f"server {index} out of range 0..{self.num_servers - 1}")
+        first = index * self.rollout_tp_size
+        ranks = tuple(range(first, first + self.rollout_tp_size))
+        local = tuple(rank % self.gpus_per_node for rank in ranks)
+        return ServerPlacement(index, first // self.gpus_per_node, local, ranks)
+
+    def server_of_rank(self, rank: int) -> ServerPlacement:
+        """The server colocated with global training rank ``rank``."""
+        if not 0 <= rank < self.world_size:
+            raise IndexError(f"rank {rank} out of range 0..{self.world_size - 1}")
+        return self.server(rank // self.rollout_tp_size)
+
+    def prompt_shares(self, num_prompts: int) -> tuple[range, ...]:
+        """The prompt indices each server generates for, contiguous and in server order."""
+        if num_prompts < 0:
+            raise PlacementError(f"num_prompts must be >= 0, got {num_prompts}")
+        base, extra = divmod(num_prompts, self.num_servers)
+        shares, start = [], 0
+        for index in range(self.num_servers):
+            size = base + (1 if index < extra else 0)
+            shares.append(range(start, start + size))
+            start += size
+        return tuple(shares)
+
+
+def vllm_tensor_parallel_problems(
+    rollout_tp_size: int, num_attention_heads: int, num_key_value_heads: int
+) -> list[str]:
+    """Why vLLM could not shard this model over ``rollout_tp_size`` GPUs (empty: it can).
+
+    vLLM splits the query heads evenly over its TP ranks, and the key/value heads either evenly
+    or, with fewer KV heads than ranks, replicated (the rank count a multiple of the KV heads).
+    """
+    problems = []
+    if num_attention_heads % rollout_tp_size:
+        problems.append(
+            f"engine.rollout_tp_size {rollout_tp_size} does not divide the model's "
+            f"num_attention_heads = {num_attention_heads}"
+        )
+    kv = num_key_value_heads
+    if kv % rollout_tp_size and rollout_tp_size % kv:
+        problems.append(
+            f"engine.rollout_tp_size {rollout_tp_size} and the model's num_key_value_heads = "
+            f"{kv}: one must divide the other"
+        )
+    return problems
