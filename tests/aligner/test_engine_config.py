@@ -112,10 +112,10 @@ def test_layout_against_the_model(model_dir, overrides, message):
 
 def test_building_the_engine_here_fails_clearly():
     with pytest.raises(AlignerUnavailableError) as error:
-        build_actor(_aligner().engine)
+        build_actor("model", _aligner().engine, lr=1e-6, temperature=1.0)
     text = str(error.value)
-    assert "engine.name=aligner" in text and "not built yet (issue 8)" in text
-    assert "nemo" in text  # NeMo is not installed in this environment
+    assert "engine.name=aligner" in text
+    assert "nemo, nemo_aligner" in text  # NeMo is not installed in this environment
 
 
 def test_package_imports_without_nemo_or_megatron():

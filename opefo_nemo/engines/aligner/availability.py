@@ -1,23 +1,29 @@
-"""Whether the NeMo-Aligner actor can be built here, and the error when it cannot.
+"""Whether the NeMo-Aligner actor can be built here, and building it.
 
-The actor class (NeMo's ``MegatronGPTModel`` behind NeMo-Aligner's actor interface) is not written
-yet (issue 8); what exists is NeMo-free: the weight mapping, the data-parallel sharding and the
-loss closure for megatron-core's schedule. Until the actor exists, constructing the ``aligner``
-engine fails with :class:`AlignerUnavailableError` saying so, after the config and preflight
-have accepted the run.
+The actor (:mod:`.actor`: NeMo's ``MegatronGPTModel`` behind NeMo-Aligner's actor interface,
+driven by :class:`~.policy.MegatronPolicy`) needs NeMo, NeMo-Aligner and megatron-core, which
+live in the NeMo container, not in the CPU environment. :func:`build_actor` checks for them
+without importing them and only then imports :mod:`.actor`, so this package stays importable
+anywhere.
 """
 
 from __future__ import annotations
 
 import importlib.util
-from typing import NoReturn
+from pathlib import Path
+from typing import TYPE_CHECKING
 
-#: Modules the actor will import (NeMo, NeMo-Aligner; megatron-core comes with NeMo).
+if TYPE_CHECKING:
+    from ...config.train import AlignerEngineConfig
+    from ...trainer.protocols import Policy
+
+#: Modules the actor imports (NeMo, NeMo-Aligner; megatron-core comes with NeMo).
 ACTOR_MODULES = ("nemo", "nemo_aligner", "megatron.core")
 
 
 class AlignerUnavailableError(RuntimeError):
-    """``engine.name=aligner`` asked for an actor this environment cannot build."""
+    """``engine.name=aligner`` asked for an actor this environment or configuration cannot
+    build."""
 
 
 def missing_modules() -> list[str]:
@@ -33,18 +39,21 @@ def missing_modules() -> list[str]:
     return missing
 
 
-def build_actor(*_: object, **__: object) -> NoReturn:
-    """Construct the ``aligner`` engine's policy: raises :class:`AlignerUnavailableError` naming
-    what is missing here, since the NeMo actor class is not built yet (issue 8)."""
+def build_actor(
+    model_dir: str | Path, engine: AlignerEngineConfig, *, lr: float, temperature: float
+) -> Policy:
+    """The ``aligner`` engine's ``Policy`` on the model at ``model_dir`` (its Hugging Face
+    directory, holding the NeMo checkpoint too: docs/aligner.md, "The NeMo actor").
+
+    Raises :class:`AlignerUnavailableError` naming the missing modules when NeMo, NeMo-Aligner or
+    megatron-core is not installed here.
+    """
     missing = missing_modules()
-    here = (
-        f"this environment lacks {', '.join(missing)} (the actor runs in the NeMo container); "
-        if missing
-        else ""
-    )
-    raise AlignerUnavailableError(
-        "engine.name=aligner: the NeMo-Aligner engine is not available here: "
-        f"{here}its NeMo actor class is not built yet (issue 8). Built so far, NeMo-free: the "
-        "Megatron <-> Hugging Face weight mapping, data-parallel sharding and the loss closure "
-        "for megatron-core's schedule (docs/aligner.md). Train with engine=hf meanwhile."
-    )
+    if missing:
+        raise AlignerUnavailableError(
+            f"engine.name=aligner: this environment lacks {', '.join(missing)}; the NeMo actor "
+            "runs in the NeMo container (docs/cluster.md). Train with engine=hf here."
+        )
+    from .actor import build_nemo_actor
+
+    return build_nemo_actor(model_dir, engine, lr=lr, temperature=temperature)

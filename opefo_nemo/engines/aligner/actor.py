@@ -1,0 +1,189 @@
+"""The NeMo shell of the ``aligner`` engine: NeMo's ``MegatronGPTModel`` restored from a NeMo
+checkpoint with NeMo-Aligner 0.7.0's utilities, behind NeMo-Aligner's actor interface, handed to
+:class:`~.policy.MegatronPolicy` (the trainer's ``Policy``).
+
+The only module of the package that imports NeMo or NeMo-Aligner; :func:`~.availability.build_actor`
+imports it lazily. It imports none of NeMo-Aligner's TensorRT-LLM code: not
+``nemo_aligner.utils.trt_llm``, nor ``megatron_gpt_reinforce_actor`` (which imports it), since
+our rollouts come from vLLM (``opefo_nemo.rollout``).
+
+Start-up, as NeMo-Aligner's ``train_gpt_reinforce_actor.py`` does it, minus its data, generation
+and TensorRT-LLM parts:
+
+1. ``load_and_override_model_config``: the checkpoint's model config with
+   :func:`~.nemo_config.model_overrides` merged over it (TP, PP, SP, TE, micro-batch, recompute,
+   optimizer, precision);
+2. ``MegatronTrainerBuilder``: a PyTorch Lightning trainer with NeMo's Megatron strategy
+   (:func:`~.nemo_config.trainer_settings`); one process per GPU, launched by Slurm or torchrun;
+3. ``load_from_nemo``: :class:`OpefoActorModel` restored strictly from the checkpoint;
+4. ``init_distributed`` + ``init_using_ptl``: ``torch.distributed`` and megatron-core's
+   ``parallel_state`` (TP × PP × DP), Transformer Engine's TP groups, and NeMo's optimizer
+   (``configure_optimizers``) without any NeMo data pipeline;
+5. :class:`~.policy.MegatronPolicy` over the model chunk (a megatron-core ``GPTModel``) and
+   NeMo's optimizer, with the weight layout read from the Hugging Face ``config.json``.
+
+Only runs on CUDA (NeMo's model classes and Transformer Engine); first exercised on a GPU
+(tests/gpu/README.md).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+import torch
+from megatron.core import parallel_state
+from nemo.collections.nlp.models.language_modeling.megatron_gpt_model import MegatronGPTModel
+from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
+from nemo_aligner.models.alignable_interface import AlignableGenerativeInterface
+from nemo_aligner.utils.train_script_utils import (
+    extract_optimizer_scheduler_from_ptl_model,
+    init_distributed,
+    init_using_ptl,
+)
+from nemo_aligner.utils.train_utils import set_eval, set_train
+from nemo_aligner.utils.utils import (
+    configure_batch_sizes,
+    load_and_override_model_config,
+    load_from_nemo,
+)
+from omegaconf import OmegaConf
+
+from ...config.train import AlignerEngineConfig
+from .availability import AlignerUnavailableError
+from .layout import MegatronLayout
+from .nemo_config import (
+    data_parallel_size,
+    find_nemo_checkpoint,
+    model_overrides,
+    policy_gap,
+    trainer_settings,
+)
+from .policy import MegatronPolicy
+
+
+class OpefoActorModel(MegatronGPTModel, AlignableGenerativeInterface):
+    """NeMo's GPT model as a NeMo-Aligner actor whose rollouts come from vLLM.
+
+    opefo's trainer drives :class:`~.policy.MegatronPolicy`, which runs megatron's schedule on
+    ``self.model`` itself and reduces the gradients over DP itself. So the hooks do only what
+    that leaves to NeMo (the micro-batch calculator, train/eval mode) and never NeMo-Aligner's
+    ``grad_reductions`` (a second DP all-reduce); the interface's two data-carrying calls refuse
+    with the reason instead of computing something else.
+    """
+
+    def __init__(self, cfg, trainer) -> None:
+        super().__init__(cfg, trainer=trainer)
+        self.automatic_optimization = False
+
+    def prepare_for_training(self) -> None:
+        configure_batch_sizes(
+            mbs=self.cfg.micro_batch_size,
+            gbs=self.cfg.global_batch_size,
+            dp=parallel_state.get_data_parallel_world_size(),
+        )
+
+    def finish_training(self) -> None:
+        """Nothing to offload: the optimizer states stay on the GPU."""
+
+    def prepare_for_training_step(self) -> None:
+        set_train(self)
+
+    def finish_training_step(self) -> None:
+        """Nothing: ``MegatronPolicy.train_step`` reduces, clips and steps."""
+
+    def prepare_for_inference(self) -> None:
+        set_eval(self)
+
+    def finish_inference(self) -> None:
+        set_train(self)
+
+    def get_loss_and_metrics(self, batch, forward_only):
+        raise NotImplementedError(
+            "OpefoActorModel.get_loss_and_metrics: the OPEFO loss is computed by "
+            "MegatronPolicy.train_step through megatron's schedule (engines/aligner/policy.py)"
+        )
+
+    def infer(self, *args, **kwargs):
+        raise NotImplementedError(
+            "OpefoActorModel.infer: rollouts come from the vLLM servers (opefo_nemo.rollout), "
+            "not from NeMo's generation"
+        )
+
+
+def _world() -> tuple[int, int]:
+    """``(devices per node, nodes)`` of this job, from torchrun's or Slurm's environment."""
+    world = int(os.environ.get("WORLD_SIZE") or os.environ.get("SLURM_NTASKS") or 1)
+    local = int(
+        os.environ.get("LOCAL_WORLD_SIZE")
+        or os.environ.get("SLURM_NTASKS_PER_NODE")
+        or torch.cuda.device_count()
+        or 1
+    )
+    if world % local:
+        raise ValueError(f"world size {world} is not a multiple of {local} processes per node")
+    return local, world // local
+
+
+def restore_actor(
+    checkpoint: Path, engine: AlignerEngineConfig, *, lr: float
+) -> tuple[OpefoActorModel, torch.optim.Optimizer]:
+    """NeMo's model restored from ``checkpoint`` under ``engine``'s layout, distributed state
+    initialised, and NeMo's optimizer (steps 1–4 of the module docstring)."""
+    devices, nodes = _world()
+    overrides = model_overrides(
+        engine, lr=lr, data_parallel=data_parallel_size(engine, devices * nodes)
+    )
+    model_cfg = load_and_override_model_config(str(checkpoint), OmegaConf.create(overrides))
+    cfg = OmegaConf.create(
+        {"trainer": trainer_settings(engine, devices=devices, num_nodes=nodes), "model": model_cfg}
+    )
+    trainer = MegatronTrainerBuilder(cfg).create_trainer()
+    model = load_from_nemo(
+        OpefoActorModel, cfg.model, trainer, strict=True, restore_path=str(checkpoint)
+    )
+    init_distributed(trainer, model, engine.transformer_engine)
+    init_using_ptl(trainer, model, None, None)
+    optimizer, _ = extract_optimizer_scheduler_from_ptl_model(model)
+    model.prepare_for_training()
+    return model, optimizer
+
+
+def model_chunk(actor: OpefoActorModel) -> torch.nn.Module:
+    """The megatron-core ``GPTModel`` inside NeMo's wrappers (no virtual pipeline stages)."""
+    module = actor.model
+    if isinstance(module, list):
+        if len(module) != 1:
+            raise ValueError(f"{len(module)} model chunks: virtual pipeline stages unsupported")
+        module = module[0]
+    while hasattr(module, "module"):  # megatron DDP, NeMo's / megatron's Float16Module
+        module = module.module
+    return module
+
+
+def build_nemo_actor(
+    model_dir: str | Path, engine: AlignerEngineConfig, *, lr: float, temperature: float
+) -> MegatronPolicy:
+    """The ``aligner`` engine's ``Policy`` for the model at ``model_dir`` (a Hugging Face
+    directory holding the NeMo checkpoint, :func:`~.nemo_config.find_nemo_checkpoint`)."""
+    gap = policy_gap(engine)
+    if gap is not None:
+        raise AlignerUnavailableError(f"engine.name=aligner: {gap}")
+    hf_config = json.loads((Path(model_dir) / "config.json").read_text())
+    layout = MegatronLayout.from_hf_config(
+        hf_config,
+        tensor_parallel=engine.tensor_model_parallel_size,
+        pipeline_parallel=engine.pipeline_model_parallel_size,
+        make_vocab_size_divisible_by=engine.make_vocab_size_divisible_by,
+        fused_layernorm=engine.transformer_engine,
+    )
+    if layout.shape.qk_norm:
+        raise AlignerUnavailableError(
+            f"engine.name=aligner: {model_dir} has q/k norms (Qwen3); NeMo 2.2's MegatronGPTModel "
+            "builds its layers without them (get_specs passes no qk_layernorm)"
+        )
+    actor, optimizer = restore_actor(find_nemo_checkpoint(model_dir), engine, lr=lr)
+    return MegatronPolicy(
+        model_chunk(actor), optimizer, engine, layout=layout, temperature=temperature
+    )

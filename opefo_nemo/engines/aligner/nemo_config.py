@@ -1,0 +1,153 @@
+"""What the NeMo actor (:mod:`.actor`) asks of NeMo, decided without importing NeMo.
+
+- :func:`find_nemo_checkpoint`: the NeMo checkpoint the actor restores, beside the Hugging Face
+  directory the rest of the trainer uses (tokenizer, vLLM, the weight-name layout).
+- :func:`model_overrides`: ``AlignerEngineConfig`` as NeMo ``MegatronGPTModel`` config keys,
+  merged over the checkpoint's own model config (NeMo-Aligner's
+  ``load_and_override_model_config``).
+- :func:`trainer_settings`: the PyTorch Lightning trainer section NeMo's
+  ``MegatronTrainerBuilder`` reads (precision, devices, nodes, gradient clipping).
+- :func:`policy_gap`: the engine settings :class:`~.policy.MegatronPolicy` cannot drive yet.
+
+Key names are NeMo 2.2's (the NeMo 25.02 container): ``megatron_base_model.py`` /
+``megatron_gpt_model.py`` read them with ``cfg.get``; docs/aligner.md, "The NeMo actor".
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from ...config.train import AlignerEngineConfig
+
+#: Where the actor looks for the NeMo checkpoint, inside ``model.path`` (first found wins): a
+#: ``.nemo`` tarball (NeMo 1 converters) or a NeMo 2 checkpoint directory (``nemo llm import``).
+NEMO_CHECKPOINT_NAMES = ("model.nemo", "nemo")
+
+#: NeMo's name for each ``engine.dtype``: (trainer precision, ``megatron_amp_O2``).
+#: ``megatron_amp_O2`` keeps the model's parameters in bf16 with fp32 main weights in the
+#: optimizer; at float32 there is nothing to keep apart.
+PRECISION = {"bfloat16": ("bf16-mixed", True), "float32": (32, False)}
+
+
+def find_nemo_checkpoint(model_dir: str | Path) -> Path:
+    """The NeMo checkpoint inside ``model_dir`` (see :data:`NEMO_CHECKPOINT_NAMES`).
+
+    Raises ``FileNotFoundError`` naming the places looked at and the converter to run.
+    """
+    base = Path(model_dir)
+    for name in NEMO_CHECKPOINT_NAMES:
+        candidate = base / name
+        if candidate.exists():
+            return candidate
+    looked = " or ".join(str(base / name) for name in NEMO_CHECKPOINT_NAMES)
+    raise FileNotFoundError(
+        f"engine.name=aligner restores NeMo's model from {looked}; neither exists. Convert the "
+        "Hugging Face checkpoint first (docs/aligner.md, 'The NeMo actor': nemo llm import)"
+    )
+
+
+def data_parallel_size(engine: AlignerEngineConfig, world_size: int) -> int:
+    """``world_size / (TP × PP)``; an error naming the keys if it does not divide."""
+    model_parallel = engine.tensor_model_parallel_size * engine.pipeline_model_parallel_size
+    if world_size < 1 or world_size % model_parallel:
+        raise ValueError(
+            f"world size {world_size} is not a multiple of engine.tensor_model_parallel_size × "
+            f"engine.pipeline_model_parallel_size = {model_parallel}"
+        )
+    return world_size // model_parallel
+
+
+def model_overrides(
+    engine: AlignerEngineConfig, *, lr: float, data_parallel: int
+) -> dict[str, Any]:
+    """NeMo model config keys for ``engine`` (merged over the checkpoint's config).
+
+    ``global_batch_size`` is one micro-batch per data-parallel rank: NeMo needs a value for its
+    micro-batch calculator at start-up, while :class:`~.policy.MegatronPolicy` passes the real
+    number of micro-batches to megatron's schedule on every call. No ``optim.sched``: the
+    learning-rate warm-up is the policy's (SPEC §8), so NeMo creates no scheduler.
+    """
+    recompute = (
+        {
+            "activations_checkpoint_granularity": "full",
+            "activations_checkpoint_method": "uniform",
+            "activations_checkpoint_num_layers": 1,
+        }
+        if engine.recompute_activations
+        else {
+            "activations_checkpoint_granularity": None,
+            "activations_checkpoint_method": None,
+        }
+    )
+    _, amp_o2 = PRECISION[engine.dtype]
+    return {
+        "mcore_gpt": True,
+        "precision": PRECISION[engine.dtype][0],
+        "megatron_amp_O2": amp_o2,
+        "tensor_model_parallel_size": engine.tensor_model_parallel_size,
+        "pipeline_model_parallel_size": engine.pipeline_model_parallel_size,
+        "virtual_pipeline_model_parallel_size": None,
+        "context_parallel_size": 1,
+        "sequence_parallel": engine.sequence_parallel,
+        "transformer_engine": engine.transformer_engine,
+        "make_vocab_size_divisible_by": engine.make_vocab_size_divisible_by,
+        "micro_batch_size": engine.micro_batch_size,
+        "global_batch_size": engine.micro_batch_size * data_parallel,
+        **recompute,
+        "hidden_dropout": 0.0,
+        "attention_dropout": 0.0,
+        "ffn_dropout": 0.0,
+        "data": {"data_cache_generation_only": False},
+        "optim": {
+            "name": "mcore_distributed_optim" if engine.use_distributed_optimizer else "adamw",
+            "lr": lr,
+            "weight_decay": engine.weight_decay,
+            "betas": [engine.adam_beta1, engine.adam_beta2],
+            "eps": engine.adam_eps,
+        },
+    }
+
+
+def trainer_settings(
+    engine: AlignerEngineConfig, *, devices: int, num_nodes: int
+) -> dict[str, Any]:
+    """The ``trainer`` section for NeMo's ``MegatronTrainerBuilder`` (one process per GPU,
+    launched by Slurm/torchrun; no Lightning logging or checkpointing: ours does both)."""
+    return {
+        "devices": devices,
+        "num_nodes": num_nodes,
+        "accelerator": "gpu",
+        "precision": PRECISION[engine.dtype][0],
+        "max_steps": -1,
+        "logger": False,
+        "enable_checkpointing": False,
+        "use_distributed_sampler": False,
+        "enable_progress_bar": False,
+        "gradient_clip_val": engine.grad_clip,
+    }
+
+
+def policy_gap(engine: AlignerEngineConfig) -> str | None:
+    """Why :class:`~.policy.MegatronPolicy` cannot train NeMo's model under ``engine`` yet, or
+    ``None`` when it can.
+
+    The policy averages ``param.grad`` over DP, clips and steps a torch optimizer over the model
+    chunk's own parameters, which must be in ``engine.dtype``. NeMo's bf16 training keeps fp32
+    main weights in the optimizer (``megatron_amp_O2``) and the distributed optimizer keeps
+    gradients in megatron DDP's ``main_grad`` buffers: neither is that optimizer.
+    """
+    reasons = []
+    if engine.use_distributed_optimizer:
+        reasons.append(
+            "engine.use_distributed_optimizer=true (megatron DDP + DistributedOptimizer)"
+        )
+    if engine.dtype != "float32":
+        reasons.append(f"engine.dtype={engine.dtype} (fp32 main weights in the optimizer)")
+    if not reasons:
+        return None
+    return (
+        f"{' and '.join(reasons)}: MegatronPolicy drives a torch optimizer over the model's own "
+        "parameters and does not yet step megatron's optimizer (its main_grad buffers and fp32 "
+        "main weights); use engine.dtype=float32 engine.use_distributed_optimizer=false meanwhile"
+    )
