@@ -14,6 +14,13 @@ import torch.distributed as dist
 from torch import Tensor
 
 
+def is_last_stage(pp_group: dist.ProcessGroup | None) -> bool:
+    """Whether this process is on the last stage of ``pp_group`` (``None``: no pipeline, so yes)."""
+    if pp_group is None:
+        return True
+    return dist.get_rank(pp_group) == dist.get_world_size(pp_group) - 1
+
+
 def broadcast_from_last_stage(
     tensors: Mapping[str, Tensor], pp_group: dist.ProcessGroup | None
 ) -> dict[str, Tensor]:

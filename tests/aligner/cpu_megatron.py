@@ -1,4 +1,5 @@
-"""Run megatron-core 0.16.1's GPTModel forward and its no-pipelining schedule on CPU (gloo).
+"""Run megatron-core 0.16.1's GPTModel forward and its schedules (no pipelining, and the
+non-interleaved 1F1B pipeline) on CPU (gloo).
 
 megatron-core asks for CUDA in a few places that have nothing to do with the math: buffers it
 allocates with an explicit CUDA device, and the dropout RNG tracker. On this CPU-only torch they
@@ -12,15 +13,23 @@ CPU, in a spawned test rank only:
 - ``utils.py`` ``GlobalMemoryBuffer.get_tensor`` (core attention's matmul buffer):
   ``device=torch.cuda.current_device()``;
 - ``tensor_parallel/random.py``: the RNG tracker's ``fork()`` saves and restores the CUDA RNG
-  state around dropout (dropout is 0 in these tests, so the state is never used).
+  state around dropout (dropout is 0 in these tests, so the state is never used);
+- ``pipeline_parallel/schedules.py`` ``forward_backward_pipelining_without_interleaving``: the
+  same ``total_num_tokens`` allocation as above (``device="cuda"``);
+- ``pipeline_parallel/p2p_communication.py`` ``P2PCommunicator._communicate``: the receive
+  buffers ``torch.empty(shape, requires_grad=True, device=torch.cuda.current_device())``, and
+  ``torch.cuda.synchronize()`` after ``batch_isend_irecv`` (``batch_p2p_comm`` and
+  ``batch_p2p_sync``, both on by default; gloo's sends and receives are complete once waited on,
+  so it becomes a no-op).
 
 A ``TorchFunctionMode`` rewrites ``device="cuda…"`` arguments of torch calls to ``"cpu"``;
-``torch.cuda.current_device`` returns ``"cpu"``; the tracker keeps CPU RNG states. Nothing else
-changes: the model, the schedule's loop, ``forward_step``, ``forward_step_calc_loss`` (the loss
-scaling) and ``backward_step`` run as shipped. Sequence parallelism and megatron's
-``DistributedDataParallel`` stay off: both allocate CUDA buffers and streams throughout
-(``tensor_parallel/mappings.py``, ``distributed/param_and_grad_buffer.py``), and the local
-layer spec's torch norm refuses sequence parallelism.
+``torch.cuda.current_device`` returns ``"cpu"``; ``torch.cuda.synchronize`` does nothing; the
+tracker keeps CPU RNG states. Nothing else changes: the model, the schedules' loops, the p2p
+sends and receives (``torch.distributed.batch_isend_irecv`` over gloo), ``forward_step``,
+``forward_step_calc_loss`` (the loss scaling) and ``backward_step`` run as shipped. Sequence
+parallelism and megatron's ``DistributedDataParallel`` stay off: both allocate CUDA buffers and
+streams throughout (``tensor_parallel/mappings.py``, ``distributed/param_and_grad_buffer.py``),
+and the local layer spec's torch norm refuses sequence parallelism.
 """
 
 from __future__ import annotations
@@ -51,10 +60,12 @@ def megatron_on_cpu() -> Iterator[None]:
 
     saved = (
         torch.cuda.current_device,
+        torch.cuda.synchronize,
         random._get_cuda_rng_state,
         random._set_cuda_rng_state,
     )
     torch.cuda.current_device = lambda: "cpu"
+    torch.cuda.synchronize = lambda *args, **kwargs: None
     random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
     random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
     tracker = random.get_cuda_rng_tracker()
@@ -66,6 +77,7 @@ def megatron_on_cpu() -> Iterator[None]:
         tracker.reset()
         (
             torch.cuda.current_device,
+            torch.cuda.synchronize,
             random._get_cuda_rng_state,
             random._set_cuda_rng_state,
         ) = saved
