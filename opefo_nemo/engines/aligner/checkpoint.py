@@ -1,0 +1,279 @@
+"""Sharded checkpoints of a megatron-core model and its optimizer (megatron ``dist_checkpointing``).
+
+:func:`save_sharded` writes, collectively over all ranks of the job, one ``torch_dist``
+checkpoint directory (the format NeMo's ``MegatronGPTModel`` writes, e.g. a ``.nemo``'s
+``model_weights/``) holding
+
+- the model's ``sharded_state_dict(prefix=prefix)``: every weight under its global key, TP shards
+  placed at their offsets in the full tensor and ``decoder.layers.*`` stacked along a prepended
+  layer axis of size ``L`` (global layer index, so PP stages land in one tensor). NeMo's module
+  tree names these keys with ``prefix="model."``; ours default to ``""``;
+- the optimizer's per-parameter state (AdamW's ``exp_avg``, ``exp_avg_sq``) under
+  ``optimizer.state.<name>.<model key>``, sharded exactly like the parameter it belongs to
+  (megatron's ``optim_state_to_sharding_state``, as its non-distributed ``FP32Optimizer`` does),
+  so it reshards with the weights; the shared ``step`` and the parameter groups'
+  hyper-parameters go to the common (rank 0) part;
+- :data:`MANIFEST`: the format, the key prefix, the optimizer's state names and ``extra`` (any
+  JSON-able dict: scheduler state, step).
+
+Because every tensor is stored at its global offsets, :func:`load_sharded` can load into any
+TP × PP × DP layout of the same model (the padded vocabulary must come out the same:
+``make_vocab_size_divisible_by × TP`` must give equal ``V'``). Resuming at the same layout is
+exact: weights, optimizer state and ``step`` are restored bit for bit.
+
+The optimizer is a plain ``torch.optim.Optimizer`` over this rank's parameters. Megatron's
+``DistributedOptimizer`` (state sharded over DP) has its own ``sharded_state_dict``; it is not
+handled here.
+
+Atomicity: everything is written into ``.<name>.partial`` beside ``directory`` and renamed into
+place by rank 0 after every rank has finished, so ``directory`` is either the old complete
+checkpoint or the new complete one. All ranks must see the same filesystem (as
+``dist_checkpointing`` itself requires).
+
+CUDA: ``dist_checkpointing.save`` synchronises CUDA and puts its failure flag on
+``torch.cuda.current_device()`` (``strategies/filesystem_async.py``,
+``strategies/state_dict_saver.py``); these functions therefore run as shipped on GPU ranks, and
+the CPU tests redirect those calls (``tests/aligner/workers_ckpt.py``).
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.distributed as dist
+
+MANIFEST = "opefo_checkpoint.json"
+"""The file that marks a directory as one of our sharded checkpoints."""
+FORMAT = "opefo-megatron-sharded"
+VERSION = 1
+OPTIMIZER_PREFIX = "optimizer."
+"""Keys of optimizer state start with this; everything else under the prefix is the model."""
+
+
+def tensor_metadata(directory: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
+    """``{checkpoint key: (global shape, dtype)}`` of every tensor in the ``torch_dist``
+    checkpoint ``directory``, read from its ``.metadata`` alone (no process group, no model)."""
+    from torch.distributed.checkpoint import FileSystemReader
+    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
+
+    directory = Path(directory)
+    if not (directory / ".metadata").is_file():
+        raise FileNotFoundError(
+            f"{directory} is not a torch_dist checkpoint: it has no .metadata file"
+        )
+    metadata = FileSystemReader(str(directory)).read_metadata()
+    return {
+        key: (tuple(entry.size), entry.properties.dtype)
+        for key, entry in metadata.state_dict_metadata.items()
+        if isinstance(entry, TensorStorageMetadata)
+    }
+
+
+def read_manifest(directory: Path) -> dict[str, Any]:
+    """The :data:`MANIFEST` of our checkpoint ``directory``; raises naming what is missing."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise FileNotFoundError(f"sharded checkpoint {directory} does not exist")
+    path = directory / MANIFEST
+    if not path.is_file():
+        raise FileNotFoundError(f"{directory} is not an opefo sharded checkpoint: no {MANIFEST}")
+    manifest = json.loads(path.read_text())
+    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
+        raise ValueError(
+            f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, "
+            f"expected {FORMAT!r} version {VERSION}"
+        )
+    return manifest
+
+
+def save_sharded(
+    directory: Path,
+    model: torch.nn.Module,
+    optimizer: torch.optim.Optimizer | None,
+    extra: dict,
+    *,
+    prefix: str = "",
+) -> None:
+    """Write ``model`` (megatron-core, with ``sharded_state_dict``), ``optimizer``'s state and the
+    JSON-able ``extra`` to ``directory``. Collective: every rank of the job calls it."""
+    from megatron.core import dist_checkpointing
+
+    directory = Path(directory)
+    try:
+        extra_json = json.loads(json.dumps(extra))
+    except TypeError as error:
+        raise TypeError(f"save_sharded: extra must be JSON-able ({error})") from error
+    staging = directory.parent / f".{directory.name}.partial"
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    dist.barrier()
+    model_state = model.sharded_state_dict(prefix=prefix)
+    state: dict[str, Any] = {"model": model_state}
+    state_names: list[str] = []
+    if optimizer is not None:
+        state_names = _state_names(optimizer)
+        state["optimizer"] = _optimizer_sharded_state(
+            optimizer, model_state, optimizer.state_dict()
+        )
+    dist_checkpointing.save(state, str(staging))
+    if dist.get_rank() == 0:
+        manifest = {
+            "format": FORMAT,
+            "version": VERSION,
+            "model_prefix": prefix,
+            "optimizer_state": state_names if optimizer is not None else None,
+            "world_size": dist.get_world_size(),
+            "extra": extra_json,
+        }
+        (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
+        _replace(staging, directory)
+    dist.barrier()
+
+
+def load_sharded(
+    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
+) -> dict:
+    """Load ``directory`` (written by :func:`save_sharded`) into ``model`` and, when given,
+    ``optimizer``; returns the saved ``extra``. Collective over all ranks.
+
+    Raises before any collective: ``FileNotFoundError`` for a missing checkpoint,
+    ``ValueError`` naming the key (and both shapes) when the model does not match it, or when an
+    optimizer is given and the checkpoint holds none.
+    """
+    from megatron.core import dist_checkpointing
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    prefix = manifest["model_prefix"]
+    stored = tensor_metadata(directory)
+    model_state = model.sharded_state_dict(prefix=prefix)
+    _check_model_matches(model.sharded_state_dict(prefix=prefix), stored, prefix, directory)
+    state: dict[str, Any] = {"model": model_state}
+    if optimizer is not None:
+        names = manifest["optimizer_state"]
+        if names is None:
+            raise ValueError(f"{directory} holds no optimizer state; load it with optimizer=None")
+        empty = _empty_optimizer_state(optimizer, names)
+        state["optimizer"] = _optimizer_sharded_state(optimizer, model_state, empty)
+    loaded = dist_checkpointing.load(state, str(directory))
+    weights = {key.removeprefix(prefix): value for key, value in loaded["model"].items()}
+    model.load_state_dict(weights, strict=True)
+    if optimizer is not None:
+        optimizer.load_state_dict(_restore_step(loaded["optimizer"]))
+    return manifest["extra"]
+
+
+def _replace(staging: Path, directory: Path) -> None:
+    """Rename the complete ``staging`` to ``directory``, replacing an old one."""
+    old = directory.parent / f".{directory.name}.old"
+    shutil.rmtree(old, ignore_errors=True)
+    if directory.exists():
+        directory.rename(old)
+    staging.rename(directory)
+    shutil.rmtree(old, ignore_errors=True)
+
+
+def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
+    return [param for group in optimizer.param_groups for param in group["params"]]
+
+
+def _state_names(optimizer: torch.optim.Optimizer) -> list[str]:
+    """Per-parameter state names other than ``step`` (``[]`` before the first step); every
+    parameter must carry the same ones (megatron shares one ``step`` across parameters)."""
+    params = _params(optimizer)
+    names = {tuple(sorted(optimizer.state[p])) if p in optimizer.state else () for p in params}
+    if len(names) > 1:
+        raise ValueError(
+            f"optimizer parameters carry different state entries {sorted(names)}: save_sharded "
+            "needs every parameter to have the same ones (take a step on all of them)"
+        )
+    return [name for name in (names.pop() if names else ()) if name != "step"]
+
+
+def _empty_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, Any]:
+    """An optimizer state dict shaped like the saved one, to be loaded into: per parameter, an
+    empty tensor like the parameter for each of ``names``."""
+    template = optimizer.state_dict()
+    states = {
+        index: {name: torch.empty_like(param) for name in names}
+        for index, param in enumerate(_params(optimizer))
+    }
+    return {"state": states if names else {}, "param_groups": template["param_groups"]}
+
+
+def _optimizer_sharded_state(
+    optimizer: torch.optim.Optimizer, model_state: Mapping[str, Any], state_dict: dict[str, Any]
+) -> dict[str, Any]:
+    """``state_dict`` (an optimizer state dict) with each per-parameter tensor wrapped as a
+    sharded tensor of its parameter's key; the common ``step`` is set aside as ``common_step``."""
+    from megatron.core.dist_checkpointing.optimizer import (
+        get_param_id_to_sharded_param_map,
+        optim_state_to_sharding_state,
+    )
+
+    params = _params(optimizer)
+    sharded = get_param_id_to_sharded_param_map(model_state, params)
+    untracked = [index for index in range(len(params)) if index not in sharded]
+    if untracked:
+        shapes = [tuple(params[index].shape) for index in untracked]
+        raise ValueError(
+            f"optimizer parameters {untracked} (shapes {shapes}) are not parameters of the model "
+            "being checkpointed"
+        )
+    steps = [entry["step"] for entry in state_dict["state"].values() if "step" in entry]
+    if any(not torch.equal(torch.as_tensor(step), torch.as_tensor(steps[0])) for step in steps):
+        raise ValueError("optimizer parameters are at different steps; save_sharded needs one")
+    optim_state_to_sharding_state(state_dict, sharded, exclude_keys=("step",))
+    if steps:
+        state_dict["state"]["common_step"] = steps[0]
+    return state_dict
+
+
+def _restore_step(state_dict: dict[str, Any]) -> dict[str, Any]:
+    """Give every parameter the shared ``common_step`` back (torch's optimizer state layout)."""
+    step = state_dict["state"].pop("common_step", None)
+    if step is not None:
+        for entry in state_dict["state"].values():
+            entry["step"] = step.clone() if isinstance(step, torch.Tensor) else step
+    return state_dict
+
+
+def _check_model_matches(
+    model_state: Mapping[str, Any],
+    stored: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
+    prefix: str,
+    directory: Path,
+) -> None:
+    """Every model tensor is in the checkpoint with its global shape, and the checkpoint holds no
+    model tensor the model lacks; raises ``ValueError`` naming the key (and both shapes)."""
+    from megatron.core.dist_checkpointing.dict_utils import nested_values
+    from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
+
+    apply_factories(model_state)
+    expected = {
+        sharded.key: tuple(sharded.global_shape)
+        for sharded in nested_values(model_state)
+        if isinstance(sharded, ShardedTensor)
+    }
+    for key, shape in expected.items():
+        if key not in stored:
+            raise ValueError(f"checkpoint {directory} has no {key} (shape {shape} in the model)")
+        if stored[key][0] != shape:
+            raise ValueError(
+                f"checkpoint {directory}: {key} has shape {stored[key][0]}, the model's is {shape}"
+            )
+    unexpected = sorted(
+        key
+        for key in stored
+        if key.startswith(prefix) and not key.startswith(OPTIMIZER_PREFIX) and key not in expected
+    )
+    if unexpected:
+        raise ValueError(
+            f"checkpoint {directory} holds model tensors the model lacks: {', '.join(unexpected)}"
+        )

@@ -1,0 +1,255 @@
+"""Rank function for the sharded-checkpoint and export tests, and the cached world run they share.
+
+One spawned 2-rank gloo world (``tests.parallel.world.run_world``) does everything that needs a
+real megatron-core ``GPTModel`` (a spawn costs more than the checks) and records, per check, the
+names that failed, so that each test asserts its own check:
+
+1. TP 2: tiny Hugging Face weights loaded strictly into rope GPTModels and saved with
+   :func:`save_sharded` (``qwen2`` with AdamW state beside it, ``llama`` under NeMo's ``model.``
+   key prefix); the export tests convert these.
+2. TP 2: a trainable GPTModel (learned positions: rope needs CUDA at forward time) takes one AdamW
+   step, is saved, takes two more; a fresh model, optimizer and scheduler load the checkpoint
+   (state bit-equal to the saved one) and take the same two steps (bit-equal again).
+3. TP 1 × DP 2: the TP-2 checkpoint loaded into a TP-1 model equals the TP-gathered weights and
+   optimizer state; a model of another MLP width is refused, naming the key and both shapes.
+"""
+
+from __future__ import annotations
+
+import json
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from opefo_nemo.engines.aligner import (
+    MegatronLayout,
+    gather_shards,
+    hf_to_megatron,
+    split_for_rank,
+    weight_groups,
+)
+from opefo_nemo.engines.aligner.checkpoint import load_sharded, save_sharded
+from opefo_nemo.engines.aligner.weight_mapping import Sharding
+from tests.parallel.world import run_world
+
+from .cpu_megatron import megatron_on_cpu
+from .tiny import hf_config, hf_model, hf_weights, layout, megatron_gpt
+
+#: The families saved for export, each with the key prefix it is saved under.
+EXPORTED = {"qwen2": "", "llama": "model."}
+#: The trainable model: vocabulary 100 padded to a multiple of 56 × TP is 112 at TP 1 and TP 2,
+#: so its checkpoint reshards between them.
+TRAIN_DIVISIBLE_BY = 56
+TOKENS = 8
+_CACHE: dict[str, Path] = {}
+
+
+def world_results(root: Path) -> Path:
+    """Run the world once per test session (both test modules share it) under ``root``; returns
+    ``root``, holding ``results.json``, the checkpoints and ``hf_<family>/`` (the originals)."""
+    if "root" not in _CACHE:
+        shards = {}
+        for family in EXPORTED:
+            model = hf_model(family, seed=1)
+            model.save_pretrained(root / f"hf_{family}")
+            shards[family] = hf_to_megatron(layout(family, tp=2), hf_weights(model))
+        run_world(checkpoint_world, 2, shards, str(root))
+        _CACHE["root"] = root
+    return _CACHE["root"]
+
+
+@contextmanager
+def checkpoint_on_cpu():
+    """What ``dist_checkpointing.save`` asks of CUDA, pointed at the CPU (megatron-core 0.16.1):
+    ``strategies/filesystem_async.py`` ``preload_tensors`` calls ``torch.cuda.synchronize()``
+    (now a no-op) and ``strategies/state_dict_saver.py`` ``save_state_dict_async_finalize`` puts
+    its failure flag on ``torch.cuda.current_device()`` (now ``"cpu"``). Loading needs neither."""
+    saved = torch.cuda.synchronize, torch.cuda.current_device
+    torch.cuda.synchronize = lambda *args, **kwargs: None
+    torch.cuda.current_device = lambda: "cpu"
+    try:
+        yield
+    finally:
+        torch.cuda.synchronize, torch.cuda.current_device = saved
+
+
+def checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
+    """The module docstring's three parts; rank 0 writes ``results.json``
+    (``{check: [failed names]}``, plus the refused load's message)."""
+    warnings.filterwarnings("ignore")
+    from megatron.core import parallel_state
+
+    out = Path(root)
+    results: dict[str, list[str] | str] = {}
+    parallel_state.initialize_model_parallel(2, 1, create_gloo_process_groups=False)
+    try:
+        _save_for_export(shards, out)
+        saved = _train_save_resume(out, results)
+    finally:
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    try:
+        _reshard_to_tp1(out, saved, results)
+    finally:
+        parallel_state.destroy_model_parallel()
+    if rank == 0:
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+def _save_for_export(shards, out: Path) -> None:
+    from megatron.core import parallel_state
+
+    tp_rank = parallel_state.get_tensor_model_parallel_rank()
+    for family, prefix in EXPORTED.items():
+        model = megatron_gpt(layout(family, tp=2))
+        extra = {k: v for k, v in model.state_dict().items() if k.endswith("_extra_state")}
+        model.load_state_dict({**extra, **shards[family][(0, tp_rank)]}, strict=True)
+        optimizer = None
+        if family == "qwen2":  # optimizer state in the checkpoint, which export must skip
+            optimizer = torch.optim.AdamW(model.parameters())
+            for param in model.parameters():
+                param.grad = torch.ones_like(param)
+            optimizer.step()
+            with torch.no_grad():  # undo the step: the export must give the loaded weights
+                model.load_state_dict({**extra, **shards[family][(0, tp_rank)]}, strict=True)
+        with checkpoint_on_cpu():
+            save_sharded(
+                out / f"sharded_{family}", model, optimizer, {"family": family}, prefix=prefix
+            )
+
+
+def _train_layout(tp: int, intermediate_size: int = 48) -> MegatronLayout:
+    config = {**hf_config("llama"), "num_hidden_layers": 2, "intermediate_size": intermediate_size}
+    return MegatronLayout.from_hf_config(
+        config, tensor_parallel=tp, make_vocab_size_divisible_by=TRAIN_DIVISIBLE_BY
+    )
+
+
+def _shardings(lay: MegatronLayout) -> dict[str, Sharding]:
+    """Stage-local name → TP sharding; names the mapping lacks (positions) are replicated."""
+    return {spec.name: spec.sharding for group in weight_groups(lay) for spec in group}
+
+
+def _train_model(lay: MegatronLayout, seed: int):
+    """A GPTModel of ``lay`` whose full weights are drawn from ``seed`` (the same on every
+    rank) and split for this TP rank."""
+    from megatron.core import parallel_state
+
+    model = megatron_gpt(
+        lay, position_embedding_type="learned_absolute", max_sequence_length=TOKENS
+    )
+    shapes = {spec.name: spec.shape for group in weight_groups(lay) for spec in group}
+    shardings = _shardings(lay)
+    tp, tp_rank = lay.tensor_parallel, parallel_state.get_tensor_model_parallel_rank()
+    generator = torch.Generator().manual_seed(seed)
+    state = {}
+    for name, tensor in model.state_dict().items():
+        if name.endswith("_extra_state"):
+            state[name] = tensor
+            continue
+        noise = torch.randn(shapes.get(name, tuple(tensor.shape)), generator=generator)
+        full = 1 + 0.1 * noise if "norm" in name else 0.3 * noise
+        sharding = shardings.get(name, Sharding.REPLICATED)
+        state[name] = split_for_rank(full, sharding, tp, tp_rank, name)
+    model.load_state_dict(state, strict=True)
+    return model
+
+
+def _trainer(model):
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+    scheduler = torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: min(1.0, (step + 1) / 3))
+    return optimizer, scheduler
+
+
+def _train_step(model, optimizer, scheduler, step: int) -> None:
+    """One AdamW step on next-token cross-entropy of random tokens drawn from ``step``."""
+    tokens = torch.randint(0, 100, (2, TOKENS + 1), generator=torch.Generator().manual_seed(step))
+    positions = torch.arange(TOKENS).expand(2, TOKENS)
+    optimizer.zero_grad(set_to_none=True)
+    with megatron_on_cpu():
+        loss = model(tokens[:, :-1], positions, None, labels=tokens[:, 1:])
+        loss.mean().backward()
+    optimizer.step()
+    scheduler.step()
+
+
+def _snapshot(model, optimizer) -> dict[str, torch.Tensor]:
+    """Weights (``weight:<name>``), per-parameter optimizer state (``<state>:<name>``) and the
+    learning rates, as copies."""
+    snapshot = {"lr": torch.tensor([group["lr"] for group in optimizer.param_groups])}
+    for name, param in model.named_parameters():
+        snapshot[f"weight:{name}"] = param.detach().clone()
+        for key, value in optimizer.state[param].items():
+            snapshot[f"{key}:{name}"] = value.detach().clone()
+    return snapshot
+
+
+def _differences(expected: dict, actual: dict) -> list[str]:
+    """Keys missing on either side or not bit-equal, from every rank (``r<rank>:<key>``)."""
+    mine = sorted(
+        key
+        for key in expected.keys() | actual.keys()
+        if key not in expected or key not in actual or not torch.equal(expected[key], actual[key])
+    )
+    everyone: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(everyone, mine)
+    return [f"r{rank}:{key}" for rank, keys in enumerate(everyone) for key in keys]
+
+
+def _train_save_resume(out: Path, results: dict) -> dict[str, torch.Tensor]:
+    """Part 2 (TP 2); returns the saved snapshot gathered over TP (the full tensors)."""
+    from megatron.core import parallel_state
+
+    lay = _train_layout(2)
+    model = _train_model(lay, seed=0)
+    optimizer, scheduler = _trainer(model)
+    _train_step(model, optimizer, scheduler, 0)
+    with checkpoint_on_cpu():
+        save_sharded(out / "train_tp2", model, optimizer, {"scheduler": scheduler.state_dict()})
+    saved = _snapshot(model, optimizer)
+    for step in (1, 2):
+        _train_step(model, optimizer, scheduler, step)
+    after_two = _snapshot(model, optimizer)
+    results["moved_after_save"] = _differences(saved, after_two)
+
+    load_sharded(out / "train_tp2", model, optimizer)
+    results["load_into_moved_model"] = _differences(saved, _snapshot(model, optimizer))
+
+    fresh = _train_model(lay, seed=1)
+    fresh_optimizer, fresh_scheduler = _trainer(fresh)
+    extra = load_sharded(out / "train_tp2", fresh, fresh_optimizer)
+    fresh_scheduler.load_state_dict(extra["scheduler"])
+    results["load_into_fresh_model"] = _differences(saved, _snapshot(fresh, fresh_optimizer))
+    for step in (1, 2):
+        _train_step(fresh, fresh_optimizer, fresh_scheduler, step)
+    results["resume_equals_uninterrupted"] = _differences(
+        after_two, _snapshot(fresh, fresh_optimizer)
+    )
+    shardings = _shardings(lay)
+    tp_group = parallel_state.get_tensor_model_parallel_group()
+    full = {}
+    for key, tensor in saved.items():
+        name = key.partition(":")[2]
+        sharding = shardings.get(name, Sharding.REPLICATED) if tensor.dim() else Sharding.REPLICATED
+        parts = [torch.empty_like(tensor) for _ in range(2)]
+        dist.all_gather(parts, tensor.contiguous(), group=tp_group)
+        full[key] = gather_shards(parts, sharding, key)
+    return full
+
+
+def _reshard_to_tp1(out: Path, saved_full: dict, results: dict) -> None:
+    """Part 3 (TP 1 × DP 2)."""
+    model = _train_model(_train_layout(1), seed=2)
+    optimizer, _ = _trainer(model)
+    load_sharded(out / "train_tp2", model, optimizer)
+    results["tp2_to_tp1"] = _differences(saved_full, _snapshot(model, optimizer))
+
+    wider = _train_model(_train_layout(1, intermediate_size=64), seed=2)
+    try:
+        load_sharded(out / "train_tp2", wider, None)
+        results["shape_mismatch_error"] = "no error"
+    except ValueError as error:
+        results["shape_mismatch_error"] = str(error)
