@@ -5,11 +5,12 @@ A real ``GPTModel`` (Llama-like, 3 layers split 1 | 2 over two stages, GQA, padd
 ``get_forward_backward_func()`` over gloo, with the p2p sends and receives as shipped (only the
 CUDA allocations redirected by ``cpu_megatron``). Against a single-process TP 1 / PP 1 reference
 that uses none of ``token_stats``, the closure or the schedule: (a) the statistics every stage
-holds after the broadcast equal the reference's full-vocabulary ``log_softmax`` statistics;
-(b) each stage's gradients (TP-gathered, layer offset mapped) equal the reference's; (c) the
-stats pass's logprobs equal the loss pass's. PP 2 with micro-batch size 1 and 2 (5 rows: the
-last micro-batch padded), TP 2 × PP 2 with 2. Plus single-process checks of the micro-batch
-padding and keys."""
+holds after the broadcast (logprob, entropy and the two tabular sums) equal the reference's
+full-vocabulary ``log_softmax`` statistics; (b) each stage's gradients (TP-gathered, layer offset
+mapped) equal the reference's; (c) the stats pass's logprobs equal the loss pass's. PP 2 with
+micro-batch size 1 and 2 (5 rows: the last micro-batch padded), PP 3 (a middle stage that reads
+no data) with 2, TP 2 × PP 2 with 2. Plus single-process checks of the micro-batch padding and
+keys."""
 
 from __future__ import annotations
 
@@ -21,6 +22,8 @@ from opefo_nemo.engines.aligner.pipeline_batch import (
     FIRST_STAGE_KEYS,
     LOSS_KEYS,
     STATS_KEYS,
+    STATS_NAMES,
+    TABULAR_NAMES,
     PipelineMicroBatches,
     item_loss_function,
     stage_keys,
@@ -56,7 +59,9 @@ def reference(tmp_path_factory):
     return batch, torch.load(folder / "reference.pt")
 
 
-@pytest.mark.parametrize(("tp", "pp", "micro_batch_sizes"), [(1, 2, [1, 2]), (2, 2, [2])])
+@pytest.mark.parametrize(
+    ("tp", "pp", "micro_batch_sizes"), [(1, 2, [1, 2]), (1, 3, [2]), (2, 2, [2])]
+)
 def test_pipeline_equals_single_process_reference(reference, tmp_path, tp, pp, micro_batch_sizes):
     batch, want = reference
     run_world(
@@ -82,21 +87,24 @@ def test_pipeline_equals_single_process_reference(reference, tmp_path, tp, pp, m
             assert {k for keys in got["keys"] for k in keys} == expected_keys, where
             assert got["n_tokens"] == want["n_tokens"] == batch.n_response_tokens, where
             assert got["lambda_star"] == pytest.approx(want["lambda_star"], rel=1e-5), where
-            assert sorted(got["logprob"]) == list(range(ROWS)), where
+            stats = got["stats"]
+            assert stats.keys() == set(STATS_NAMES + TABULAR_NAMES), where
+            assert sorted(stats["logprob"]) == list(range(ROWS)), where
             for row in range(ROWS):
-                width = got["logprob"][row].shape[0]
+                width = stats["logprob"][row].shape[0]
                 keep = real[row, :width]
                 assert not real[row, width:].any(), where
-                for name in ("logprob", "entropy"):
+                for name, values in stats.items():
                     # (a) every stage's broadcast statistics = the reference's, and exactly the
                     # last stage's
                     torch.testing.assert_close(
-                        got[name][row][keep], want[name][row, :width][keep], rtol=1e-5, atol=1e-5
+                        values[row][keep], want[name][row, :width][keep], rtol=1e-5, atol=1e-5
                     )
-                    assert torch.equal(got[name][row], last[0][name][row]), where
+                    assert torch.equal(values[row], last[0]["stats"][name][row]), where
                 if got["last"]:
                     # (c) the stats pass's logprobs = the loss pass's
-                    assert torch.equal(got["loss_logprob"][row][keep], got["logprob"][row][keep])
+                    loss_pass = got["loss_logprob"][row][keep]
+                    assert torch.equal(loss_pass, stats["logprob"][row][keep]), where
 
         # (b) per stage, TP-gathered gradients under full-model names = the reference's
         grads = {}

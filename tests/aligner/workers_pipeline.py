@@ -30,8 +30,8 @@ VOCAB = 100
 #: 100 padded to a multiple of 56 × TP is 112 at TP 1 and TP 2: the same weights in every layout.
 DIVISIBLE_BY = 56
 TEMPERATURE = 0.7
-#: Three decoder layers split unevenly at PP 2 (1 on the first stage, 2 on the last), so that a
-#: wrong layer offset maps a gradient onto the wrong reference layer.
+#: Three decoder layers: split unevenly at PP 2 (1 on the first stage, 2 on the last), so that a
+#: wrong layer offset maps a gradient onto the wrong reference layer; one per stage at PP 3.
 LAYERS = 3
 METHOD = "opefo"
 
@@ -66,9 +66,9 @@ def _positions(input_ids: torch.Tensor) -> torch.Tensor:
 
 def reference_step(rank: int, world_size: int, batch, out_dir: str) -> None:
     """TP 1, PP 1, the whole batch in one forward, no ``token_stats``, closure or schedule:
-    random full weights, full-vocabulary ``log_softmax`` statistics (SPEC §1), ``prepare`` in
-    one process, ``L = Σ mask · (−w A logprob) / N`` (OPEFO, SPEC §5) and one autograd pass.
-    Writes the weights, statistics, coefficients' count and λ*, and every gradient."""
+    random full weights, full-vocabulary ``log_softmax`` statistics (SPEC §1, tabular sums too),
+    ``prepare`` in one process, ``L = Σ mask · (−w A logprob) / N`` (OPEFO, SPEC §5) and one
+    autograd pass. Writes the weights, statistics, token count, λ* and every gradient."""
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
@@ -86,7 +86,10 @@ def reference_step(rank: int, world_size: int, batch, out_dir: str) -> None:
             logits = model(batch.input_ids, _positions(batch.input_ids), None)
             logp = (logits[:, :-1, :VOCAB] / TEMPERATURE).log_softmax(-1)
             logprob = logp.gather(-1, batch.targets[..., None]).squeeze(-1)
-            entropy = -(logp.exp() * logp).sum(-1).detach()
+            probs = logp.exp()
+            entropy = -(probs * logp).sum(-1).detach()
+            sum_p2 = probs.square().sum(-1).detach()
+            sum_p2_logp = (probs.square() * logp).sum(-1).detach()
             chunk = TokenChunk(
                 logprob=logprob.detach(),
                 entropy=entropy,
@@ -106,6 +109,8 @@ def reference_step(rank: int, world_size: int, batch, out_dir: str) -> None:
             "state": state,
             "logprob": logprob.detach(),
             "entropy": entropy,
+            "sum_p2": sum_p2,
+            "sum_p2_logp": sum_p2_logp,
             "n_tokens": prepared.n_tokens,
             "lambda_star": prepared.lambda_star,
             "grads": grads,
@@ -124,11 +129,11 @@ def pipeline_step(
     state: dict[str, torch.Tensor],
     out_dir: str,
 ) -> None:
-    """For each micro-batch size: the token-stats pass (forward only) through the pipelined
-    schedule, the stats broadcast from the last stage, ``prepare`` on every stage, the loss pass
-    (forward and backward); writes ``mbs{m}_rank{r}.pt`` with this rank's stage, statistics,
-    TP-gathered gradients under full-model names, loss-pass logprobs and the keys its iterator
-    yielded."""
+    """For each micro-batch size: the token-stats pass (forward only, tabular sums included)
+    through the pipelined schedule, the stats broadcast from the last stage, ``prepare`` on every
+    stage, the loss pass (forward and backward); writes ``mbs{m}_rank{r}.pt`` with this rank's
+    stage, statistics, TP-gathered gradients under full-model names, loss-pass logprobs and the
+    keys its iterator yielded."""
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
@@ -200,9 +205,11 @@ def _step(model, lay: MegatronLayout, stage: int, micro_batch_size: int, batch) 
 
     with torch.no_grad():
         outputs = run(
-            plan.stats_items(first, last), lambda item: stats_function(item["targets"], spec), True
+            plan.stats_items(first, last),
+            lambda item: stats_function(item["targets"], spec, tabular=True),
+            True,
         )
-    stats = plan.gather_stats(outputs, pp_group)
+    stats = plan.gather_stats(outputs, pp_group, tabular=True)
     prepared = prepare(
         method,
         plan.token_chunks(stats),
@@ -218,8 +225,7 @@ def _step(model, lay: MegatronLayout, stage: int, micro_batch_size: int, batch) 
         "first": first,
         "last": last,
         "keys": sorted(set(keys_seen)),
-        "logprob": _rows(plan, stats["logprob"]),
-        "entropy": _rows(plan, stats["entropy"]),
+        "stats": {name: _rows(plan, value) for name, value in stats.items()},
         "loss_logprob": loss_logprob,
         "n_tokens": prepared.n_tokens,
         "lambda_star": prepared.lambda_star,
