@@ -21,7 +21,7 @@ from pathlib import Path
 import yaml
 
 from ..engines.aligner.checkpoint import MANIFEST
-from ..engines.aligner.export import DEFAULT_MAX_SHARD_BYTES, export_safetensors, export_sharded
+from ..engines.aligner.export import export_safetensors, export_sharded
 from ..trainer.checkpoint import POLICY_SUBDIR, list_checkpoints
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
@@ -141,9 +141,7 @@ def main(argv: Sequence[str] | None = None) -> int:
     )
     args = parse_args(argv)
     try:
-        max_bytes = (
-            parse_size(args.max_shard_size) if args.max_shard_size else DEFAULT_MAX_SHARD_BYTES
-        )
+        max_bytes = parse_size(args.max_shard_size)
         source = resolve_source(args.checkpoint, args.checkpoint_dir)
         hf_model = hf_model_dir(source, args.hf_model)
         options = {"overwrite": args.overwrite, "max_shard_bytes": max_bytes}

@@ -45,7 +45,7 @@ def _export(*args: object) -> int:
     return main([str(arg) for arg in args])
 
 
-@pytest.mark.parametrize("family", ["qwen2", "llama"])
+@pytest.mark.parametrize("family", ["qwen2", "qwen2_tied", "llama"])
 def test_sharded_tp2_checkpoint_exports_to_the_original_hf_model(world, family, tmp_path):
     out = tmp_path / "export"
     code = _export(
@@ -130,6 +130,9 @@ def test_errors_are_one_line_and_exit_2(world, tmp_path, capsys):
     message = error(world / "sharded_llama", "--hf-model", wider, "--out", out)
     assert "model.decoder.layers.mlp.linear_fc1.weight" in message
     assert "(4, 96, 32)" in message and "(4, 128, 32)" in message
+    (wider / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
+    message = error(world / "sharded_llama", "--hf-model", wider, "--out", out)
+    assert "has shape (4, 32)" in message and "implies (2, 32)" in message  # stacked layers
     assert "linear_qkv.bias" in error(
         world / "sharded_llama", "--hf-model", world / "hf_qwen2", "--out", out
     )

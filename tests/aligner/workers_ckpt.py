@@ -39,7 +39,7 @@ from .cpu_megatron import megatron_on_cpu
 from .tiny import hf_config, hf_model, hf_weights, layout, megatron_gpt
 
 #: The families saved for export, each with the key prefix it is saved under.
-EXPORTED = {"qwen2": "", "llama": "model."}
+EXPORTED = {"qwen2": "", "qwen2_tied": "", "llama": "model."}
 #: The trainable model: vocabulary 100 padded to a multiple of 56 × TP is 112 at TP 1 and TP 2,
 #: so its checkpoint reshards between them.
 TRAIN_DIVISIBLE_BY = 56

@@ -130,7 +130,12 @@ class ShardedCheckpoint:
     def check(self, layout: MegatronLayout, source: str) -> None:
         """Every weight of ``layout`` present with its shape, nothing else; errors name the key
         and both shapes (``source``: where ``layout`` came from)."""
-        expected = {self._key(spec)[0]: self._global_shape(spec) for spec in _specs(layout)}
+        layers = layout.shape.num_layers
+        expected = {
+            key: (layers, *spec.shape) if layer is not None else spec.shape
+            for spec in _specs(layout)
+            for key, layer in [self._key(spec)]
+        }
         actual = self.model_keys()
         for key, shape in expected.items():
             if key not in actual:
@@ -169,10 +174,6 @@ class ShardedCheckpoint:
             return spec.name, None
         index, _, rest = spec.name.removeprefix(_LAYERS).partition(".")
         return _LAYERS + rest, int(index)
-
-    def _global_shape(self, spec: WeightSpec) -> tuple[int, ...]:
-        layers = self.model_keys().get(_LAYERS + "self_attention.linear_qkv.weight", (0,))[0]
-        return (layers, *spec.shape) if spec.name.startswith(_LAYERS) else spec.shape
 
 
 def _specs(layout: MegatronLayout) -> list[WeightSpec]:
