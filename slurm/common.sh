@@ -215,7 +215,8 @@ opefo_launch() {
     opefo_log "launching $* on $SLURM_NTASKS tasks"
     # shellcheck disable=SC2016  # expanded by the task's shell, not here
     "${OPEFO_SRUN[@]}" --kill-on-bad-exit=1 --output="$OPEFO_ATTEMPT_DIR/rank-%t.log" \
-        bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID; exec "$@"' opefo-task \
+        bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \
+            LOCAL_WORLD_SIZE=${SLURM_NTASKS_PER_NODE%%(*}; exec "$@"' opefo-task \
         "$@" "${OPEFO_OVERRIDES[@]}" &
     OPEFO_STEP_PID=$!
     local status=0

@@ -17,6 +17,7 @@ from ..config.compose import compose
 from ..data import DatasetError
 from ..engines.aligner import AlignerUnavailableError
 from ..trainer.metrics_log import read_metrics
+from ..trainer.ranks import RankLayoutError
 from ..trainer.report import write_comparison
 from ..trainer.rollout_guard import GuardedRollout
 from ..trainer.setup import build_trainer, model_dir, start_rollout
@@ -30,7 +31,7 @@ EMBEDDED_DEFAULT = (
     "engine.warmup_steps=3",
 )
 #: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.
-START_UP_ERRORS = (FileNotFoundError, DatasetError, AlignerUnavailableError)
+START_UP_ERRORS = (FileNotFoundError, DatasetError, AlignerUnavailableError, RankLayoutError)
 log = logging.getLogger("opefo_nemo")
 
 

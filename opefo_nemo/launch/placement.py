@@ -45,10 +45,20 @@ class ServerPlacement:
     def leader(self) -> int:
         return self.ranks[0]
 
-    @property
-    def cuda_visible_devices(self) -> str:
-        """The ``CUDA_VISIBLE_DEVICES`` value the server process is started with."""
-        return ",".join(str(gpu) for gpu in self.local_gpus)
+    def visible_devices(self, parent: str | None = None) -> str:
+        """The ``CUDA_VISIBLE_DEVICES`` value the server process is started with: its local GPU
+        indices, mapped through the trainer's own ``CUDA_VISIBLE_DEVICES`` (``parent``: indices
+        or UUIDs; unset or empty: every GPU of the node is visible)."""
+        if not parent:
+            return ",".join(str(gpu) for gpu in self.local_gpus)
+        devices = [d.strip() for d in parent.split(",") if d.strip()]
+        if max(self.local_gpus) >= len(devices):
+            raise PlacementError(
+                f"server {self.index} needs node-local GPUs {list(self.local_gpus)} but "
+                f"CUDA_VISIBLE_DEVICES={parent!r} shows {len(devices)}: every rank must see all "
+                "GPUs of its node (no per-task GPU binding)"
+            )
+        return ",".join(devices[gpu] for gpu in self.local_gpus)
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,8 @@ class VLLMRolloutEngine:
     has no seed). ``extra_env``: added to the servers' environment (e.g. ``CUDA_VISIBLE_DEVICES``
     per server is not set for you). ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB).
     ``chunk_bytes``: size of the shared-memory segment used for weight updates.
+    ``tensor_parallel_size``: GPUs each server shards the model over (vLLM's own tensor
+    parallelism; 1 on the CPU; > 1 is passed to vLLM unverified here: no GPU).
     ``weight_transport``: "shm" (host shared memory, any device; tested) or "cuda_ipc" (CUDA IPC
     handles for servers on the trainer's GPUs; not verified, see ``cuda_ipc.py``).
     """
@@ -67,9 +69,12 @@ class VLLMRolloutEngine:
         shm_dir: str | os.PathLike = "/dev/shm",
         log_dir: str | os.PathLike | None = None,
         weight_transport: Literal["shm", "cuda_ipc"] = "shm",
+        tensor_parallel_size: int = 1,
     ) -> None:
         if num_servers < 1:
             raise ValueError(f"num_servers must be >= 1, got {num_servers}")
+        if tensor_parallel_size < 1:
+            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
         if not (Path(model_dir) / "config.json").is_file():
             raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory")
         if request_timeout_s <= 0 or startup_timeout_s <= 0:
@@ -106,6 +111,8 @@ class VLLMRolloutEngine:
             str(gpu_memory_utilization),
             "--shm-dir",
             str(self.shm_dir),
+            "--tensor-parallel-size",
+            str(tensor_parallel_size),
         ]
         self.servers: list[ServerProcess] = []
         _LIVE_ENGINES.add(self)

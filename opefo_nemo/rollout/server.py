@@ -39,6 +39,7 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--seed", type=int, default=0)
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--shm-dir", default="/dev/shm")
+    parser.add_argument("--tensor-parallel-size", type=int, default=1)
     return parser.parse_args(argv)
 
 
@@ -66,6 +67,7 @@ def _build_llm(args: argparse.Namespace):
         enforce_eager=on_cpu,
         enable_sleep_mode=not on_cpu,
         gpu_memory_utilization=args.gpu_memory_utilization,
+        tensor_parallel_size=args.tensor_parallel_size,
     ), on_cpu
 
 

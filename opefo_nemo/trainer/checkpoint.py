@@ -1,12 +1,15 @@
 """Checkpoints: ``<dir>/step_<NNNNNN>/`` holding everything a resumed run needs.
 
-* ``policy/``: the engine's model (a loadable Hugging Face directory), optimizer and scheduler;
+* ``policy/``: the engine's model, optimizer and scheduler (for ``hf`` a loadable Hugging Face
+  directory; a multi-rank engine writes its sharded format, every rank its part);
 * ``trainer_state.json``: step, data position, NaN streak, rollout restarts;
-* ``rng.pt``: Python, NumPy and torch generator states;
+* ``rng.pt``: Python, NumPy and torch generator states (rank ``r > 0``: ``rng_rank<r>.pt``);
 * ``config.yaml``: the composed configuration of the run.
 
 A checkpoint is written into a temporary sibling and renamed, so ``latest`` never points at a
-half-written one; only the newest ``keep`` are kept.
+half-written one; only the newest ``keep`` are kept. With several ranks (:class:`LoopRanks`)
+saving is collective: rank 0 prepares the staging directory, every rank writes its files, and
+rank 0 renames it once all have finished.
 """
 
 from __future__ import annotations
@@ -23,6 +26,7 @@ import torch
 import yaml
 
 from .protocols import Policy
+from .ranks import SINGLE_PROCESS, LoopRanks
 
 _NAME = re.compile(r"^step_(\d{6,})$")
 POLICY_SUBDIR = "policy"
@@ -42,28 +46,44 @@ def list_checkpoints(root: Path) -> list[Path]:
     return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
 
 
+def rng_file(rank: int) -> str:
+    """The RNG state file of ``rank`` inside a checkpoint."""
+    return "rng.pt" if rank == 0 else f"rng_rank{rank}.pt"
+
+
 def save_checkpoint(
-    root: Path, step: int, policy: Policy, state: dict[str, Any], config: dict[str, Any], keep: int
+    root: Path,
+    step: int,
+    policy: Policy,
+    state: dict[str, Any],
+    config: dict[str, Any],
+    keep: int,
+    ranks: LoopRanks = SINGLE_PROCESS,
 ) -> Path:
     """Write the checkpoint of ``step`` (completed rollout steps) and prune old ones."""
-    root.mkdir(parents=True, exist_ok=True)
     final = root / checkpoint_name(step)
     staging = root / f".{final.name}.partial"
-    shutil.rmtree(staging, ignore_errors=True)
-    staging.mkdir()
+    if ranks.is_main:
+        root.mkdir(parents=True, exist_ok=True)
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir()
+    ranks.barrier()
     policy.save(staging / POLICY_SUBDIR)
-    (staging / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
     rng = {
         "python": random.getstate(),
         "numpy": np.random.get_state(),
         "torch": torch.get_rng_state(),
     }
-    torch.save(rng, staging / "rng.pt")
-    (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-    shutil.rmtree(final, ignore_errors=True)
-    staging.rename(final)
-    for old in list_checkpoints(root)[:-keep]:
-        shutil.rmtree(old)
+    torch.save(rng, staging / rng_file(ranks.rank))
+    ranks.barrier()
+    if ranks.is_main:
+        (staging / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
+        (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
+        shutil.rmtree(final, ignore_errors=True)
+        staging.rename(final)
+        for old in list_checkpoints(root)[:-keep]:
+            shutil.rmtree(old)
+    ranks.barrier()
     return final
 
 
@@ -80,10 +100,18 @@ def resolve_resume(resume: str, root: Path) -> Path:
     return path
 
 
-def load_checkpoint(path: Path, policy: Policy) -> dict[str, Any]:
-    """Restore the policy and the RNG states; return the trainer state (with ``step``)."""
+def load_checkpoint(
+    path: Path, policy: Policy, ranks: LoopRanks = SINGLE_PROCESS
+) -> dict[str, Any]:
+    """Restore the policy and this rank's RNG states; return the trainer state (with ``step``)."""
     policy.load(path / POLICY_SUBDIR)
-    rng = torch.load(path / "rng.pt", weights_only=False)
+    rng_path = path / rng_file(ranks.rank)
+    if not rng_path.is_file():
+        raise FileNotFoundError(
+            f"{path} has no {rng_path.name}: it was written by a run with fewer ranks than "
+            f"this one ({ranks.world_size})"
+        )
+    rng = torch.load(rng_path, weights_only=False)
     random.setstate(rng["python"])
     np.random.set_state(rng["numpy"])
     torch.set_rng_state(rng["torch"])

@@ -2,8 +2,13 @@
 
 ``Trainer.train_step`` reads top to bottom as the algorithm: sample prompts → generate K responses
 each → score them → group advantages (SPEC §4) → update (token-stats pass, ``prepare``, optimizer
-step(s); :mod:`opefo_nemo.trainer.update`) → push the weights to the rollout engine → metrics
-(SPEC §6). ``Trainer.run`` adds checkpoints, validation, the NaN guard and pre-emption signals.
+step(s); :mod:`opefo_nemo.trainer.update`, the rollout engine asleep) → wake it and push the
+weights → metrics (SPEC §6). ``Trainer.run`` adds checkpoints, validation, the NaN guard and
+pre-emption signals.
+
+With a multi-rank engine every rank runs this loop on the same data (SPMD, :mod:`.ranks`): the
+rollout engine returns the full batch on every rank, rank 0 scores it and writes the files, and
+the ranks agree on pre-emption before acting on it.
 """
 
 from __future__ import annotations
@@ -29,6 +34,7 @@ from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from .metrics_log import MetricsLogger
 from .prompts import PromptCodec
 from .protocols import Policy
+from .ranks import SINGLE_PROCESS, LoopRanks
 from .rollout_guard import GuardedRollout
 from .sampler import PromptSampler
 from .scoring import reason_metrics, score_responses
@@ -91,8 +97,10 @@ class Trainer:
         train: Dataset,
         validation: Dataset | None,
         output_dir: Path,
+        ranks: LoopRanks = SINGLE_PROCESS,
     ):
         self.config = config
+        self.ranks = ranks
         self.config_dict = config_dict
         self.policy = policy
         self.rollout = rollout
@@ -122,7 +130,8 @@ class Trainer:
 
         problems = [self.train.problems[indices[c.prompt_index]] for c in completions]
         responses = [self.codec.decode(c.token_ids) for c in completions]
-        results = score_responses(responses, [p.ground_truth for p in problems], cfg.reward)
+        truths = [p.ground_truth for p in problems]
+        results = self.ranks.on_main(lambda: score_responses(responses, truths, cfg.reward))
         rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
         group_ids = torch.tensor([c.prompt_index for c in completions])
         advantages = group_advantages(
@@ -135,6 +144,7 @@ class Trainer:
             self.codec.pad_id,
         )
         timings["time/reward_s"] = time.perf_counter() - start - timings["time/rollout_s"]
+        self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
 
         mark = time.perf_counter()
         micro = cfg.engine.micro_batch_size
@@ -155,6 +165,7 @@ class Trainer:
         timings["time/update_s"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
+        self.rollout.wake()
         self.rollout.update_weights(self.policy.named_weights())
         timings["time/weight_sync_s"] = time.perf_counter() - mark
 
@@ -199,7 +210,7 @@ class Trainer:
         completions = self.rollout.generate(prompts, v.k, sampling)
         responses = [self.codec.decode(c.token_ids) for c in completions]
         truths = [problems[c.prompt_index].ground_truth for c in completions]
-        results = score_responses(responses, truths, self.config.reward)
+        results = self.ranks.on_main(lambda: score_responses(responses, truths, self.config.reward))
         matrix = [
             [float(results[i * v.k + j].correct) for j in range(v.k)] for i in range(len(problems))
         ]
@@ -221,14 +232,16 @@ class Trainer:
             self.state_dict(),
             self.config_dict,
             self.config.checkpoint.keep,
+            self.ranks,
         )
-        log.info("checkpoint written: %s", path)
+        if self.ranks.is_main:
+            log.info("checkpoint written: %s", path)
         return path
 
     def resume(self, resume: str) -> Path:
         """Restore a checkpoint and load its weights into the rollout engine."""
-        path = resolve_resume(resume, self.checkpoint_dir)
-        state = load_checkpoint(path, self.policy)
+        path = self.ranks.on_main(lambda: resolve_resume(resume, self.checkpoint_dir))
+        state = load_checkpoint(path, self.policy, self.ranks)
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         self.nan_guard.streak = int(state["nan_streak"])
@@ -241,13 +254,17 @@ class Trainer:
         """Train to ``trainer.max_steps``; returns ``"done"`` or ``"preempted"`` (checkpointed)."""
         cfg = self.config
         previous = {s: signal.signal(s, self._on_signal) for s in PREEMPTION_SIGNALS}
-        logger = MetricsLogger(
-            self.output_dir,
-            cfg.metrics,
-            cfg.run.name,
-            cfg.trainer.max_steps,
-            self.step,
-            self.config_dict,
+        logger = (
+            MetricsLogger(
+                self.output_dir,
+                cfg.metrics,
+                cfg.run.name,
+                cfg.trainer.max_steps,
+                self.step,
+                self.config_dict,
+            )
+            if self.ranks.is_main
+            else None
         )
         try:
             while self.step < cfg.trainer.max_steps:
@@ -256,23 +273,28 @@ class Trainer:
                 v_every = cfg.validation.every
                 if self.validation is not None and v_every and self.step % v_every == 0:
                     metrics.update(self.validate())
-                logger.log(self.step, metrics)
+                if logger is not None:
+                    logger.log(self.step, metrics)
                 every = cfg.checkpoint.every
                 if every and self.step % every == 0:
                     self.save()
-                if self._stop_signal is not None:
+                if self.ranks.any(self._stop_signal is not None):
                     log.warning(
-                        "signal %d: checkpointing at step %d and exiting",
+                        "pre-emption signal (here: %s): checkpointing at step %d and exiting",
                         self._stop_signal,
                         self.step,
                     )
                     self.save()
                     return "preempted"
-            if not list(self.checkpoint_dir.glob(f"step_{self.step:06d}")):
+            saved = self.ranks.on_main(
+                lambda: bool(list(self.checkpoint_dir.glob(f"step_{self.step:06d}")))
+            )
+            if not saved:
                 self.save()
             return "done"
         finally:
-            logger.close()
+            if logger is not None:
+                logger.close()
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
 

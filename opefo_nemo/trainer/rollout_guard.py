@@ -18,7 +18,8 @@ from ..rollout.protocol import ProtocolError
 from .protocols import RolloutEngine
 
 log = logging.getLogger(__name__)
-_FAILURES = (RolloutServerError, ProtocolError, TimeoutError, ConnectionError)
+TRANSPORT_FAILURES = (RolloutServerError, ProtocolError, TimeoutError, ConnectionError)
+"""Errors meaning the server, not the request, failed: worth a restart."""
 
 
 class GuardedRollout:
@@ -41,11 +42,11 @@ class GuardedRollout:
     ) -> list[Completion]:
         try:
             return self.engine.generate(prompts, n, sampling)
-        except _FAILURES as error:
+        except TRANSPORT_FAILURES as error:
             self._restart(error)
         try:
             return self.engine.generate(prompts, n, sampling)
-        except _FAILURES as error:
+        except TRANSPORT_FAILURES as error:
             raise RuntimeError(
                 f"the rollout engine failed again right after a restart: {error}"
             ) from error
@@ -53,7 +54,20 @@ class GuardedRollout:
     def update_weights(self, named_weights: Iterable[tuple[str, Tensor]]) -> None:
         try:
             self.engine.update_weights(named_weights)
-        except _FAILURES as error:
+        except TRANSPORT_FAILURES as error:
+            self._restart(error)
+
+    def sleep(self) -> None:
+        """Free the servers' GPU memory while the policy trains (a restarted server is awake)."""
+        try:
+            self.engine.sleep()
+        except TRANSPORT_FAILURES as error:
+            self._restart(error)
+
+    def wake(self) -> None:
+        try:
+            self.engine.wake()
+        except TRANSPORT_FAILURES as error:
             self._restart(error)
 
     def _restart(self, error: Exception) -> None:

@@ -1,29 +1,37 @@
 """Wiring a run from its validated config: model directory, datasets, policy, rollout, trainer.
 
 The embedded model (``model.embedded``) is built and warm-started once into ``model.path`` and
-reused afterwards; every other path must already exist.
+reused afterwards; every other path must already exist. A run launched on several ranks
+(``WORLD_SIZE > 1``: ``torchrun``, or ``srun`` through ``slurm/common.sh``) joins the default
+process group first (:class:`.ranks.LoopRanks`) and generates with vLLM servers colocated on its
+GPUs (:class:`.colocated_rollout.ColocatedRollout`); only multi-process engines accept that.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
 
+import torch
 from torch import Tensor
 
 from ..config.train import DataConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
+from ..launch.placement import ColocatedPlacement
 from ..models import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
 from ..tasks.arithmetic import make_problems
 from ..tasks.warm_start import read_recipe, supervised_warm_start
+from .colocated_rollout import ColocatedRollout
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
-from .protocols import Policy
+from .protocols import Policy, RolloutEngine
+from .ranks import LoopRanks, RankLayoutError
 from .rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
@@ -149,6 +157,38 @@ def start_rollout(
     return GuardedRollout(start, weights, r.max_restarts)
 
 
+def start_colocated_rollout(
+    config: TrainConfig,
+    path: Path,
+    weights: Callable[[], Iterator[tuple[str, Tensor]]],
+    ranks: LoopRanks,
+) -> ColocatedRollout:
+    """One vLLM server per ``engine.rollout_tp_size`` GPUs of each node, started by the lowest
+    rank on them with only those GPUs visible (``launch/placement.py``)."""
+    r = config.rollout
+    rollout_tp = getattr(config.engine, "rollout_tp_size", 1)
+    placement = ColocatedPlacement(ranks.world_size, ranks.local_world_size, rollout_tp)
+    max_len = max(config.data.max_prompt_tokens + r.max_new_tokens, 64)
+    on_gpu = torch.cuda.is_available()
+
+    def start(placement: ColocatedPlacement, index: int) -> RolloutEngine:
+        server = placement.server(index)
+        devices = server.visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
+        return VLLMRolloutEngine(
+            path,
+            num_servers=1,
+            seed=config.run.seed,
+            max_model_len=max_len,
+            gpu_memory_utilization=r.gpu_memory_utilization,
+            dtype=config.engine.dtype,
+            tensor_parallel_size=placement.rollout_tp_size,
+            extra_env={"CUDA_VISIBLE_DEVICES": devices} if on_gpu else None,
+            weight_transport="cuda_ipc" if on_gpu else "shm",
+        )
+
+    return ColocatedRollout(ranks, placement, start, weights, r.max_restarts)
+
+
 def build_policy(config: TrainConfig, path: Path) -> Policy:
     """The training engine ``engine.name`` selects, on the model at ``path``."""
     if config.engine.name == "aligner":
@@ -174,16 +214,27 @@ def build_trainer(
     e.g. across the runs of a comparison; the policy's weights are loaded into it first.
     Otherwise the rollout servers are started on the model directory.
     """
+    world_size = int(os.environ.get("WORLD_SIZE", "1"))
+    if world_size > 1 and config.engine.name == "hf":
+        raise RankLayoutError(
+            f"engine=hf trains in one process, but this run has WORLD_SIZE={world_size} "
+            "ranks: launch one process, or use engine=aligner"
+        )
+    ranks = LoopRanks.from_environment()
     path = model_dir(config)
     policy = build_policy(config, path)
     codec = PromptCodec(path, config.data.template)
     train, validation = load_datasets(config, codec)
-    if rollout is None:
+    if rollout is None and ranks.distributed:
+        rollout = start_colocated_rollout(config, path, policy.named_weights, ranks)
+    elif rollout is None:
         rollout = start_rollout(config, path, policy.named_weights)
     else:
         rollout.weights = policy.named_weights
         rollout.update_weights(policy.named_weights())
-    trainer = Trainer(config, config_dict, policy, rollout, codec, train, validation, output_dir)
+    trainer = Trainer(
+        config, config_dict, policy, rollout, codec, train, validation, output_dir, ranks
+    )
     if config.checkpoint.resume is not None:
         trainer.resume(config.checkpoint.resume)
     return trainer

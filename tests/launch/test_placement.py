@@ -39,7 +39,7 @@ def test_servers_partition_the_gpus_node_by_node(world_size, gpus_per_node, tp):
         assert {where[rank][0] for rank in server.ranks} == {server.node}  # one node
         assert server.local_gpus == tuple(where[rank][1] for rank in server.ranks)
         assert server.leader == min(server.ranks)
-        assert server.cuda_visible_devices == ",".join(map(str, server.local_gpus))
+        assert server.visible_devices() == ",".join(map(str, server.local_gpus))
         for rank in server.ranks:
             assert placement.server_of_rank(rank) == server
 
@@ -63,6 +63,16 @@ def test_bad_allocations_are_named():
         ColocatedPlacement(8, 8, 2).server_of_rank(8)
     with pytest.raises(PlacementError, match="num_prompts"):
         ColocatedPlacement(8, 8, 2).prompt_shares(-1)
+
+
+def test_visible_devices_map_through_the_parent_list():
+    server = ColocatedPlacement(16, 8, 2).server(5)  # node 1, local GPUs 2 and 3
+    assert (server.node, server.local_gpus) == (1, (2, 3))
+    assert server.visible_devices(None) == "2,3"
+    assert server.visible_devices("4,5,6,7,0,1,2,3") == "6,7"
+    assert server.visible_devices("GPU-a, GPU-b,GPU-c,GPU-d") == "GPU-c,GPU-d"
+    with pytest.raises(PlacementError, match="every rank must see all GPUs"):
+        server.visible_devices("0")
 
 
 def test_vllm_sharding_rules():

@@ -24,27 +24,44 @@ GROUP_TIMEOUT = datetime.timedelta(seconds=60)
 WORLD_DEADLINE_S = 240.0
 
 
-def run_world(fn: Callable[..., None], world_size: int, *args: object) -> None:
-    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks."""
+def run_world(
+    fn: Callable[..., None],
+    world_size: int,
+    *args: object,
+    group_timeout: datetime.timedelta = GROUP_TIMEOUT,
+    deadline_s: float = WORLD_DEADLINE_S,
+) -> None:
+    """Run ``fn(rank, world_size, *args)`` on ``world_size`` spawned gloo ranks (longer
+    ``group_timeout`` / ``deadline_s`` for workers that start servers between collectives)."""
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"
-        context = mp.spawn(_entry, args=(fn, world_size, init, args), nprocs=world_size, join=False)
-        deadline = time.monotonic() + WORLD_DEADLINE_S
+        context = mp.spawn(
+            _entry,
+            args=(fn, world_size, init, group_timeout, args),
+            nprocs=world_size,
+            join=False,
+        )
+        deadline = time.monotonic() + deadline_s
         while not context.join(timeout=1.0):
             if time.monotonic() > deadline:
                 for process in context.processes:
                     if process.is_alive():
                         process.kill()
-                raise TimeoutError(f"{fn.__name__} ran past {WORLD_DEADLINE_S} s: a rank hung")
+                raise TimeoutError(f"{fn.__name__} ran past {deadline_s} s: a rank hung")
 
 
 def _entry(
-    rank: int, fn: Callable[..., None], world_size: int, init: str, args: tuple[object, ...]
+    rank: int,
+    fn: Callable[..., None],
+    world_size: int,
+    init: str,
+    group_timeout: datetime.timedelta,
+    args: tuple[object, ...],
 ) -> None:
     warnings.filterwarnings("ignore", message=".*Transformer Engine and Apex.*")
     torch.set_num_threads(1)
     dist.init_process_group(
-        "gloo", init_method=init, rank=rank, world_size=world_size, timeout=GROUP_TIMEOUT
+        "gloo", init_method=init, rank=rank, world_size=world_size, timeout=group_timeout
     )
     try:
         fn(rank, world_size, *args)
