@@ -22,18 +22,19 @@ import os
 import pytest
 import torch
 
-pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA (README.md)")
+if not torch.cuda.is_available():
+    pytest.skip("needs CUDA (README.md)", allow_module_level=True)
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
 # Imported after the skips: megatron-core is not in every environment.
-from opefo_nemo.config.method import load_method  # noqa: E402
-from opefo_nemo.config.train import AlignerEngineConfig, EngineConfig  # noqa: E402
-from opefo_nemo.engines.aligner import fetch_from_shards, hf_named_weights  # noqa: E402
-from opefo_nemo.trainer.batch import build_batch  # noqa: E402
-from opefo_nemo.trainer.update import update_rollout_batch  # noqa: E402
-from tests.aligner.tiny import hf_config, layout, megatron_gpt  # noqa: E402
-from tests.aligner.workers_policy import load_hf_into_megatron  # noqa: E402
+from opefo_nemo.config.method import load_method
+from opefo_nemo.config.train import AlignerEngineConfig, EngineConfig
+from opefo_nemo.engines.aligner import fetch_from_shards, hf_named_weights
+from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.trainer.update import update_rollout_batch
+from tests.aligner.tiny import hf_config, layout, megatron_gpt
+from tests.aligner.workers_policy import load_hf_into_megatron
 
 TEMPERATURE = 0.7
 METHOD = ("opefo", ["lr=1e-2"])
