@@ -64,7 +64,7 @@ class LoopRanks:
     def from_environment(cls) -> LoopRanks:
         """From ``torchrun`` / ``srun`` variables (``RANK``, ``WORLD_SIZE``, ``LOCAL_WORLD_SIZE``
         or ``SLURM_NTASKS_PER_NODE``); joins the default process group when there are several
-        ranks (NCCL with CUDA, else gloo) unless it is already initialized."""
+        ranks (NCCL on GPU ``LOCAL_RANK``, else gloo) unless it is already initialized."""
         world_size = int(os.environ.get("WORLD_SIZE", "1"))
         if world_size == 1:
             return cls()
@@ -72,7 +72,11 @@ class LoopRanks:
         local = os.environ.get("LOCAL_WORLD_SIZE") or os.environ.get("SLURM_NTASKS_PER_NODE")
         local_world_size = int(local.split("(")[0]) if local else world_size
         if not dist.is_initialized():
-            backend = "nccl" if torch.cuda.is_available() else "gloo"
+            backend = "gloo"
+            if torch.cuda.is_available():
+                local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world_size))
+                torch.cuda.set_device(local_rank)
+                backend = "nccl"
             dist.init_process_group(backend, rank=rank, world_size=world_size)
         return cls(rank, world_size, local_world_size)
 

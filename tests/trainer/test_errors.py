@@ -28,10 +28,10 @@ def test_missing_model_path_is_an_error_naming_it(tmp_path):
 
 
 def test_paper_preset_stops_at_the_aligner_engine_with_a_clear_message(tiny, tmp_path):
-    """The presets select engine=aligner, whose NeMo actor is not built yet (issue 8)."""
+    """The presets select engine=aligner, whose NeMo actor needs the NeMo container."""
     config, data = compose(["+preset=opefo_7b", f"model.path={tiny}"])
     assert config.engine.name == "aligner"
-    with pytest.raises(AlignerUnavailableError, match=r"engine\.name=aligner.*not built yet"):
+    with pytest.raises(AlignerUnavailableError, match=r"engine\.name=aligner: this environment"):
         build_trainer(config, data, tmp_path / "out")
 
 
