@@ -37,6 +37,15 @@ def test_load_restores_saved_weights_and_optimizer_state_bit_for_bit(world):
     assert results["load_into_fresh_model"] == []
 
 
+def test_refused_save_leaves_the_previous_checkpoint_in_place(world):
+    """A save with an optimizer over foreign parameters fails before writing anything; the
+    following load (above) still gets the earlier checkpoint."""
+    root, results = world
+    assert "not parameters of the model" in results["refused_save_error"]
+    assert results["load_into_moved_model"] == []
+    assert not (root / ".train_tp2.partial").exists()
+
+
 def test_resume_equals_uninterrupted_training(world):
     """step, save, two steps == (fresh model, optimizer, scheduler) load, the same two steps."""
     assert world[1]["resume_equals_uninterrupted"] == []

@@ -214,6 +214,13 @@ def _train_save_resume(out: Path, results: dict) -> dict[str, torch.Tensor]:
         _train_step(model, optimizer, scheduler, step)
     after_two = _snapshot(model, optimizer)
     results["moved_after_save"] = _differences(saved, after_two)
+    foreign = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
+    try:  # refused: the checkpoint on disk must stay the saved one (checked by the next load)
+        with checkpoint_on_cpu():
+            save_sharded(out / "train_tp2", model, foreign, {})
+        results["refused_save_error"] = "no error"
+    except ValueError as error:
+        results["refused_save_error"] = str(error)
 
     load_sharded(out / "train_tp2", model, optimizer)
     results["load_into_moved_model"] = _differences(saved, _snapshot(model, optimizer))

@@ -100,7 +100,10 @@ def save_sharded(
     prefix: str = "",
 ) -> None:
     """Write ``model`` (megatron-core, with ``sharded_state_dict``), ``optimizer``'s state and the
-    JSON-able ``extra`` to ``directory``. Collective: every rank of the job calls it."""
+    JSON-able ``extra`` to ``directory``. Collective: every rank of the job calls it.
+
+    Bad input (a non-JSON-able ``extra``, optimizer parameters that are not the model's, or
+    parameters at different steps) raises before anything is written."""
     from megatron.core import dist_checkpointing
 
     directory = Path(directory)
@@ -108,11 +111,6 @@ def save_sharded(
         extra_json = json.loads(json.dumps(extra))
     except TypeError as error:
         raise TypeError(f"save_sharded: extra must be JSON-able ({error})") from error
-    staging = directory.parent / f".{directory.name}.partial"
-    if dist.get_rank() == 0:
-        shutil.rmtree(staging, ignore_errors=True)
-        staging.mkdir(parents=True)
-    dist.barrier()
     model_state = model.sharded_state_dict(prefix=prefix)
     state: dict[str, Any] = {"model": model_state}
     state_names: list[str] = []
@@ -121,6 +119,11 @@ def save_sharded(
         state["optimizer"] = _optimizer_sharded_state(
             optimizer, model_state, optimizer.state_dict()
         )
+    staging = directory.parent / f".{directory.name}.partial"
+    if dist.get_rank() == 0:
+        shutil.rmtree(staging, ignore_errors=True)
+        staging.mkdir(parents=True)
+    dist.barrier()
     dist_checkpointing.save(state, str(staging))
     if dist.get_rank() == 0:
         manifest = {
