@@ -130,6 +130,9 @@ def test_errors_are_one_line_and_exit_2(world, tmp_path, capsys):
     message = error(world / "sharded_llama", "--hf-model", wider, "--out", out)
     assert "model.decoder.layers.mlp.linear_fc1.weight" in message
     assert "(4, 96, 32)" in message and "(4, 128, 32)" in message
+    message = error(world / "hf_llama", "--hf-model", wider, "--out", out)  # safetensors source
+    assert "model.layers.0.mlp.gate_proj.weight has shape (48, 32)" in message
+    assert "implies (64, 32)" in message
     (wider / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
     message = error(world / "sharded_llama", "--hf-model", wider, "--out", out)
     assert "has shape (4, 32)" in message and "implies (2, 32)" in message  # stacked layers

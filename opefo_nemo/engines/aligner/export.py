@@ -53,6 +53,12 @@ _LAYERS = "decoder.layers."
 _WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.h5", "*.msgpack", "*.gguf")
 _WEIGHT_PATTERNS += ("*.safetensors.index.json", "*.bin.index.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
+_SAFETENSORS_DTYPES = {
+    "F64": torch.float64,
+    "F32": torch.float32,
+    "BF16": torch.bfloat16,
+    "F16": torch.float16,
+}
 
 
 def read_hf_config(hf_model: Path) -> dict:
@@ -123,6 +129,8 @@ class ShardedCheckpoint:
                 f"checkpoint {self.directory}: {self.prefix}{EMBEDDING} has {padded} rows, "
                 f"fewer than the Hugging Face config's vocab_size {vocab}"
             )
+        # Padding multiple = V' itself: the layout's padded vocabulary is exactly the stored one,
+        # whatever TP and multiple the checkpoint was written with.
         return MegatronLayout.from_hf_config(
             hf_config, make_vocab_size_divisible_by=padded, fused_layernorm=True
         )
@@ -255,9 +263,13 @@ def export_safetensors(
     if not files:
         raise FileNotFoundError(f"{weights_dir} holds no *.safetensors weights")
     where: dict[str, Path] = {}
+    stored: dict[str, tuple[tuple[int, ...], str]] = {}
     for path in files:
         with safe_open(str(path), framework="pt") as handle:
-            where.update(dict.fromkeys(handle.keys(), path))
+            for name in handle.keys():  # noqa: SIM118 (a safetensors handle is not iterable)
+                where[name] = path
+                piece = handle.get_slice(name)
+                stored[name] = (tuple(piece.get_shape()), piece.get_dtype())
     shapes = hf_shapes(layout)
     tied_head = {"lm_head.weight"} - set(shapes)  # a tied model's file may repeat the embedding
     unexpected = sorted(set(where) - set(shapes) - tied_head)
@@ -267,20 +279,22 @@ def export_safetensors(
             f"{weights_dir} does not hold the weights {hf_model}/config.json describes: "
             f"missing {missing}, unexpected {unexpected}"
         )
+    for name, shape in shapes.items():
+        if stored[name][0] != shape:
+            raise ValueError(
+                f"{where[name]}: {name} has shape {stored[name][0]}, "
+                f"{hf_model}/config.json implies {shape}"
+            )
+    first = stored[next(iter(shapes))][1]
+    if first not in _SAFETENSORS_DTYPES:
+        raise ValueError(f"{weights_dir}: unsupported safetensors dtype {first}")
 
     def weights() -> Iterator[tuple[str, Tensor]]:
-        for name, shape in shapes.items():
+        for name in shapes:
             with safe_open(str(where[name]), framework="pt") as handle:
-                tensor = handle.get_tensor(name)
-            if tuple(tensor.shape) != shape:
-                raise ValueError(
-                    f"{where[name]}: {name} has shape {tuple(tensor.shape)}, "
-                    f"{hf_model}/config.json implies {shape}"
-                )
-            yield name, tensor
+                yield name, handle.get_tensor(name)
 
-    with safe_open(str(where[next(iter(shapes))]), framework="pt") as handle:
-        dtype = handle.get_tensor(next(iter(shapes))).dtype
+    dtype = _SAFETENSORS_DTYPES[first]
     return write_hf_directory(out, weights(), shapes, dtype, hf_model, overwrite, max_shard_bytes)
 
 
