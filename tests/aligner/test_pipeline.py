@@ -85,6 +85,8 @@ def test_pipeline_equals_single_process_reference(reference, tmp_path, tp, pp, m
                 stage_keys(got["first"], got["last"], loss=True)
             )
             assert {k for keys in got["keys"] for k in keys} == expected_keys, where
+            # both passes took every micro-batch's item, on every stage
+            assert len(got["keys"]) == 2 * got["num_microbatches"] == 2 * -(-ROWS // mbs), where
             assert got["n_tokens"] == want["n_tokens"] == batch.n_response_tokens, where
             assert got["lambda_star"] == pytest.approx(want["lambda_star"], rel=1e-5), where
             stats = got["stats"]

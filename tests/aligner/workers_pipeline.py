@@ -20,7 +20,11 @@ from opefo_nemo.engines.aligner.loss_closure import (
     VocabParallelLogits,
     stats_function,
 )
-from opefo_nemo.engines.aligner.pipeline_batch import PipelineMicroBatches, item_loss_function
+from opefo_nemo.engines.aligner.pipeline_batch import (
+    PipelineMicroBatches,
+    forward_step_func,
+    item_loss_function,
+)
 from opefo_nemo.parallel import DataParallelReducer
 
 from .cpu_megatron import megatron_on_cpu
@@ -186,16 +190,16 @@ def _step(model, lay: MegatronLayout, stage: int, micro_batch_size: int, batch) 
     scaling = MegatronScaling(plan.num_microbatches, 1)
     keys_seen: list[tuple[str, ...]] = []
 
-    def run(items: list[dict], make_fn, forward_only: bool) -> list[dict]:
-        def forward_step(data_iterator, model):
-            item = next(data_iterator)
+    def recorded(items: list[dict]):
+        """The items, noting the keys of each one the schedule takes."""
+        for item in items:
             keys_seen.append(tuple(item))
-            output = model(item.get("input_ids"), item.get("position_ids"), None)
-            return output, make_fn(item) if last else None
+            yield item
 
+    def run(items: list[dict], make_fn, forward_only: bool) -> list[dict]:
         return get_forward_backward_func()(
-            forward_step_func=forward_step,
-            data_iterator=iter(items),
+            forward_step_func=forward_step_func(make_fn, last),
+            data_iterator=recorded(items),
             model=model,
             num_microbatches=plan.num_microbatches,
             seq_length=plan.seq_length,
@@ -224,7 +228,8 @@ def _step(model, lay: MegatronLayout, stage: int, micro_batch_size: int, batch) 
         "stage": stage,
         "first": first,
         "last": last,
-        "keys": sorted(set(keys_seen)),
+        "keys": keys_seen,
+        "num_microbatches": plan.num_microbatches,
         "stats": {name: _rows(plan, value) for name, value in stats.items()},
         "loss_logprob": loss_logprob,
         "n_tokens": prepared.n_tokens,

@@ -26,7 +26,7 @@ micro-batch, are stacked and broadcast over the pipeline group
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -228,6 +228,31 @@ class PipelineMicroBatches:
             )
             for i, micro in enumerate(self.micros)
         ]
+
+
+ForwardStep = Callable[[object, torch.nn.Module], tuple[Tensor, LossFunction | None]]
+"""megatron's ``forward_step_func(data_iterator, model) -> (output, fn)``."""
+
+
+def forward_step_func(
+    make_fn: Callable[[Mapping[str, Tensor]], LossFunction], last: bool
+) -> ForwardStep:
+    """megatron's ``forward_step_func`` over this module's item iterators, for every stage.
+
+    Takes the next item (every stage, every micro-batch), moves it to the model's device and runs
+    ``model(input_ids, position_ids, None)`` (``None`` inputs on later stages: ``GPTModel`` then
+    reads the previous stage's activations); causal attention, no mask. On the ``last`` stage the
+    function is ``make_fn(item)`` (e.g. ``stats_function`` of ``item["targets"]``, or
+    :func:`item_loss_function`); elsewhere ``None`` (the schedule never calls it there).
+    """
+
+    def forward_step(data_iterator, model: torch.nn.Module):
+        device = next(model.parameters()).device
+        item = {key: value.to(device) for key, value in next(data_iterator).items()}
+        output = model(item.get("input_ids"), item.get("position_ids"), None)
+        return output, make_fn(item) if last else None
+
+    return forward_step
 
 
 def item_loss_function(
