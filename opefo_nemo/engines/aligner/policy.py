@@ -1,0 +1,309 @@
+"""The trainer's ``Policy`` protocol on a megatron-core GPT model inside ``parallel_state``.
+
+SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with the *same* arguments
+(the trainer loop runs on every rank); collectives inside keep the ranks in step.
+
+- :meth:`MegatronPolicy.token_stats` (phase 1, SPEC §1): the batch's rows are split over the
+  data-parallel (DP) ranks (:func:`~.schedule_driver.balanced_rows`), each rank runs its rows
+  through ``forward_backward_func(forward_only=True)`` in micro-batches of
+  ``config.micro_batch_size`` with :func:`~.loss_closure.stats_function` (vocab-parallel over TP,
+  padded vocabulary excluded, the rollout temperature), and the ``[B, T − 1]`` statistics are
+  all-gathered over DP, so every rank returns the full batch's, in row order, on the CPU; the
+  trainer's ``prepare`` with its single-process reducer is then identical on every rank.
+- :meth:`MegatronPolicy.train_step` (phase 3, SPEC §5): micro-batch ``i`` of the ``M`` the
+  trainer passes belongs to DP rank ``⌊i·D/M⌋`` (equal contiguous blocks). Each rank runs its
+  ``M/D`` through the schedule with gradient; the schedule's loss function is the trainer's
+  ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D, D).factor``, which undoes megatron's
+  ``1/num_microbatches`` and DDP's ``1/D``. Then: DP average of the gradients
+  (:func:`~.gradients.average_over_data_parallel`, what DDP does), the global norm over TP and
+  PP (:func:`~.gradients.global_grad_norm`), clipping to ``config.grad_clip``, the optimizer step.
+  A non-finite loss or logits on any rank, or a non-finite norm, skips the step on every rank
+  (gradients dropped, ``UpdateResult(nan, lr, skipped=True)``), as ``HFPolicy`` does.
+- Metric sums: the trainer's ``loss_fn`` adds each micro-batch's metric sums to its own
+  accumulator as a side effect (``trainer/update.py`` ``optimizer_step``). A DP rank calls it only
+  for its own micro-batches, so after the backward the loss-pass statistics (detached ``logprob``
+  and ``entropy``) are all-gathered over DP and every rank calls ``loss_fn`` once more, without
+  gradient and discarding the loss, for each micro-batch of the other ranks: every rank's sums
+  then cover all ``M`` micro-batches, as on one device (added in a different order: float64
+  round-off).
+- Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (SPEC §8), the
+  schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
+- :meth:`named_weights`: Hugging Face names through :func:`~.streaming.hf_named_weights` and
+  :class:`~.streaming.DistributedFetch` (TP shards gathered, PP stages broadcast, one decoder
+  layer at a time); every rank must iterate it to the end.
+
+On the GPU, megatron's ``DistributedDataParallel`` replaces :func:`average_over_data_parallel`
+(same numbers: the factor assumes its default averaging; with ``calculate_per_token_loss`` pass
+that flag to :class:`MegatronScaling`), and a ``MegatronOptimizer`` (fp32 master weights,
+distributed optimizer) replaces the norm, clipping and step: its ``step()`` returns
+``(success, grad_norm, _)`` computed by the same rule. Pipeline parallelism (PP > 1) needs the
+stats broadcast from the last stage and a schedule that carries the coefficients: not yet here.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator, Sequence
+from pathlib import Path
+
+import torch
+from megatron.core import parallel_state
+from torch import Tensor
+
+from ...config.train import AlignerEngineConfig
+from ...parallel import NonFiniteLogitsError, TokenStats
+from ...trainer.batch import TrainBatch
+from ...trainer.protocols import LossFn, UpdateResult
+from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
+from .layout import MegatronLayout
+from .loss_closure import (
+    LossFunction,
+    MegatronScaling,
+    VocabParallelLogits,
+    per_position,
+    stats_function,
+)
+from .schedule_driver import balanced_rows, gather_flat, gather_rows, per_rank, run_schedule
+from .streaming import DistributedFetch, hf_named_weights
+from .weight_mapping import Sharding, stage_specs
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+_STATS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+
+
+def build_adamw(
+    model: torch.nn.Module, config: AlignerEngineConfig, lr: float
+) -> torch.optim.AdamW:
+    """AdamW over every trainable parameter of ``model`` with the engine's β, ε and weight decay
+    (one group, as ``HFPolicy``)."""
+    return torch.optim.AdamW(
+        [p for p in model.parameters() if p.requires_grad],
+        lr=lr,
+        betas=(config.adam_beta1, config.adam_beta2),
+        eps=config.adam_eps,
+        weight_decay=config.weight_decay,
+    )
+
+
+class MegatronPolicy:
+    """``Policy`` on this rank's megatron-core ``GPTModel`` (see the module docstring).
+
+    ``model``: the rank's model (one chunk: no virtual pipeline stages), built for ``layout`` and
+    this rank's TP rank; ``optimizer``: a torch optimizer over its parameters (:func:`build_adamw`);
+    ``temperature``: the rollout's sampling temperature (SPEC §1).
+    """
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        optimizer: torch.optim.Optimizer,
+        config: AlignerEngineConfig,
+        *,
+        layout: MegatronLayout,
+        temperature: float,
+    ) -> None:
+        if not parallel_state.model_parallel_is_initialized():
+            raise RuntimeError("MegatronPolicy needs megatron-core's parallel_state initialized")
+        if layout.pipeline_parallel > 1:
+            raise NotImplementedError(
+                "MegatronPolicy with pipeline_parallel > 1: the token-stats broadcast from the "
+                "last stage and the pipelined loss pass are not wired yet (loss_closure PP work)"
+            )
+        self.model, self.optimizer, self.config, self.layout = model, optimizer, config, layout
+        self.tp_group = parallel_state.get_tensor_model_parallel_group()
+        self.pp_group = parallel_state.get_pipeline_model_parallel_group()
+        self.dp_group = parallel_state.get_data_parallel_group()
+        self.model_parallel_group = parallel_state.get_model_parallel_group()
+        self._check_model()
+        self.logits = VocabParallelLogits(
+            self.tp_group,
+            layout.shape.vocab_size,
+            temperature,
+            chunk_size=config.stats_chunk_tokens,
+        )
+        warmup = config.warmup_steps
+        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
+            optimizer, lambda step: 1.0 if warmup == 0 else min(1.0, (step + 1) / warmup)
+        )
+
+    def _check_model(self) -> None:
+        """The model's names, shard shapes and dtype are what ``layout`` and ``config`` say."""
+        tp = parallel_state.get_tensor_model_parallel_world_size()
+        if tp != self.layout.tensor_parallel:
+            raise ValueError(
+                f"parallel_state has tensor parallel {tp}, the layout {self.layout.tensor_parallel}"
+            )
+        state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
+        stage = parallel_state.get_pipeline_model_parallel_rank()
+        expected = {
+            spec.name: _shard_shape(spec.shape, spec.sharding, tp)
+            for spec in stage_specs(self.layout, stage)
+        }
+        missing, unexpected = set(expected) - set(state), set(state) - set(expected)
+        if missing or unexpected:
+            raise ValueError(
+                f"model weights do not match the layout: missing {sorted(missing)}, "
+                f"unexpected {sorted(unexpected)}"
+            )
+        for name, tensor in state.items():
+            if tuple(tensor.shape) != expected[name]:
+                raise ValueError(
+                    f"model weight {name} has shape {tuple(tensor.shape)}, the layout (padded "
+                    f"vocabulary {self.layout.padded_vocab_size}, TP {tp}) expects {expected[name]}"
+                )
+        dtype = _DTYPES[self.config.dtype]
+        wrong = [n for n, p in self.model.named_parameters() if p.dtype != dtype]
+        if wrong:
+            raise ValueError(f"model weight {wrong[0]} is not engine.dtype={self.config.dtype}")
+
+    @property
+    def lr(self) -> float:
+        return float(self.optimizer.param_groups[0]["lr"])
+
+    @property
+    def _dp(self) -> tuple[int, int]:
+        """``(data-parallel size, this rank's data-parallel rank)``."""
+        return (
+            parallel_state.get_data_parallel_world_size(),
+            parallel_state.get_data_parallel_rank(),
+        )
+
+    @torch.no_grad()
+    def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
+        """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` on every rank (CPU)."""
+        size, rank = self._dp
+        rows = balanced_rows(batch.rows, size, rank)
+        names = _STATS if tabular else _STATS[:2]
+        local = torch.zeros((len(names), len(rows), batch.input_ids.shape[1] - 1))
+        error: NonFiniteLogitsError | None = None
+        if len(rows):
+            micros = batch.select(rows).split(self.config.micro_batch_size)
+            items = [
+                (m.input_ids, stats_function(per_position(m.targets), self.logits, tabular))
+                for m in micros
+            ]
+            try:
+                outputs = run_schedule(self.model, items, forward_only=True)
+            except NonFiniteLogitsError as raised:
+                error = raised
+                local.fill_(math.nan)
+            else:
+                start = 0
+                for micro, out in zip(micros, outputs, strict=True):
+                    width = micro.input_ids.shape[1] - 1
+                    for field, name in enumerate(names):
+                        block = out[name][:, :-1].float().cpu()
+                        local[field, start : start + micro.rows, :width] = block
+                    start += micro.rows
+        full = gather_rows(local, batch.rows, self.dp_group)
+        if error is not None:
+            raise error
+        if bool(torch.isnan(full).any()):
+            raise NonFiniteLogitsError("token_stats: another data-parallel rank had NaN logits")
+        return TokenStats(*full, *([None] * (len(_STATS) - len(names))))
+
+    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
+        """Phase 3: one optimizer step over all ``micro_batches`` of the step (module docstring)."""
+        size, rank = self._dp
+        blocks = per_rank(len(micro_batches), size)
+        mine = blocks(rank)
+        scaling = MegatronScaling(len(mine), size)
+        self.optimizer.zero_grad(set_to_none=True)
+        seen: dict[int, TokenStats] = {}
+        failed = False
+
+        def closure(index: int) -> LossFunction:
+            targets = per_position(micro_batches[index].targets)
+
+            def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+                nonlocal failed
+                try:
+                    stats = self.logits.stats(logits, targets)
+                except NonFiniteLogitsError:
+                    failed = True
+                    return logits.sum() * 0.0, {}
+                with_grad = TokenStats(stats.logprob[:, :-1].cpu(), stats.entropy[:, :-1].cpu())
+                loss = loss_fn(index, with_grad)
+                failed = failed or not bool(torch.isfinite(loss.detach()))
+                seen[index] = TokenStats(with_grad.logprob.detach(), with_grad.entropy.detach())
+                return loss.to(logits.device) * scaling.factor, {}
+
+            return compute
+
+        items = [(micro_batches[i].input_ids, closure(i)) for i in mine]
+        run_schedule(self.model, items, forward_only=False)
+        params = [p for p in self.model.parameters() if p.requires_grad]
+        failed = average_over_data_parallel(params, self.dp_group, failed)
+        grad_norm, failed = global_grad_norm(params, self.model_parallel_group, failed)
+        if failed or not math.isfinite(grad_norm):
+            self.optimizer.zero_grad(set_to_none=True)
+            return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
+        if size > 1:
+            self._replay_other_ranks(micro_batches, blocks, seen, loss_fn)
+        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
+        clip_to_norm(params, max_norm, grad_norm)
+        self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False)
+
+    @torch.no_grad()
+    def _replay_other_ranks(
+        self,
+        micro_batches: Sequence[TrainBatch],
+        blocks,
+        seen: dict[int, TokenStats],
+        loss_fn: LossFn,
+    ) -> None:
+        """``loss_fn`` on the other DP ranks' micro-batches with their loss-pass statistics
+        (module docstring, metric sums); one all-gather of ``logprob ‖ entropy`` per micro-batch,
+        flattened, in micro-batch order."""
+        size, rank = self._dp
+        sizes = [2 * sum(micro_batches[i].targets.numel() for i in blocks(r)) for r in range(size)]
+        local = torch.cat(
+            [
+                torch.cat([seen[i].logprob.reshape(-1), seen[i].entropy.reshape(-1)])
+                for i in blocks(rank)
+            ]
+        )
+        for other, flat in enumerate(gather_flat(local, sizes, self.dp_group)):
+            if other == rank:
+                continue
+            offset = 0
+            for index in blocks(other):
+                shape = micro_batches[index].targets.shape
+                count = micro_batches[index].targets.numel()
+                logprob = flat[offset : offset + count].view(shape)
+                entropy = flat[offset + count : offset + 2 * count].view(shape)
+                loss_fn(index, TokenStats(logprob, entropy))
+                offset += 2 * count
+
+    def advance_schedule(self) -> None:
+        self.scheduler.step()
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Every Hugging Face weight once (tied ``lm_head`` not repeated), gathered over TP and
+        PP one decoder layer at a time; identical on every rank."""
+        state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
+        fetch = DistributedFetch(
+            self.layout,
+            state,
+            self.tp_group,
+            self.pp_group,
+            _DTYPES[self.config.dtype],
+            device=next(self.model.parameters()).device,
+        )
+        yield from hf_named_weights(self.layout, fetch)
+
+    def save(self, directory: Path) -> None:
+        raise NotImplementedError("MegatronPolicy.save needs the checkpoint helper's save_sharded")
+
+    def load(self, directory: Path) -> None:
+        raise NotImplementedError("MegatronPolicy.load needs the checkpoint helper's load_sharded")
+
+
+def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:
+    """A full Megatron weight's shape on one TP rank (``tensor_parallel.split_for_rank``)."""
+    if sharding is Sharding.REPLICATED:
+        return shape
+    dim = 1 if sharding is Sharding.ROW else 0
+    return tuple(n // tp if d == dim else n for d, n in enumerate(shape))

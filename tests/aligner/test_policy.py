@@ -1,0 +1,171 @@
+"""``MegatronPolicy`` against ``HFPolicy`` on the same weights and rollout batch.
+
+A tiny Hugging Face Qwen2 (rope, QKV bias, 4 query / 2 key-value heads; untied or tied
+embeddings; random weights) is converted with ``hf_to_megatron`` and loaded strictly into a real
+megatron-core 0.16.1 ``GPTModel`` on every spawned gloo rank; the trainer's own
+``update_rollout_batch`` (phases 1–3, OPEFO or multi-update Entropy-Reg) then runs on
+``MegatronPolicy`` through megatron's real no-pipelining schedule at TP 1, TP 2, DP 2 and
+TP 2 × DP 2, with 1 or 2 responses per micro-batch, and on ``HFPolicy`` with the whole batch as
+one micro-batch. Equal: the token statistics of the whole batch (tabular sums too), every metric
+of the update (loss, flow, λ*, ``grad/norm``, ``lr``), the clipped gradient of every weight before
+each optimizer step (Hugging Face names), every weight after the step (AdamW, fp32); the loss
+pass's logprobs equal the stats pass's; the warm-up lr of the next step.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from opefo_nemo.config.method import load_method
+from opefo_nemo.config.train import EngineConfig
+from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.trainer.update import update_rollout_batch
+from tests.parallel.world import run_world
+
+from . import workers_policy
+from .tiny import hf_config
+
+pytest.importorskip("megatron.core")
+pytest.importorskip("transformers")
+
+ROWS = 4
+OPEFO = ("opefo", ["lr=1e-2"])
+#: Two optimizer steps of two responses each: old logprobs, ratio clipping, entropy gradient.
+ENTROPY_REG = ("entropy_reg", ["lr=1e-3", "updates_per_rollout=2"])
+NO_CLIP = {"warmup_steps": 3, "grad_clip": 0.0, "adam_eps": 1e-4}
+#: Below the reference's gradient norm (asserted), so clipping acts.
+CLIP = {"warmup_steps": 3, "grad_clip": 0.05, "adam_eps": 1e-4}
+
+
+def _batch():
+    generator = torch.Generator().manual_seed(7)
+    prompts, responses = [], []
+    for _ in range(ROWS):
+        p = int(torch.randint(2, 5, (1,), generator=generator))
+        r = int(torch.randint(1, 7, (1,), generator=generator))
+        prompts.append(torch.randint(1, 100, (p,), generator=generator).tolist())
+        responses.append(torch.randint(1, 100, (r,), generator=generator).tolist())
+    return build_batch(prompts, responses, torch.randn(ROWS, generator=generator), pad_id=0)
+
+
+def _save_hf_model(family: str, directory) -> None:
+    """Random weights at a scale with non-degenerate softmaxes; megatron's RMSNorm ε (1e-5)."""
+    import transformers
+
+    config = transformers.AutoConfig.for_model(**hf_config(family), rms_norm_eps=1e-5)
+    torch.manual_seed(3)
+    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    with torch.no_grad():
+        for name, param in model.named_parameters():
+            noise = torch.randn_like(param)
+            param.copy_(1 + 0.1 * noise if "norm" in name else 0.3 * noise)
+    model.save_pretrained(directory, safe_serialization=True)
+
+
+def _hf_reference(hf_dir, method_overrides, engine, batch) -> dict:
+    from opefo_nemo.engines.hf import HFPolicy
+
+    method = load_method(*method_overrides)
+    config = EngineConfig(dtype="float32", micro_batch_size=batch.rows, **engine)
+    policy = HFPolicy(hf_dir, config, lr=method.lr, temperature=workers_policy.TEMPERATURE)
+    stats = policy.token_stats(batch, tabular=True)
+    names = {param: name for name, param in policy.model.named_parameters()}
+    captured = []
+    policy.optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: captured.append(
+            {names[p]: p.grad.clone() for group in opt.param_groups for p in group["params"]}
+        )
+    )
+    outcome = update_rollout_batch(policy, method, batch, batch.rows, seed=0)
+    weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
+    return {"stats": stats, "metrics": outcome.metrics, "grads": captured, "weights": weights}
+
+
+#: Per world size: the cases its ranks run one after the other (DP = world size / TP).
+WORLDS = {
+    2: [
+        {"family": "qwen2", "tp": 2, "micro_batch_size": 2, "method": OPEFO, "engine": CLIP},
+        {
+            "family": "qwen2",
+            "tp": 1,
+            "micro_batch_size": 1,
+            "method": ENTROPY_REG,
+            "engine": NO_CLIP,
+        },
+    ],
+    4: [{"family": "qwen2_tied", "tp": 2, "micro_batch_size": 1, "method": OPEFO, "engine": CLIP}],
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    """``{(world size, case index): (case, HF model directory, result folder)}``."""
+    hf_dirs = {}
+    for family in ("qwen2", "qwen2_tied"):
+        hf_dirs[family] = tmp_path_factory.mktemp(family)
+        _save_hf_model(family, hf_dirs[family])
+    out = {}
+    for world, cases in WORLDS.items():
+        folder = tmp_path_factory.mktemp(f"world{world}")
+        dirs = {family: str(path) for family, path in hf_dirs.items()}
+        run_world(workers_policy.policy_updates, world, cases, dirs, _batch(), str(folder))
+        for index, case in enumerate(cases):
+            out[(world, index)] = (case, hf_dirs[case["family"]], folder / f"result_{index}.pt")
+    return out
+
+
+@pytest.mark.parametrize(
+    ("world", "index"),
+    [(world, index) for world, cases in WORLDS.items() for index in range(len(cases))],
+    ids=lambda v: str(v),
+)
+def test_megatron_policy_equals_hf_policy(runs, world, index):
+    case, hf_dir, result = runs[(world, index)]
+    method, engine = case["method"], case["engine"]
+    batch = _batch()
+    want = _hf_reference(hf_dir, method, engine, batch)
+    got = torch.load(result)
+
+    valid = batch.attention_mask[:, 1:]
+    for field in workers_policy.STAT_FIELDS:
+        ours, theirs = got["stats"][field], getattr(want["stats"], field)
+        assert ours.shape == theirs.shape == valid.shape, field
+        torch.testing.assert_close(
+            ours[valid],
+            theirs[valid],
+            rtol=1e-5,
+            atol=1e-5,
+            msg=lambda m, field=field: f"{field}: {m}",
+        )
+
+    assert got["skipped"] == 0
+    assert got["metrics"].keys() == want["metrics"].keys()
+    for name, value in want["metrics"].items():
+        assert math.isclose(got["metrics"][name], value, rel_tol=1e-4, abs_tol=1e-6), name
+    if engine["grad_clip"] > 0:
+        assert want["metrics"]["grad/norm"] > engine["grad_clip"]
+
+    assert len(got["grads"]) == len(want["grads"]) == load_method(*method).updates_per_rollout
+    for ours, theirs in zip(got["grads"], want["grads"], strict=True):
+        assert ours.keys() == theirs.keys()
+        for name, grad in theirs.items():
+            # fp32 round-off of two different reduction orders, relative to the tensor's scale
+            scale = 1e-5 * float(grad.abs().max()) + 1e-8
+            torch.testing.assert_close(
+                ours[name], grad, rtol=1e-4, atol=scale, msg=lambda m, name=name: f"{name}: {m}"
+            )
+    assert got["weights"].keys() == want["weights"].keys()
+    for name, weight in want["weights"].items():
+        torch.testing.assert_close(
+            got["weights"][name],
+            weight,
+            rtol=1e-5,
+            atol=1e-6,
+            msg=lambda m, name=name: f"{name}: {m}",
+        )
+
+    lr = load_method(*method).lr
+    assert got["second_lr"] == pytest.approx(lr * min(1.0, 2 / engine["warmup_steps"]))

@@ -1,0 +1,133 @@
+"""Rank function for the ``MegatronPolicy`` tests: the trainer's real update of one rollout batch
+on a real megatron-core ``GPTModel`` (rope, CPU, gloo), spawned by ``tests.parallel.world``."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from opefo_nemo.config.method import load_method
+from opefo_nemo.config.train import AlignerEngineConfig
+from opefo_nemo.engines.aligner import (
+    DistributedFetch,
+    MegatronLayout,
+    hf_named_weights,
+    hf_to_megatron,
+)
+from opefo_nemo.trainer.update import update_rollout_batch
+
+from .cpu_megatron import megatron_on_cpu
+from .tiny import megatron_gpt
+
+#: Vocabulary 100 padded to a multiple of 8 × TP: 104 at TP 1, 112 at TP 2 (padded columns exist).
+DIVISIBLE_BY = 8
+STAT_FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+#: The rollout's sampling temperature in these tests (SPEC §1: statistics of softmax(z / T)).
+TEMPERATURE = 0.7
+
+
+def load_hf_into_megatron(model, layout: MegatronLayout, hf_dir: Path, tp_rank: int) -> None:
+    """The Hugging Face checkpoint's weights, converted and split, loaded strictly."""
+    from safetensors.torch import load_file
+
+    shards = hf_to_megatron(layout, load_file(hf_dir / "model.safetensors"))[(0, tp_rank)]
+    extra = {k: v for k, v in model.state_dict().items() if k.endswith("_extra_state")}
+    model.load_state_dict({**extra, **shards}, strict=True)
+
+
+def policy_updates(
+    rank: int, world_size: int, cases: list[dict], hf_dirs: dict[str, str], batch, out_dir: str
+) -> None:
+    """For each case (``family``, ``tp``, ``micro_batch_size``, ``method`` = load_method args,
+    ``engine`` = AlignerEngineConfig keys; DP = world size / TP), in one world so the ranks
+    import megatron once: ``token_stats`` of the whole batch, then ``update_rollout_batch`` (the
+    trainer's phases 1–3) with the clipped gradients captured before each optimizer step (in
+    Hugging Face names), the weights after it, then a recording step: every ``loss_fn`` call's
+    logprob against ``token_stats`` of that micro-batch with the same weights, and the warmed-up
+    lr. Rank 0 writes case ``i``'s results to ``out_dir/result_{i}.pt``."""
+    warnings.filterwarnings("ignore")
+    from megatron.core import parallel_state
+
+    for index, case in enumerate(cases):
+        parallel_state.initialize_model_parallel(case["tp"], 1, create_gloo_process_groups=False)
+        try:
+            with megatron_on_cpu():
+                result = _run(case, Path(hf_dirs[case["family"]]), batch)
+            if rank == 0:
+                torch.save(result, Path(out_dir) / f"result_{index}.pt")
+        finally:
+            parallel_state.destroy_model_parallel()
+
+
+def _run(case: dict, hf_dir: Path, batch) -> dict:
+    from megatron.core import parallel_state
+
+    from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
+
+    tp, micro_batch_size = case["tp"], case["micro_batch_size"]
+    config_json = json.loads((hf_dir / "config.json").read_text())
+    layout = MegatronLayout.from_hf_config(
+        config_json, tensor_parallel=tp, make_vocab_size_divisible_by=DIVISIBLE_BY
+    )
+    model = megatron_gpt(layout)
+    load_hf_into_megatron(model, layout, hf_dir, parallel_state.get_tensor_model_parallel_rank())
+    config = AlignerEngineConfig(
+        dtype="float32", micro_batch_size=micro_batch_size, **case["engine"]
+    )
+    method = load_method(*case["method"])
+    optimizer = build_adamw(model, config, method.lr)
+    policy = MegatronPolicy(model, optimizer, config, layout=layout, temperature=TEMPERATURE)
+    stats = policy.token_stats(batch, tabular=True)
+
+    names = {param: name for name, param in model.named_parameters()}
+    captured: list[dict[str, torch.Tensor]] = []
+    optimizer.register_step_pre_hook(
+        lambda opt, args, kwargs: captured.append(
+            {names[p]: p.grad.clone() for group in opt.param_groups for p in group["params"]}
+        )
+    )
+    outcome = update_rollout_batch(policy, method, batch, micro_batch_size, seed=0)
+    grads = [_hf_names(layout, step) for step in captured]
+    weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
+
+    policy.advance_schedule()
+    micros = batch.split(micro_batch_size)
+    expected = [policy.token_stats(m).logprob for m in micros]
+    recorded: dict[int, torch.Tensor] = {}
+
+    def loss_fn(index, with_grad):
+        recorded[index] = with_grad.logprob.detach().clone()
+        mask = micros[index].response_mask
+        return -(with_grad.logprob * mask).sum() / batch.n_response_tokens
+
+    second = policy.train_step(micros, loss_fn)
+    assert sorted(recorded) == list(range(len(micros)))
+    for index, logprob in recorded.items():
+        mask = micros[index].response_mask
+        torch.testing.assert_close(logprob[mask], expected[index][mask], rtol=0, atol=1e-6)
+    return {
+        "stats": {field: getattr(stats, field) for field in STAT_FIELDS},
+        "metrics": outcome.metrics,
+        "skipped": outcome.skipped_steps,
+        "grads": grads,
+        "weights": weights,
+        "second_lr": second.lr,
+    }
+
+
+def _hf_names(layout: MegatronLayout, megatron_grads: dict[str, torch.Tensor]) -> dict:
+    """Megatron gradients gathered over TP and converted to Hugging Face names (the same linear
+    mapping as the weights: fused rows split, padded vocabulary rows dropped)."""
+    from megatron.core import parallel_state
+
+    fetch = DistributedFetch(
+        layout,
+        megatron_grads,
+        parallel_state.get_tensor_model_parallel_group(),
+        parallel_state.get_pipeline_model_parallel_group(),
+        torch.float32,
+    )
+    return {name: tensor.clone() for name, tensor in hf_named_weights(layout, fetch)}
