@@ -60,6 +60,8 @@ def _weights_kind(directory: Path) -> str | None:
 def find_weights(directory: Path) -> tuple[str, Path]:
     """The weights in ``directory`` itself, else in exactly one of its subdirectories (a
     policy's ``model/``, a NeMo directory's ``model_weights/``)."""
+    if not directory.is_dir():
+        raise FileNotFoundError(f"{directory} does not exist")
     kind = _weights_kind(directory)
     if kind:
         return kind, directory

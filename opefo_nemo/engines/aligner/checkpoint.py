@@ -99,8 +99,10 @@ def save_sharded(
     *,
     prefix: str = "",
 ) -> None:
-    """Write ``model`` (megatron-core, with ``sharded_state_dict``), ``optimizer``'s state and the
-    JSON-able ``extra`` to ``directory``. Collective: every rank of the job calls it.
+    """Write ``model``, ``optimizer``'s state and the JSON-able ``extra`` to ``directory``.
+    Collective: every rank of the job calls it. ``model`` is the unwrapped megatron-core module
+    (``GPTModel``: its ``sharded_state_dict`` and ``state_dict`` keys must agree, which a
+    ``Float16Module`` or DDP wrapper's do not).
 
     Bad input (a non-JSON-able ``extra``, optimizer parameters that are not the model's, or
     parameters at different steps) raises before anything is written."""
