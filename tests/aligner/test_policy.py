@@ -167,5 +167,6 @@ def test_megatron_policy_equals_hf_policy(runs, world, index):
             msg=lambda m, name=name: f"{name}: {m}",
         )
 
+    assert got["resumed"]
     lr = load_method(*method).lr
     assert got["second_lr"] == pytest.approx(lr * min(1.0, 2 / engine["warmup_steps"]))

@@ -21,6 +21,7 @@ from opefo_nemo.trainer.update import update_rollout_batch
 
 from .cpu_megatron import megatron_on_cpu
 from .tiny import megatron_gpt
+from .workers_ckpt import checkpoint_on_cpu
 
 #: Vocabulary 100 padded to a multiple of 8 × TP: 104 at TP 1, 112 at TP 2 (padded columns exist).
 DIVISIBLE_BY = 8
@@ -47,7 +48,8 @@ def policy_updates(
     trainer's phases 1–3) with the clipped gradients captured before each optimizer step (in
     Hugging Face names), the weights after it, then a recording step: every ``loss_fn`` call's
     logprob against ``token_stats`` of that micro-batch with the same weights, and the warmed-up
-    lr. Rank 0 writes case ``i``'s results to ``out_dir/result_{i}.pt``."""
+    lr; before it, ``save`` and ``load`` into a fresh policy (:func:`_resumes_exactly`). Rank 0
+    writes case ``i``'s results to ``out_dir/result_{i}.pt``."""
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
@@ -55,31 +57,56 @@ def policy_updates(
         parallel_state.initialize_model_parallel(case["tp"], 1, create_gloo_process_groups=False)
         try:
             with megatron_on_cpu():
-                result = _run(case, Path(hf_dirs[case["family"]]), batch)
+                checkpoint = Path(out_dir) / f"checkpoint_{index}"
+                result = _run(case, Path(hf_dirs[case["family"]]), batch, checkpoint)
             if rank == 0:
                 torch.save(result, Path(out_dir) / f"result_{index}.pt")
         finally:
             parallel_state.destroy_model_parallel()
 
 
-def _run(case: dict, hf_dir: Path, batch) -> dict:
+def _policy(case: dict, hf_dir: Path):
+    """A ``MegatronPolicy`` of the case's layout and engine on the Hugging Face weights."""
     from megatron.core import parallel_state
 
     from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
 
-    tp, micro_batch_size = case["tp"], case["micro_batch_size"]
     config_json = json.loads((hf_dir / "config.json").read_text())
     layout = MegatronLayout.from_hf_config(
-        config_json, tensor_parallel=tp, make_vocab_size_divisible_by=DIVISIBLE_BY
+        config_json, tensor_parallel=case["tp"], make_vocab_size_divisible_by=DIVISIBLE_BY
     )
     model = megatron_gpt(layout)
     load_hf_into_megatron(model, layout, hf_dir, parallel_state.get_tensor_model_parallel_rank())
     config = AlignerEngineConfig(
-        dtype="float32", micro_batch_size=micro_batch_size, **case["engine"]
+        dtype="float32", micro_batch_size=case["micro_batch_size"], **case["engine"]
     )
+    optimizer = build_adamw(model, config, load_method(*case["method"]).lr)
+    return MegatronPolicy(model, optimizer, config, layout=layout, temperature=TEMPERATURE)
+
+
+def _resumes_exactly(case: dict, hf_dir: Path, policy, checkpoint: Path) -> bool:
+    """``save`` then ``load`` into a fresh policy (the untrained weights, fresh AdamW): weights,
+    AdamW state and learning rate come back bit for bit."""
+    with checkpoint_on_cpu():
+        policy.save(checkpoint)
+    fresh = _policy(case, hf_dir)
+    fresh.load(checkpoint)
+    same = fresh.lr == policy.lr
+    for (name, ours), (other, theirs) in zip(
+        fresh.named_weights(), policy.named_weights(), strict=True
+    ):
+        same = same and name == other and torch.equal(ours, theirs)
+    new, old = fresh.optimizer.state_dict()["state"], policy.optimizer.state_dict()["state"]
+    for key, state in old.items():
+        same = same and all(torch.equal(new[key][k], v) for k, v in state.items())
+    return same and new.keys() == old.keys()
+
+
+def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
+    micro_batch_size = case["micro_batch_size"]
     method = load_method(*case["method"])
-    optimizer = build_adamw(model, config, method.lr)
-    policy = MegatronPolicy(model, optimizer, config, layout=layout, temperature=TEMPERATURE)
+    policy = _policy(case, hf_dir)
+    model, optimizer, layout = policy.model, policy.optimizer, policy.layout
     stats = policy.token_stats(batch, tabular=True)
 
     names = {param: name for name, param in model.named_parameters()}
@@ -94,6 +121,7 @@ def _run(case: dict, hf_dir: Path, batch) -> dict:
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
 
     policy.advance_schedule()
+    resumed = _resumes_exactly(case, hf_dir, policy, checkpoint)
     micros = batch.split(micro_batch_size)
     expected = [policy.token_stats(m).logprob for m in micros]
     recorded: dict[int, torch.Tensor] = {}
@@ -115,6 +143,7 @@ def _run(case: dict, hf_dir: Path, batch) -> dict:
         "grads": grads,
         "weights": weights,
         "second_lr": second.lr,
+        "resumed": resumed,
     }
 
 

@@ -28,6 +28,9 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   round-off).
 - Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (SPEC §8), the
   schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
+- :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
+  and AdamW state at their global offsets, so any TP × DP layout can resume), the schedule's
+  state in its ``extra``.
 - :meth:`named_weights`: Hugging Face names through :func:`~.streaming.hf_named_weights` and
   :class:`~.streaming.DistributedFetch` (TP shards gathered, PP stages broadcast, one decoder
   layer at a time); every rank must iterate it to the end.
@@ -54,6 +57,7 @@ from ...config.train import AlignerEngineConfig
 from ...parallel import NonFiniteLogitsError, TokenStats
 from ...trainer.batch import TrainBatch
 from ...trainer.protocols import LossFn, UpdateResult
+from .checkpoint import load_sharded, save_sharded
 from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
 from .layout import MegatronLayout
 from .loss_closure import (
@@ -69,6 +73,7 @@ from .weight_mapping import Sharding, stage_specs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+_SCHEDULE = "lr_schedule"
 
 
 def build_adamw(
@@ -295,10 +300,19 @@ class MegatronPolicy:
         yield from hf_named_weights(self.layout, fetch)
 
     def save(self, directory: Path) -> None:
-        raise NotImplementedError("MegatronPolicy.save needs the checkpoint helper's save_sharded")
+        """Model, optimizer state and learning-rate schedule into ``directory``, a megatron
+        ``torch_dist`` checkpoint (:func:`~.checkpoint.save_sharded`; collective, every rank
+        writes its shards); the schedule's state travels in the checkpoint's JSON ``extra``."""
+        save_sharded(
+            directory, self.model, self.optimizer, {_SCHEDULE: self.scheduler.state_dict()}
+        )
 
     def load(self, directory: Path) -> None:
-        raise NotImplementedError("MegatronPolicy.load needs the checkpoint helper's load_sharded")
+        """Restore what :meth:`save` wrote (collective; any TP × DP layout of the same model)."""
+        extra = load_sharded(directory, self.model, self.optimizer)
+        if _SCHEDULE not in extra:
+            raise ValueError(f"checkpoint {directory} holds no learning-rate schedule state")
+        self.scheduler.load_state_dict(extra[_SCHEDULE])
 
 
 def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:
