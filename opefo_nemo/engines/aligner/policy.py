@@ -6,26 +6,30 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
 - :meth:`MegatronPolicy.token_stats` (phase 1, SPEC §1): the batch's rows are split over the
   data-parallel (DP) ranks (:func:`~.schedule_driver.balanced_rows`), each rank runs its rows
   through ``forward_backward_func(forward_only=True)`` in micro-batches of
-  ``config.micro_batch_size`` with :func:`~.loss_closure.stats_function` (vocab-parallel over TP,
-  padded vocabulary excluded, the rollout temperature), and the ``[B, T − 1]`` statistics are
-  all-gathered over DP, so every rank returns the full batch's, in row order, on the CPU; the
-  trainer's ``prepare`` with its single-process reducer is then identical on every rank.
+  ``config.micro_batch_size`` (padded to the schedule's fixed shape,
+  :class:`~.pipeline_batch.PipelineMicroBatches`) with :func:`~.loss_closure.stats_function`
+  (vocab-parallel over TP, padded vocabulary excluded, the rollout temperature) on the last
+  pipeline stage, which broadcasts them to the other stages; the ``[B, T − 1]`` statistics are
+  then all-gathered over DP, so every rank returns the full batch's, in row order, on the CPU, and
+  the trainer's ``prepare`` with its single-process reducer is identical on every rank.
 - :meth:`MegatronPolicy.train_step` (phase 3, SPEC §5): micro-batch ``i`` of the ``M`` the
   trainer passes belongs to DP rank ``⌊i·D/M⌋`` (equal contiguous blocks). Each rank runs its
-  ``M/D`` through the schedule with gradient; the schedule's loss function is the trainer's
+  ``M/D`` through the schedule with gradient; the last stage's loss function is the trainer's
   ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D, D).factor``, which undoes megatron's
-  ``1/num_microbatches`` and DDP's ``1/D``. Then: DP average of the gradients
-  (:func:`~.gradients.average_over_data_parallel`, what DDP does), the global norm over TP and
-  PP (:func:`~.gradients.global_grad_norm`), clipping to ``config.grad_clip``, the optimizer step.
-  A non-finite loss or logits on any rank, or a non-finite norm, skips the step on every rank
-  (gradients dropped, ``UpdateResult(nan, lr, skipped=True)``), as ``HFPolicy`` does.
+  ``1/num_microbatches`` and DDP's ``1/D`` (the trainer's closure holds ``prepare``'s
+  coefficients on every rank, so nothing but tokens and targets travels with the micro-batches).
+  Then: DP average of the gradients (:func:`~.gradients.average_over_data_parallel`, what DDP
+  does), the global norm over TP and PP (:func:`~.gradients.global_grad_norm`), clipping to
+  ``config.grad_clip``, the optimizer step. A non-finite loss or logits on any rank, or a
+  non-finite norm, skips the step on every rank (gradients dropped, ``UpdateResult(nan, lr,
+  skipped=True)``), as ``HFPolicy`` does.
 - Metric sums: the trainer's ``loss_fn`` adds each micro-batch's metric sums to its own
-  accumulator as a side effect (``trainer/update.py`` ``optimizer_step``). A DP rank calls it only
-  for its own micro-batches, so after the backward the loss-pass statistics (detached ``logprob``
-  and ``entropy``) are all-gathered over DP and every rank calls ``loss_fn`` once more, without
-  gradient and discarding the loss, for each micro-batch of the other ranks: every rank's sums
-  then cover all ``M`` micro-batches, as on one device (added in a different order: float64
-  round-off).
+  accumulator as a side effect (``trainer/update.py`` ``optimizer_step``). Only the last stage of
+  a DP rank calls it, and only for its own micro-batches, so after the backward the loss-pass
+  statistics (detached ``logprob`` and ``entropy``) are broadcast from the last stage and
+  all-gathered over DP, and every rank calls ``loss_fn`` once more, without gradient and
+  discarding the loss, for each micro-batch it did not compute: every rank's sums then cover all
+  ``M`` micro-batches, as on one device (added in a different order: float64 round-off).
 - Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (SPEC §8), the
   schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
 - :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
@@ -39,14 +43,15 @@ On the GPU, megatron's ``DistributedDataParallel`` replaces :func:`average_over_
 (same numbers: the factor assumes its default averaging; with ``calculate_per_token_loss`` pass
 that flag to :class:`MegatronScaling`), and a ``MegatronOptimizer`` (fp32 master weights,
 distributed optimizer) replaces the norm, clipping and step: its ``step()`` returns
-``(success, grad_norm, _)`` computed by the same rule. Pipeline parallelism (PP > 1) needs the
-stats broadcast from the last stage and a schedule that carries the coefficients: not yet here.
+``(success, grad_norm, _)`` computed by the same rule. Not supported: tied embeddings at PP > 1
+(their gradient all-reduce between the first and last stage, megatron's
+``finalize_model_grads``, is not done here), virtual pipeline stages, sequence parallelism.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -54,19 +59,14 @@ from megatron.core import parallel_state
 from torch import Tensor
 
 from ...config.train import AlignerEngineConfig
-from ...parallel import NonFiniteLogitsError, TokenStats
+from ...parallel import NonFiniteLogitsError, TokenStats, broadcast_from_last_stage
 from ...trainer.batch import TrainBatch
 from ...trainer.protocols import LossFn, UpdateResult
 from .checkpoint import load_sharded, save_sharded
 from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
 from .layout import MegatronLayout
-from .loss_closure import (
-    LossFunction,
-    MegatronScaling,
-    VocabParallelLogits,
-    per_position,
-    stats_function,
-)
+from .loss_closure import LossFunction, MegatronScaling, VocabParallelLogits, stats_function
+from .pipeline_batch import PipelineMicroBatches
 from .schedule_driver import balanced_rows, gather_flat, gather_rows, per_rank, run_schedule
 from .streaming import DistributedFetch, hf_named_weights
 from .weight_mapping import Sharding, stage_specs
@@ -109,10 +109,10 @@ class MegatronPolicy:
     ) -> None:
         if not parallel_state.model_parallel_is_initialized():
             raise RuntimeError("MegatronPolicy needs megatron-core's parallel_state initialized")
-        if layout.pipeline_parallel > 1:
+        if layout.pipeline_parallel > 1 and layout.shape.tie_word_embeddings:
             raise NotImplementedError(
-                "MegatronPolicy with pipeline_parallel > 1: the token-stats broadcast from the "
-                "last stage and the pipelined loss pass are not wired yet (loss_closure PP work)"
+                "MegatronPolicy with pipeline_parallel > 1 and tied embeddings: the all-reduce of "
+                "the embedding's gradient between the first and last stage is not implemented"
             )
         self.model, self.optimizer, self.config, self.layout = model, optimizer, config, layout
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -162,6 +162,10 @@ class MegatronPolicy:
             raise ValueError(f"model weight {wrong[0]} is not engine.dtype={self.config.dtype}")
 
     @property
+    def _device(self) -> torch.device:
+        return next(self.model.parameters()).device
+
+    @property
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
@@ -182,29 +186,33 @@ class MegatronPolicy:
         local = torch.zeros((len(names), len(rows), batch.input_ids.shape[1] - 1))
         error: NonFiniteLogitsError | None = None
         if len(rows):
-            micros = batch.select(rows).split(self.config.micro_batch_size)
-            items = [
-                (m.input_ids, stats_function(per_position(m.targets), self.logits, tabular))
-                for m in micros
-            ]
+            micros = PipelineMicroBatches.split(batch.select(rows), self.config.micro_batch_size)
+
+            def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
+                return stats_function(item["targets"], self.logits, tabular)
+
             try:
-                outputs = run_schedule(self.model, items, forward_only=True)
-            except NonFiniteLogitsError as raised:
+                outputs = run_schedule(self.model, micros, make_fn, forward_only=True)
+            except NonFiniteLogitsError as raised:  # the last stage: every TP rank raises
                 error = raised
-                local.fill_(math.nan)
-            else:
-                start = 0
-                for micro, out in zip(micros, outputs, strict=True):
-                    width = micro.input_ids.shape[1] - 1
-                    for field, name in enumerate(names):
-                        block = out[name][:, :-1].float().cpu()
-                        local[field, start : start + micro.rows, :width] = block
-                    start += micro.rows
+                shape = (micros.micro_batch_size, micros.seq_length)
+                nan = torch.full(shape, math.nan)
+                outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
+            stats = micros.gather_stats(outputs, self.pp_group, self._device, tabular)
+            per_micro = {name: micros.unpad(stats[name]) for name in names}
+            start = 0
+            for i, micro in enumerate(micros.micros):
+                for field, name in enumerate(names):
+                    block = per_micro[name][i]
+                    local[field, start : start + micro.rows, : block.shape[1]] = block.cpu()
+                start += micro.rows
         full = gather_rows(local, batch.rows, self.dp_group)
         if error is not None:
             raise error
         if bool(torch.isnan(full).any()):
-            raise NonFiniteLogitsError("token_stats: another data-parallel rank had NaN logits")
+            raise NonFiniteLogitsError(
+                "token_stats: non-finite logits on another data-parallel rank's last stage"
+            )
         return TokenStats(*full, *([None] * (len(_STATS) - len(names))))
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
@@ -217,17 +225,22 @@ class MegatronPolicy:
         seen: dict[int, TokenStats] = {}
         failed = False
 
-        def closure(index: int) -> LossFunction:
-            targets = per_position(micro_batches[index].targets)
+        order = iter(mine)
+
+        def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
+            index = next(order)  # the last stage builds the functions in micro-batch order
+            rows, width = micro_batches[index].targets.shape
 
             def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
                 nonlocal failed
                 try:
-                    stats = self.logits.stats(logits, targets)
+                    stats = self.logits.stats(logits, item["targets"])
                 except NonFiniteLogitsError:
                     failed = True
                     return logits.sum() * 0.0, {}
-                with_grad = TokenStats(stats.logprob[:, :-1].cpu(), stats.entropy[:, :-1].cpu())
+                with_grad = TokenStats(
+                    stats.logprob[:rows, :width].cpu(), stats.entropy[:rows, :width].cpu()
+                )
                 loss = loss_fn(index, with_grad)
                 failed = failed or not bool(torch.isfinite(loss.detach()))
                 seen[index] = TokenStats(with_grad.logprob.detach(), with_grad.entropy.detach())
@@ -235,16 +248,21 @@ class MegatronPolicy:
 
             return compute
 
-        items = [(micro_batches[i].input_ids, closure(i)) for i in mine]
-        run_schedule(self.model, items, forward_only=False)
+        shard = [micro_batches[i] for i in mine]
+        micros = PipelineMicroBatches(
+            tuple(shard),
+            max(m.rows for m in shard),
+            max(int(m.input_ids.shape[1]) for m in shard),
+        )
+        run_schedule(self.model, micros, make_fn, forward_only=False)
         params = [p for p in self.model.parameters() if p.requires_grad]
         failed = average_over_data_parallel(params, self.dp_group, failed)
         grad_norm, failed = global_grad_norm(params, self.model_parallel_group, failed)
         if failed or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
-        if size > 1:
-            self._replay_other_ranks(micro_batches, blocks, seen, loss_fn)
+        if size > 1 or self.layout.pipeline_parallel > 1:  # the same on every rank
+            self._replay(micro_batches, blocks, seen, loss_fn)
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         clip_to_norm(params, max_norm, grad_norm)
         self.optimizer.step()
@@ -252,26 +270,33 @@ class MegatronPolicy:
         return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False)
 
     @torch.no_grad()
-    def _replay_other_ranks(
+    def _replay(
         self,
         micro_batches: Sequence[TrainBatch],
-        blocks,
+        blocks: Callable[[int], range],
         seen: dict[int, TokenStats],
         loss_fn: LossFn,
     ) -> None:
-        """``loss_fn`` on the other DP ranks' micro-batches with their loss-pass statistics
-        (module docstring, metric sums); one all-gather of ``logprob ‖ entropy`` per micro-batch,
-        flattened, in micro-batch order."""
+        """``loss_fn`` on the micro-batches whose loss this rank did not compute (module
+        docstring, metric sums): the other DP ranks', and on stages before the last its own.
+        Their loss-pass ``logprob ‖ entropy``, flattened in micro-batch order, is broadcast from
+        the last pipeline stage, then all-gathered over DP."""
         size, rank = self._dp
+        last = parallel_state.is_pipeline_last_stage()
         sizes = [2 * sum(micro_batches[i].targets.numel() for i in blocks(r)) for r in range(size)]
-        local = torch.cat(
-            [
-                torch.cat([seen[i].logprob.reshape(-1), seen[i].entropy.reshape(-1)])
-                for i in blocks(rank)
-            ]
-        )
-        for other, flat in enumerate(gather_flat(local, sizes, self.dp_group)):
-            if other == rank:
+        if last:
+            own = torch.cat(
+                [
+                    torch.cat([seen[i].logprob.reshape(-1), seen[i].entropy.reshape(-1)])
+                    for i in blocks(rank)
+                ]
+            )
+        else:
+            own = torch.empty(sizes[rank])
+        own = broadcast_from_last_stage({"seen": own}, self.pp_group)["seen"]
+        parts = gather_flat(own, sizes, self.dp_group) if size > 1 else [own]
+        for other, flat in enumerate(parts):
+            if other == rank and last:
                 continue
             offset = 0
             for index in blocks(other):
@@ -295,7 +320,7 @@ class MegatronPolicy:
             self.tp_group,
             self.pp_group,
             _DTYPES[self.config.dtype],
-            device=next(self.model.parameters()).device,
+            device=self._device,
         )
         yield from hf_named_weights(self.layout, fetch)
 

@@ -1,54 +1,50 @@
 """Driving megatron-core's ``forward_backward_func`` over a list of micro-batches, and moving
 per-row results between data-parallel ranks.
 
-- :func:`run_schedule`: ``get_forward_backward_func()`` (megatron-core 0.16.1 picks the
-  no-pipelining schedule at PP = 1) over ``(input_ids [b, T], loss_fn)`` items; the model sees
-  ``input_ids``, positions ``0 … T − 1`` and no attention mask (causal only: right padding never
-  reaches a real token's prefix). Returns the schedule's per-micro-batch ``reduced`` mappings.
+- :func:`run_schedule`: ``get_forward_backward_func()`` (megatron-core 0.16.1: the no-pipelining
+  schedule at PP = 1, the non-interleaved 1F1B one at PP > 1) over
+  :class:`~.pipeline_batch.PipelineMicroBatches` (each micro-batch padded to the schedule's fixed
+  ``[micro_batch_size, seq_length]``; the first stage reads the tokens and positions
+  ``0 … T − 1``, no attention mask: causal only, right padding never reaches a real token's
+  prefix). ``make_fn(item)`` gives the last stage's loss/stats function of an item, in
+  micro-batch order. Returns the schedule's per-micro-batch ``reduced`` mappings (last stage).
 - :func:`balanced_rows`: the rows of a forward-only pass that a data-parallel rank computes.
-- :func:`gather_rows`: per-row tensors of every data-parallel rank, back in batch order.
+- :func:`gather_rows`, :func:`gather_flat`: per-rank results of every data-parallel rank.
+- :func:`per_rank`: which micro-batches of an optimizer step each data-parallel rank trains on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
 from .loss_closure import LossFunction
-
-ScheduleItem = tuple[Tensor, LossFunction]
-"""``(input_ids [b, T] int64, fn)``: one micro-batch and its loss/stats function."""
-
-
-def _forward_step(data_iterator, model: torch.nn.Module) -> tuple[Tensor, LossFunction]:
-    """megatron's ``forward_step_func``: the next item's vocab-parallel logits ``[b, T, V/TP]``
-    (``GPTModel.forward`` without labels) and its function."""
-    input_ids, fn = next(data_iterator)
-    device = next(model.parameters()).device
-    input_ids = input_ids.to(device)
-    positions = torch.arange(input_ids.shape[1], device=device).expand_as(input_ids)
-    return model(input_ids, positions, None), fn
+from .pipeline_batch import PipelineMicroBatches, forward_step_func
 
 
 def run_schedule(
-    model: torch.nn.Module, items: Sequence[ScheduleItem], forward_only: bool
+    model: torch.nn.Module,
+    micros: PipelineMicroBatches,
+    make_fn: Callable[[Mapping[str, Tensor]], LossFunction],
+    forward_only: bool,
 ) -> list[dict[str, Tensor]]:
-    """One pass of megatron's schedule over ``items`` (forward and, unless ``forward_only``,
-    backward with gradient accumulation); ``[]`` without running it when there are no items."""
-    if not items:
-        return []
+    """One pass of megatron's schedule over ``micros`` (forward and, unless ``forward_only``,
+    backward with gradient accumulation) on this rank's pipeline stage."""
+    first = parallel_state.is_pipeline_first_stage()
+    last = parallel_state.is_pipeline_last_stage()
     schedule = get_forward_backward_func()
     return schedule(
-        forward_step_func=_forward_step,
-        data_iterator=iter(items),
+        forward_step_func=forward_step_func(make_fn, last),
+        data_iterator=iter(micros.stats_items(first, last)),
         model=model,
-        num_microbatches=len(items),
-        seq_length=max(ids.shape[1] for ids, _ in items),
-        micro_batch_size=max(ids.shape[0] for ids, _ in items),
+        num_microbatches=micros.num_microbatches,
+        seq_length=micros.seq_length,
+        micro_batch_size=micros.micro_batch_size,
         forward_only=forward_only,
     )
 
