@@ -4,6 +4,7 @@ on a real megatron-core ``GPTModel`` (rope, CPU, gloo), spawned by ``tests.paral
 from __future__ import annotations
 
 import json
+import math
 import warnings
 from pathlib import Path
 
@@ -51,7 +52,8 @@ def policy_updates(
     before each optimizer step (in Hugging Face names), the weights after it, then a recording
     step: every ``loss_fn`` call's logprob against ``token_stats`` of that micro-batch with the
     same weights, and the warmed-up lr; before it, ``save`` and ``load`` into a fresh policy
-    (:func:`_resumes_exactly`). Rank 0 writes case ``i``'s results to ``out_dir/result_{i}.pt``.
+    (:func:`_resumes_exactly`), and after it a step that must be skipped on every rank
+    (:func:`_skips_everywhere`). Rank 0 writes case ``i``'s results to ``out_dir/result_{i}.pt``.
     """
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
@@ -149,6 +151,7 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
         mask = micros[index].response_mask
         # equal up to fp32 round-off: the two passes pad to different [rows, T] shapes
         torch.testing.assert_close(logprob[mask], expected[index][mask], rtol=1e-5, atol=1e-6)
+    _skips_everywhere(policy, micros)
     return {
         "stats": {field: getattr(stats, field) for field in STAT_FIELDS},
         "metrics": outcome.metrics,
@@ -158,6 +161,22 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
         "second_lr": second.lr,
         "resumed": resumed,
     }
+
+
+def _skips_everywhere(policy, micros) -> None:
+    """A step whose first micro-batch's loss is +inf (its gradient is finite: only the loss
+    value is bad, and only the rank that owns micro-batch 0 sees it) is skipped on every rank:
+    no weight moves, ``grad_norm`` is NaN (``HFPolicy``'s rule)."""
+    before = {name: tensor.clone() for name, tensor in policy.named_weights()}
+
+    def loss_fn(index, with_grad):
+        loss = -(with_grad.logprob * micros[index].response_mask).sum()
+        return loss + math.inf if index == 0 else loss
+
+    result = policy.train_step(micros, loss_fn)
+    assert result.skipped and math.isnan(result.grad_norm)
+    for name, tensor in policy.named_weights():
+        assert torch.equal(tensor, before[name]), name
 
 
 def _hf_names(layout: MegatronLayout, megatron_grads: dict[str, torch.Tensor]) -> dict:
