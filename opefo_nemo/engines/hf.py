@@ -21,8 +21,8 @@ from torch import Tensor
 
 from ..config.train import EngineConfig
 from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
-from ..trainer.batch import TrainBatch
-from ..trainer.protocols import LossFn, UpdateResult
+from .batch import TrainBatch
+from .protocols import LossFn, UpdateResult
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATE_FILE = "engine_state.pt"

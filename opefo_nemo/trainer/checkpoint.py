@@ -25,7 +25,7 @@ import numpy as np
 import torch
 import yaml
 
-from .protocols import Policy
+from ..engines.protocols import Policy
 from .ranks import SINGLE_PROCESS, LoopRanks
 
 _NAME = re.compile(r"^step_(\d{6,})$")

@@ -26,14 +26,14 @@ from ..config.train import TrainConfig
 from ..core import group_advantages
 from ..core.metrics import rollout_metrics, rollout_sums
 from ..data import Problem
+from ..engines.batch import build_batch
+from ..engines.protocols import Policy
 from ..eval import avg_at_k
 from ..parallel import NonFiniteLogitsError
 from ..rollout import SamplingConfig
-from .batch import build_batch
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from .metrics_log import MetricsLogger
 from .prompts import PromptCodec
-from .protocols import Policy
 from .ranks import SINGLE_PROCESS, LoopRanks
 from .rollout_guard import GuardedRollout
 from .sampler import PromptSampler

@@ -22,6 +22,7 @@ from torch import Tensor
 from ..config.train import DataConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
+from ..engines.protocols import Policy
 from ..launch.placement import ColocatedPlacement
 from ..models import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
@@ -30,7 +31,7 @@ from ..tasks.warm_start import read_recipe, supervised_warm_start
 from .colocated_rollout import ColocatedRollout
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
-from .protocols import Policy, RolloutEngine
+from .protocols import RolloutEngine
 from .ranks import LoopRanks, RankLayoutError
 from .rollout_guard import GuardedRollout
 

@@ -24,9 +24,9 @@ from torch import Tensor
 from ..core import SingleProcessReducer
 from ..core.metrics import add_sums, loss_metrics
 from ..core.objectives import MethodConfig, TokenChunk, get_objective, policy_loss, prepare
+from ..engines.batch import TrainBatch
+from ..engines.protocols import Policy
 from ..parallel import TokenStats
-from .batch import TrainBatch
-from .protocols import Policy
 
 
 @dataclass(frozen=True)

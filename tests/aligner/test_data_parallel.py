@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from opefo_nemo.engines.aligner.data_parallel import shard_batch, shard_rows
-from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.engines.batch import build_batch
 from tests.parallel.world import run_world
 
 from . import workers_sharding

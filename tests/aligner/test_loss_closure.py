@@ -10,7 +10,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.engines.batch import build_batch
 from tests.parallel.world import run_world
 
 from . import workers_closure

@@ -28,7 +28,7 @@ from opefo_nemo.engines.aligner.pipeline_batch import (
     item_loss_function,
     stage_keys,
 )
-from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.engines.batch import build_batch
 from tests.parallel.world import run_world
 
 from . import workers_pipeline

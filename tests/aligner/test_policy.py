@@ -21,7 +21,7 @@ import torch
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import EngineConfig
-from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
 

@@ -31,7 +31,7 @@ pytest.importorskip("transformers")
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import AlignerEngineConfig, EngineConfig
 from opefo_nemo.engines.aligner import fetch_from_shards, hf_named_weights
-from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.aligner.tiny import hf_config, layout, megatron_gpt
 from tests.aligner.workers_policy import load_hf_into_megatron

@@ -19,7 +19,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from opefo_nemo.trainer.batch import build_batch
+from opefo_nemo.engines.batch import build_batch
 
 pytestmark = pytest.mark.vllm
 

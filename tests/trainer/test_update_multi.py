@@ -12,8 +12,8 @@ import copy
 import torch
 
 from opefo_nemo.config import load_method
+from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
-from opefo_nemo.trainer.batch import build_batch
 from opefo_nemo.trainer.update import update_rollout_batch
 
 from .test_update import ENGINE, TEMPERATURE, model_dir, random_rollout  # noqa: F401

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
     from ...config.train import AlignerEngineConfig
-    from ...trainer.protocols import Policy
+    from ..protocols import Policy
 
 #: Modules the actor imports (NeMo, NeMo-Aligner; megatron-core comes with NeMo).
 ACTOR_MODULES = ("nemo", "nemo_aligner", "megatron.core")

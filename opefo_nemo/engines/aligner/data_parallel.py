@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from ...trainer.batch import TrainBatch
+from ..batch import TrainBatch
 
 
 def shard_rows(rows: int, dp_size: int, dp_rank: int) -> range:

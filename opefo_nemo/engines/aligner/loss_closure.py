@@ -43,7 +43,7 @@ from torch import Tensor
 
 from ...core.objectives import Coefficients, MethodConfig, get_objective, policy_loss
 from ...parallel import TokenStats, token_stats
-from ...trainer.batch import TrainBatch
+from ..batch import TrainBatch
 
 LossFunction = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
 """What ``forward_step_func`` returns beside the model output: ``fn(logits) -> (loss, reduced)``."""

@@ -35,7 +35,7 @@ from torch import Tensor
 
 from ...core.objectives import Coefficients, MethodConfig, TokenChunk
 from ...parallel.pipeline import broadcast_from_last_stage, is_last_stage
-from ...trainer.batch import TrainBatch
+from ..batch import TrainBatch
 from .loss_closure import (
     LossFunction,
     LossMicroBatch,

@@ -60,8 +60,8 @@ from torch import Tensor
 
 from ...config.train import AlignerEngineConfig
 from ...parallel import NonFiniteLogitsError, TokenStats, broadcast_from_last_stage
-from ...trainer.batch import TrainBatch
-from ...trainer.protocols import LossFn, UpdateResult
+from ..batch import TrainBatch
+from ..protocols import LossFn, UpdateResult
 from .checkpoint import load_sharded, save_sharded
 from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
 from .layout import MegatronLayout

@@ -1,0 +1,63 @@
+"""What the trainer needs from a training engine (ARCHITECTURE.md, Protocols).
+
+Every engine (``hf``, ``aligner``) implements :class:`Policy`; the loop in
+:mod:`opefo_nemo.trainer.loop` drives them only through it, so they are interchangeable. It lives
+here, beside the engines, because imports point down the layer list: the trainer uses it, the
+engines implement it.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Protocol, runtime_checkable
+
+from torch import Tensor
+
+from ..parallel import TokenStats
+from .batch import TrainBatch
+
+LossFn = Callable[[int, TokenStats], Tensor]
+"""``loss_fn(micro_index, stats_with_grad) -> 0-d loss share`` of one micro-batch (phase 3)."""
+
+
+@dataclass(frozen=True)
+class UpdateResult:
+    """Outcome of one optimizer step: the pre-clip global gradient norm, the learning rate used,
+    and whether the step was skipped because the loss or the gradient was not finite."""
+
+    grad_norm: float
+    lr: float
+    skipped: bool
+
+
+@runtime_checkable
+class Policy(Protocol):
+    """The trained model. Token statistics use the rollout's sampling temperature (SPEC §1)."""
+
+    def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
+        """Phase 1: per-token statistics ``[B, T − 1]`` of ``batch``, forward only, no grad."""
+        ...
+
+    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
+        """One optimizer step: for each micro-batch ``i`` a forward with gradient, then
+        ``loss_fn(i, stats).backward()`` (the loss is already a share of the global token mean,
+        so gradients just accumulate); then clipping and the optimizer step."""
+        ...
+
+    def advance_schedule(self) -> None:
+        """End of a rollout step: move the learning-rate schedule on by one (SPEC §8)."""
+        ...
+
+    def named_weights(self) -> Iterator[tuple[str, Tensor]]:
+        """Every weight under its Hugging Face name, for the rollout engine."""
+        ...
+
+    def save(self, directory: Path) -> None:
+        """Model, optimizer and scheduler state into ``directory``."""
+        ...
+
+    def load(self, directory: Path) -> None:
+        """Restore what :meth:`save` wrote."""
+        ...
