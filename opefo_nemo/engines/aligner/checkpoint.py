@@ -21,6 +21,13 @@ TP × PP × DP layout of the same model (the padded vocabulary must come out the
 ``make_vocab_size_divisible_by × TP`` must give equal ``V'``). Resuming at the same layout is
 exact: weights, optimizer state and ``step`` are restored bit for bit.
 
+Pipeline stages: each stage saves and loads only the tensors it holds (its decoder layers at
+their global layer index; the embedding on the first stage, the final norm and output layer on
+the last). With tied embeddings at PP > 1 the last stage's copy of the word embedding
+(``output_layer.weight``) is megatron's replica of ``embedding.word_embeddings.weight``
+(``replica_id`` 1): it and its optimizer state are written once, from the first stage, and
+every stage holding a copy loads that one tensor.
+
 The optimizer is a plain ``torch.optim.Optimizer`` over this rank's parameters. Megatron's
 ``DistributedOptimizer`` (state sharded over DP) has its own ``sharded_state_dict``; it is not
 handled here.
@@ -147,9 +154,11 @@ def load_sharded(
     """Load ``directory`` (written by :func:`save_sharded`) into ``model`` and, when given,
     ``optimizer``; returns the saved ``extra``. Collective over all ranks.
 
-    Raises before any collective: ``FileNotFoundError`` for a missing checkpoint,
-    ``ValueError`` naming the key (and both shapes) when the model does not match it, or when an
-    optimizer is given and the checkpoint holds none.
+    Raises before loading anything: ``FileNotFoundError`` for a missing checkpoint (before any
+    collective), ``ValueError`` naming the key (and both shapes) when the model does not match
+    it (on every rank at once, after one exchange of the ranks' key lists: a pipeline stage
+    checks the keys it holds, :func:`_check_model_matches`), or when an optimizer is given and
+    the checkpoint holds none.
     """
     from megatron.core import dist_checkpointing
 
@@ -255,8 +264,15 @@ def _check_model_matches(
     prefix: str,
     directory: Path,
 ) -> None:
-    """Every model tensor is in the checkpoint with its global shape, and the checkpoint holds no
-    model tensor the model lacks; raises ``ValueError`` naming the key (and both shapes)."""
+    """Every model tensor of every rank is in the checkpoint with its global shape, and the
+    checkpoint holds no model tensor that no rank's model has; raises ``ValueError`` naming the
+    key (and both shapes) on every rank together.
+
+    A pipeline stage holds only its part of the model (its layers; the embedding on the first
+    stage, the final norm and output layer on the last), so each rank checks the keys it holds
+    and the ranks' key lists are all-gathered (one ``all_gather_object`` over the job, when one
+    is initialised) to find the checkpoint's keys that no stage wants and to raise the first
+    rank's error everywhere, so that no rank goes on into ``dist_checkpointing.load`` alone."""
     from megatron.core.dist_checkpointing.dict_utils import nested_values
     from megatron.core.dist_checkpointing.mapping import ShardedTensor, apply_factories
 
@@ -266,17 +282,28 @@ def _check_model_matches(
         for sharded in nested_values(model_state)
         if isinstance(sharded, ShardedTensor)
     }
+    problem = None
     for key, shape in expected.items():
         if key not in stored:
-            raise ValueError(f"checkpoint {directory} has no {key} (shape {shape} in the model)")
-        if stored[key][0] != shape:
-            raise ValueError(
+            problem = f"checkpoint {directory} has no {key} (shape {shape} in the model)"
+        elif stored[key][0] != shape:
+            problem = (
                 f"checkpoint {directory}: {key} has shape {stored[key][0]}, the model's is {shape}"
             )
+        if problem is not None:
+            break
+    everyone = [(sorted(expected), problem)]
+    if dist.is_initialized() and dist.get_world_size() > 1:
+        everyone = [None] * dist.get_world_size()
+        dist.all_gather_object(everyone, (sorted(expected), problem))
+    for rank, (_, found) in enumerate(everyone):
+        if found is not None:
+            raise ValueError(f"{found} (on rank {rank})")
+    wanted = {key for keys, _ in everyone for key in keys}
     unexpected = sorted(
         key
         for key in stored
-        if key.startswith(prefix) and not key.startswith(OPTIMIZER_PREFIX) and key not in expected
+        if key.startswith(prefix) and not key.startswith(OPTIMIZER_PREFIX) and key not in wanted
     )
     if unexpected:
         raise ValueError(

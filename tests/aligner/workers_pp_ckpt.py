@@ -1,0 +1,216 @@
+"""Rank function for the pipeline-parallel checkpoint tests, and the cached world run they share.
+
+One spawned 2-rank gloo world, real megatron-core ``GPTModel``\\ s of the tiny Qwen2 (untied and
+tied embeddings), records per check the names that failed:
+
+1. PP 2 (TP 1, DP 1): each stage loads its Hugging Face weights (``hf_to_megatron``), AdamW takes
+   one step on gradients drawn per *global* weight name (the tied copy on the last stage gets the
+   embedding's, as after the embedding-group sum), the weights are put back to the Hugging Face
+   ones (so that an export must equal the original model) and :func:`save_sharded` writes
+   ``pp2_<family>``. A fresh PP-2 model (megatron's random init) and a fresh AdamW load it:
+   weights, AdamW state and lr bit-equal to the saved ones on every stage. Mismatched models are
+   refused on *both* ranks, each naming the key, although only one stage sees the problem:
+   the tied checkpoint into the untied model (the last stage misses ``output_layer.weight``),
+   the untied checkpoint into the tied model (no stage wants ``output_layer.weight``).
+2. PP 1 × DP 2: the PP-2 checkpoints load into unsplit models; every weight and AdamW state equals
+   the PP-2 stages' saved tensors under their global layer index.
+
+The export of ``pp2_<family>`` is checked in the test process (``test_pipeline_checkpoint``).
+"""
+
+from __future__ import annotations
+
+import json
+import re
+import warnings
+import zlib
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import torch
+import torch.distributed as dist
+
+from opefo_nemo.engines.aligner import MegatronLayout, hf_to_megatron
+from opefo_nemo.engines.aligner.checkpoint import load_sharded, save_sharded
+from tests.parallel.world import run_world
+
+from .tiny import hf_model, hf_weights, layout, megatron_gpt
+from .workers_ckpt import checkpoint_on_cpu
+
+FAMILIES = ("qwen2", "qwen2_tied")
+EMBEDDING = "embedding.word_embeddings.weight"
+_CACHE: dict[str, Path] = {}
+
+
+def world_results(root: Path) -> Path:
+    """Run the world once per test session under ``root``; returns ``root``, holding
+    ``results.json``, the checkpoints ``pp2_<family>`` and the originals ``hf_<family>/``."""
+    if "root" not in _CACHE:
+        shards = {}
+        for family in FAMILIES:
+            model = hf_model(family, seed=5)
+            model.save_pretrained(root / f"hf_{family}")
+            shards[family] = hf_to_megatron(layout(family, pp=2), hf_weights(model))
+        run_world(pp_checkpoint_world, 2, shards, str(root))
+        _CACHE["root"] = root
+    return _CACHE["root"]
+
+
+@contextmanager
+def tied_copy_on_cpu() -> Iterator[None]:
+    """A tied ``GPTModel`` at PP > 1 copies the first stage's word embedding onto the last
+    stage's output layer at construction (megatron-core 0.16.1
+    ``models/common/language_module/language_module.py`` ``setup_embeddings_and_output_layer``:
+    ``weight.data = weight.data.cuda()``, then an all-reduce over the embedding group). On this
+    CPU-only torch, ``Tensor.cuda`` returns the tensor itself inside the block; the all-reduce
+    runs as shipped."""
+    saved = torch.Tensor.cuda
+    torch.Tensor.cuda = lambda self, *args, **kwargs: self
+    try:
+        yield
+    finally:
+        torch.Tensor.cuda = saved
+
+
+def global_name(name: str, first_layer: int) -> str:
+    """A stage-local weight name with its decoder layer index made global."""
+    return re.sub(
+        r"^decoder\.layers\.(\d+)\.",
+        lambda match: f"decoder.layers.{int(match[1]) + first_layer}.",
+        name,
+    )
+
+
+def _stage_model(lay: MegatronLayout):
+    """``(this stage's GPTModel of lay, the stage's first global layer index)``."""
+    from megatron.core import parallel_state
+
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    return megatron_gpt(lay, stage), lay.stage_layers(stage).start
+
+
+def _adamw(model) -> torch.optim.AdamW:
+    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
+
+
+def _snapshot(model, optimizer, first_layer: int) -> dict[str, torch.Tensor]:
+    """Weights (``weight:<global name>``), AdamW state (``<state>:<global name>``) and lr."""
+    snapshot = {"lr": torch.tensor([group["lr"] for group in optimizer.param_groups])}
+    for name, param in model.named_parameters():
+        name = global_name(name, first_layer)
+        snapshot[f"weight:{name}"] = param.detach().clone()
+        for key, value in optimizer.state[param].items():
+            snapshot[f"{key}:{name}"] = value.detach().clone()
+    return snapshot
+
+
+def _differences(expected: dict, actual: dict) -> list[str]:
+    """Keys missing on either side or not bit-equal, from every rank (``r<rank>:<key>``)."""
+    mine = sorted(
+        key
+        for key in expected.keys() | actual.keys()
+        if key not in expected or key not in actual or not torch.equal(expected[key], actual[key])
+    )
+    everyone: list[list[str]] = [[] for _ in range(dist.get_world_size())]
+    dist.all_gather_object(everyone, mine)
+    return [f"r{rank}:{key}" for rank, keys in enumerate(everyone) for key in keys]
+
+
+def pp_checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
+    """The module docstring's two parts; rank 0 writes ``results.json``."""
+    warnings.filterwarnings("ignore")
+    from megatron.core import parallel_state
+
+    out = Path(root)
+    results: dict[str, list[str]] = {}
+    parallel_state.initialize_model_parallel(1, 2, create_gloo_process_groups=False)
+    try:
+        with tied_copy_on_cpu():
+            saved = {
+                family: _save_and_resume_pp2(family, shards, out, results) for family in FAMILIES
+            }
+            _refusals(out, results)
+    finally:
+        parallel_state.destroy_model_parallel()
+    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    try:
+        for family in FAMILIES:
+            _load_at_pp1(family, saved[family], out, results)
+    finally:
+        parallel_state.destroy_model_parallel()
+    if rank == 0:
+        (out / "results.json").write_text(json.dumps(results, indent=1))
+
+
+def _save_and_resume_pp2(family: str, shards, out: Path, results: dict) -> dict:
+    """Part 1 for ``family``; returns the saved snapshot of every stage (global names)."""
+    from megatron.core import parallel_state
+
+    lay = layout(family, pp=2)
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    model, first_layer = _stage_model(lay)
+    extra = {k: v for k, v in model.state_dict().items() if k.endswith("_extra_state")}
+    hf_state = {**extra, **shards[family][(stage, 0)]}
+    model.load_state_dict(hf_state, strict=True)
+    optimizer = _adamw(model)
+    for name, param in model.named_parameters():
+        drawn = (
+            EMBEDDING if name == "output_layer.weight" and lay.shape.tie_word_embeddings else name
+        )
+        seed = zlib.crc32(global_name(drawn, first_layer).encode())
+        param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(seed))
+    optimizer.step()
+    with torch.no_grad():
+        model.load_state_dict(hf_state, strict=True)
+    with checkpoint_on_cpu():
+        save_sharded(out / f"pp2_{family}", model, optimizer, {"family": family})
+    saved = _snapshot(model, optimizer, first_layer)
+
+    fresh, _ = _stage_model(lay)
+    fresh_optimizer = _adamw(fresh)
+    results[f"pp2_fresh_differs_{family}"] = _differences(
+        saved, _snapshot(fresh, fresh_optimizer, first_layer)
+    )
+    loaded_extra = load_sharded(out / f"pp2_{family}", fresh, fresh_optimizer)
+    results[f"pp2_to_pp2_{family}"] = _differences(
+        saved, _snapshot(fresh, fresh_optimizer, first_layer)
+    )
+    results[f"pp2_extra_{family}"] = (
+        [] if loaded_extra == {"family": family} else [json.dumps(loaded_extra)]
+    )
+    stages: list[dict] = [{} for _ in range(dist.get_world_size())]
+    dist.all_gather_object(stages, saved)
+    return {key: value for stage_snapshot in stages for key, value in stage_snapshot.items()}
+
+
+def _refused(directory: Path, family: str) -> str:
+    """The error of loading ``directory`` into a PP-2 model of ``family`` (``"no error"``)."""
+    model, _ = _stage_model(layout(family, pp=2))
+    try:
+        load_sharded(directory, model, None)
+    except ValueError as error:
+        return str(error)
+    return "no error"
+
+
+def _refusals(out: Path, results: dict) -> None:
+    """Part 1's refusals; every rank's message is recorded."""
+    for name, directory, family in (
+        ("refuse_tied_into_untied", out / "pp2_qwen2_tied", "qwen2"),
+        ("refuse_untied_into_tied", out / "pp2_qwen2", "qwen2_tied"),
+    ):
+        messages: list[str] = [""] * dist.get_world_size()
+        dist.all_gather_object(messages, _refused(directory, family))
+        results[name] = messages
+
+
+def _load_at_pp1(family: str, saved_full: dict, out: Path, results: dict) -> None:
+    """Part 2 for ``family`` (the tied copy on the last stage has no PP-1 counterpart)."""
+    model = megatron_gpt(layout(family))
+    optimizer = _adamw(model)
+    load_sharded(out / f"pp2_{family}", model, optimizer)
+    expected = {k: v for k, v in saved_full.items() if not k.endswith(":output_layer.weight")}
+    if not layout(family).shape.tie_word_embeddings:
+        expected = saved_full
+    results[f"pp2_to_pp1_{family}"] = _differences(expected, _snapshot(model, optimizer, 0))
