@@ -148,18 +148,31 @@ def _trainer(
     return trainer, recording
 
 
-def run_and_resume(rank: int, world_size: int, overrides: list[str], out: str) -> None:
-    """``overrides`` run to ``trainer.max_steps`` under ``out/straight`` (checkpointing every
-    ``checkpoint.every`` steps); then a fresh policy and trainer resume from the checkpoint of
-    step ``checkpoint.every`` and finish the run under ``out/resumed``. Each rank writes
-    ``rank<r>.json``: its status, steps and ``generate`` calls."""
+def run_and_resume(rank: int, world_size: int, layouts: dict[str, list[str]], out: str) -> None:
+    """For each ``name: overrides`` of ``layouts`` in turn (``parallel_state`` set up for its
+    TP × PP, DP = the rest; one rollout server for all of them): run to ``trainer.max_steps``
+    under ``out/<name>/straight``, checkpointing every ``checkpoint.every`` steps; then a fresh
+    policy and trainer resume from the checkpoint of step ``checkpoint.every`` and finish the run
+    under ``out/<name>/resumed``. Each rank writes ``out/<name>/rank<r>.json``: statuses, steps
+    and ``generate`` calls."""
     warnings.filterwarnings("ignore")
+    ranks = LoopRanks(rank, world_size, world_size)
+    rollout = None
+    try:
+        for name, overrides in layouts.items():
+            rollout = _run_and_resume(ranks, overrides, Path(out) / name, rollout)
+    finally:
+        if rollout is not None:
+            rollout.close()
+
+
+def _run_and_resume(
+    ranks: LoopRanks, overrides: list[str], out_dir: Path, rollout: ColocatedRollout | None
+) -> ColocatedRollout:
     from megatron.core import parallel_state
 
     config, _ = compose(overrides)
     engine = config.engine
-    ranks = LoopRanks(rank, world_size, world_size)
-    out_dir = Path(out)
     parallel_state.initialize_model_parallel(
         engine.tensor_model_parallel_size,
         engine.pipeline_model_parallel_size,
@@ -167,22 +180,22 @@ def run_and_resume(rank: int, world_size: int, overrides: list[str], out: str) -
     )
     try:
         with megatron_on_cpu():
-            first, first_calls = _trainer(ranks, overrides, out_dir / "straight", None)
+            first, first_calls = _trainer(ranks, overrides, out_dir / "straight", rollout)
             status = first.run()
-            checkpoint = (
-                out_dir / "straight" / "checkpoints" / f"step_{config.checkpoint.every:06d}"
-            )
+            every = config.checkpoint.every
+            checkpoint = out_dir / "straight" / "checkpoints" / f"step_{every:06d}"
             resumed_overrides = [*overrides, f"checkpoint.resume={checkpoint}"]
             second, second_calls = _trainer(
                 ranks, resumed_overrides, out_dir / "resumed", first_calls.engine
             )
             resumed_at = second.step
             resumed_status = second.run()
-            first_calls.engine.close()
     finally:
         parallel_state.destroy_model_parallel()
     report = {
         "straight": [status, first.step, first_calls.calls],
         "resumed": [resumed_status, resumed_at, second.step, second_calls.calls],
     }
-    (out_dir / f"rank{rank}.json").write_text(json.dumps(report))
+    out_dir.mkdir(parents=True, exist_ok=True)
+    (out_dir / f"rank{ranks.rank}.json").write_text(json.dumps(report))
+    return first_calls.engine

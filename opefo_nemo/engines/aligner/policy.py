@@ -18,10 +18,10 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D, D).factor``, which undoes megatron's
   ``1/num_microbatches`` and DDP's ``1/D`` (the trainer's closure holds ``prepare``'s
   coefficients on every rank, so nothing but tokens and targets travels with the micro-batches).
-  Then: DP average of the gradients (:func:`~.gradients.average_over_data_parallel`, what DDP
-  does), the global norm over TP and PP (:func:`~.gradients.global_grad_norm`), clipping to
-  ``config.grad_clip``, the optimizer step. A non-finite loss or logits on any rank, or a
-  non-finite norm, skips the step on every rank (gradients dropped, ``UpdateResult(nan, lr,
+  Then the gradients' DP reduction, the global norm over TP and PP, clipping to
+  ``config.grad_clip`` and the optimizer step, by one of the two paths of
+  :mod:`.optimizer_step` (below). A non-finite loss or logits on any rank, or a non-finite
+  gradient, skips the step on every rank (gradients dropped, ``UpdateResult(nan, lr,
   skipped=True)``), as ``HFPolicy`` does.
 - Metric sums: the trainer's ``loss_fn`` adds each micro-batch's metric sums to its own
   accumulator as a side effect (``trainer/update.py`` ``optimizer_step``). Only the last stage of
@@ -39,13 +39,19 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   :class:`~.streaming.DistributedFetch` (TP shards gathered, PP stages broadcast, one decoder
   layer at a time); every rank must iterate it to the end.
 
-On the GPU, megatron's ``DistributedDataParallel`` replaces :func:`average_over_data_parallel`
-(same numbers: the factor assumes its default averaging; with ``calculate_per_token_loss`` pass
-that flag to :class:`MegatronScaling`), and a ``MegatronOptimizer`` (fp32 master weights,
-distributed optimizer) replaces the norm, clipping and step: its ``step()`` returns
-``(success, grad_norm, _)`` computed by the same rule. Not supported: tied embeddings at PP > 1
-(their gradient all-reduce between the first and last stage, megatron's
-``finalize_model_grads``, is not done here), virtual pipeline stages, sequence parallelism.
+The optimizer the caller hands in picks the path (:mod:`.optimizer_step`):
+
+- a torch optimizer (:func:`build_adamw`) over the bare model's parameters in ``engine.dtype``
+  (float32 in practice): our own DP average of ``param.grad``, norm and clipping;
+- a ``MegatronOptimizer`` (:func:`~.megatron_optimizer.build_megatron_optimizer`) with the
+  model wrapped in megatron's ``DistributedDataParallel``
+  (:func:`~.megatron_optimizer.wrap_in_ddp`): bf16 parameters with fp32 main weights and
+  gradients, or fp32 ones; with or without the distributed optimizer. :meth:`save` /
+  :meth:`load` are not available on this path yet.
+
+Not supported: tied embeddings at PP > 1 (the first/last-stage gradient all-reduce is not done
+on the torch path and not tested on the megatron one), virtual pipeline stages, sequence
+parallelism.
 """
 
 from __future__ import annotations
@@ -56,6 +62,7 @@ from pathlib import Path
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
 from ...config.train import AlignerEngineConfig
@@ -63,9 +70,9 @@ from ...parallel import NonFiniteLogitsError, TokenStats, broadcast_from_last_st
 from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
 from .checkpoint import load_sharded, save_sharded
-from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
 from .layout import MegatronLayout
 from .loss_closure import LossFunction, MegatronScaling, VocabParallelLogits, stats_function
+from .optimizer_step import MegatronOptimizerStep, TorchOptimizerStep
 from .pipeline_batch import PipelineMicroBatches
 from .schedule_driver import balanced_rows, gather_flat, gather_rows, per_rank, run_schedule
 from .streaming import DistributedFetch, hf_named_weights
@@ -94,14 +101,15 @@ class MegatronPolicy:
     """``Policy`` on this rank's megatron-core ``GPTModel`` (see the module docstring).
 
     ``model``: the rank's model (one chunk: no virtual pipeline stages), built for ``layout`` and
-    this rank's TP rank; ``optimizer``: a torch optimizer over its parameters (:func:`build_adamw`);
-    ``temperature``: the rollout's sampling temperature (SPEC §1).
+    this rank's TP rank; ``optimizer``: a torch optimizer over its parameters (:func:`build_adamw`),
+    or a ``MegatronOptimizer`` with ``model`` inside megatron's ``DistributedDataParallel``
+    (module docstring); ``temperature``: the rollout's sampling temperature (SPEC §1).
     """
 
     def __init__(
         self,
         model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
+        optimizer: torch.optim.Optimizer | MegatronOptimizer,
         config: AlignerEngineConfig,
         *,
         layout: MegatronLayout,
@@ -109,27 +117,29 @@ class MegatronPolicy:
     ) -> None:
         if not parallel_state.model_parallel_is_initialized():
             raise RuntimeError("MegatronPolicy needs megatron-core's parallel_state initialized")
-        if layout.pipeline_parallel > 1 and layout.shape.tie_word_embeddings:
-            raise NotImplementedError(
-                "MegatronPolicy with pipeline_parallel > 1 and tied embeddings: the all-reduce of "
-                "the embedding's gradient between the first and last stage is not implemented"
-            )
         self.model, self.optimizer, self.config, self.layout = model, optimizer, config, layout
         self.tp_group = parallel_state.get_tensor_model_parallel_group()
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.model_parallel_group = parallel_state.get_model_parallel_group()
         self._check_model()
+        if layout.pipeline_parallel > 1 and layout.shape.tie_word_embeddings:
+            raise NotImplementedError(
+                "MegatronPolicy with pipeline_parallel > 1 and tied embeddings: the all-reduce of "
+                "the embedding's gradient between the first and last stage is not implemented"
+            )
         self.logits = VocabParallelLogits(
             self.tp_group,
             layout.shape.vocab_size,
             temperature,
             chunk_size=config.stats_chunk_tokens,
         )
-        warmup = config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: 1.0 if warmup == 0 else min(1.0, (step + 1) / warmup)
-        )
+        groups = (self.dp_group, self.model_parallel_group)
+        self.updates: TorchOptimizerStep | MegatronOptimizerStep
+        if isinstance(optimizer, MegatronOptimizer):
+            self.updates = MegatronOptimizerStep(model, optimizer, config, *groups)
+        else:
+            self.updates = TorchOptimizerStep(model, optimizer, config, *groups)
 
     def _check_model(self) -> None:
         """The model's names, shard shapes and dtype are what ``layout`` and ``config`` say."""
@@ -167,7 +177,7 @@ class MegatronPolicy:
 
     @property
     def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
+        return self.updates.lr
 
     @property
     def _dp(self) -> tuple[int, int]:
@@ -221,7 +231,7 @@ class MegatronPolicy:
         blocks = per_rank(len(micro_batches), size)
         mine = blocks(rank)
         scaling = MegatronScaling(len(mine), size)
-        self.optimizer.zero_grad(set_to_none=True)
+        self.updates.zero_grad()
         seen: dict[int, TokenStats] = {}
         failed = False
 
@@ -255,18 +265,12 @@ class MegatronPolicy:
             max(int(m.input_ids.shape[1]) for m in shard),
         )
         run_schedule(self.model, micros, make_fn, forward_only=False)
-        params = [p for p in self.model.parameters() if p.requires_grad]
-        failed = average_over_data_parallel(params, self.dp_group, failed)
-        grad_norm, failed = global_grad_norm(params, self.model_parallel_group, failed)
-        if failed or not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
+        if self.updates.reduce(failed):  # the same on every rank
+            self.updates.zero_grad()
             return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
-        if size > 1 or self.layout.pipeline_parallel > 1:  # the same on every rank
+        if size > 1 or self.layout.pipeline_parallel > 1:
             self._replay(micro_batches, blocks, seen, loss_fn)
-        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
-        clip_to_norm(params, max_norm, grad_norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        grad_norm = self.updates.step()
         return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False)
 
     @torch.no_grad()
@@ -308,7 +312,7 @@ class MegatronPolicy:
                 offset += 2 * count
 
     def advance_schedule(self) -> None:
-        self.scheduler.step()
+        self.updates.advance()
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """Every Hugging Face weight once (tied ``lm_head`` not repeated), gathered over TP and
@@ -327,17 +331,26 @@ class MegatronPolicy:
     def save(self, directory: Path) -> None:
         """Model, optimizer state and learning-rate schedule into ``directory``, a megatron
         ``torch_dist`` checkpoint (:func:`~.checkpoint.save_sharded`; collective, every rank
-        writes its shards); the schedule's state travels in the checkpoint's JSON ``extra``."""
-        save_sharded(
-            directory, self.model, self.optimizer, {_SCHEDULE: self.scheduler.state_dict()}
-        )
+        writes its shards); the schedule's state travels in the checkpoint's JSON ``extra``.
+        Torch-optimizer path only."""
+        scheduler = self._torch_scheduler("save")
+        save_sharded(directory, self.model, self.optimizer, {_SCHEDULE: scheduler.state_dict()})
 
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote (collective; any TP × DP layout of the same model)."""
+        scheduler = self._torch_scheduler("load")
         extra = load_sharded(directory, self.model, self.optimizer)
         if _SCHEDULE not in extra:
             raise ValueError(f"checkpoint {directory} holds no learning-rate schedule state")
-        self.scheduler.load_state_dict(extra[_SCHEDULE])
+        scheduler.load_state_dict(extra[_SCHEDULE])
+
+    def _torch_scheduler(self, what: str) -> torch.optim.lr_scheduler.LRScheduler:
+        if not isinstance(self.updates, TorchOptimizerStep):
+            raise NotImplementedError(
+                f"MegatronPolicy.{what} with a MegatronOptimizer: checkpointing megatron's "
+                "optimizer state (main weights, distributed-optimizer shards) is not implemented"
+            )
+        return self.updates.scheduler
 
 
 def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:

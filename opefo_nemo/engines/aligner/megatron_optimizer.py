@@ -1,0 +1,56 @@
+"""megatron-core's ``DistributedDataParallel`` and optimizer for :class:`~.policy.MegatronPolicy`
+from the engine config (the objects :class:`~.optimizer_step.MegatronOptimizerStep` drives).
+
+- :func:`wrap_in_ddp`: the model chunk in megatron's ``DistributedDataParallel`` with fp32
+  gradient buffers (``grad_reduce_in_fp32``: bf16 parameters accumulate their gradients in fp32
+  ``main_grad``), no overlap of the reduction with the backward (it runs once, in
+  ``finalize_model_grads``), gradients averaged over DP (the ``1/D`` that
+  :class:`~.loss_closure.MegatronScaling` undoes), and the parameter buffer the distributed
+  optimizer needs when ``engine.use_distributed_optimizer``.
+- :func:`build_megatron_optimizer`: ``get_megatron_optimizer`` for Adam with the engine's β, ε,
+  weight decay; ``bf16`` (fp32 main weights beside bf16 parameters) when ``engine.dtype`` is
+  bfloat16; sharded over DP when ``engine.use_distributed_optimizer``; ``clip_grad =
+  engine.grad_clip`` or ``math.inf`` when it is 0 (no clipping, but megatron still computes and
+  returns the norm). No loss scaling (bf16 needs none).
+"""
+
+from __future__ import annotations
+
+import math
+
+import torch
+from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
+
+from ...config.train import AlignerEngineConfig
+
+_DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
+
+
+def wrap_in_ddp(model: torch.nn.Module, engine: AlignerEngineConfig) -> DistributedDataParallel:
+    """``model`` (a megatron ``GPTModel`` in ``engine.dtype``) inside megatron's DDP."""
+    ddp_config = DistributedDataParallelConfig(
+        grad_reduce_in_fp32=True,
+        overlap_grad_reduce=False,
+        use_distributed_optimizer=engine.use_distributed_optimizer,
+    )
+    return DistributedDataParallel(model.config, ddp_config, model)
+
+
+def build_megatron_optimizer(
+    model: DistributedDataParallel, engine: AlignerEngineConfig, lr: float
+) -> MegatronOptimizer:
+    """megatron's Adam(W) over ``model``'s parameters (module docstring)."""
+    config = OptimizerConfig(
+        optimizer="adam",
+        lr=lr,
+        weight_decay=engine.weight_decay,
+        adam_beta1=engine.adam_beta1,
+        adam_beta2=engine.adam_beta2,
+        adam_eps=engine.adam_eps,
+        bf16=engine.dtype == "bfloat16",
+        params_dtype=_DTYPES[engine.dtype],
+        use_distributed_optimizer=engine.use_distributed_optimizer,
+        clip_grad=engine.grad_clip if engine.grad_clip > 0 else math.inf,
+    )
+    return get_megatron_optimizer(config, [model])

@@ -1,0 +1,118 @@
+"""Rank function for the ``MegatronPolicy`` tests on megatron's ``DistributedDataParallel`` and
+``get_megatron_optimizer`` (fp32 or bf16 parameters, distributed optimizer on or off): the
+trainer's real update of one rollout batch on a real megatron-core ``GPTModel`` (rope, CPU,
+gloo), spawned by ``tests.parallel.world``; CPU redirections in :mod:`.cpu_megatron_optimizer`."""
+
+from __future__ import annotations
+
+import json
+import warnings
+from pathlib import Path
+
+import torch
+
+from opefo_nemo.config.method import load_method
+from opefo_nemo.config.train import AlignerEngineConfig
+from opefo_nemo.engines.aligner import MegatronLayout
+from opefo_nemo.trainer.update import update_rollout_batch
+
+from .cpu_megatron_optimizer import megatron_optimizer_on_cpu
+from .tiny import megatron_gpt
+from .workers_policy import DIVISIBLE_BY, TEMPERATURE, _skips_everywhere, load_hf_into_megatron
+
+
+def megatron_optimizer_updates(
+    rank: int, world_size: int, cases: list[dict], hf_dir: str, batch, out_dir: str
+) -> None:
+    """For each case (``dtype``, ``distributed``, ``micro_batch_size``, ``method`` = load_method
+    args, ``engine`` = AlignerEngineConfig keys; TP 1, PP 1, DP = world size): a
+    ``MegatronPolicy`` on megatron's DDP + optimizer over the Hugging Face weights (rounded to
+    bf16 when ``dtype`` is bfloat16); ``token_stats`` of the whole batch; the trainer's
+    ``update_rollout_batch`` with, at its optimizer step, the reduced ``main_grad`` of every
+    weight and the returned norm captured; the weights after it (Hugging Face names), the fp32
+    starting weights and, without the distributed optimizer, the fp32 main weights after the
+    step (megatron names); a step that must be skipped on every rank; the warmed-up lr of the
+    next step. Rank 0 writes case ``i``'s results to ``out_dir/result_{i}.pt``."""
+    warnings.filterwarnings("ignore")
+    from megatron.core import parallel_state
+
+    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=True)
+    try:
+        with megatron_optimizer_on_cpu():
+            for index, case in enumerate(cases):
+                result = _run(case, Path(hf_dir), batch)
+                if rank == 0:
+                    torch.save(result, Path(out_dir) / f"result_{index}.pt")
+    finally:
+        parallel_state.destroy_model_parallel()
+
+
+def _policy(case: dict, hf_dir: Path):
+    from opefo_nemo.engines.aligner.megatron_optimizer import (
+        build_megatron_optimizer,
+        wrap_in_ddp,
+    )
+    from opefo_nemo.engines.aligner.policy import MegatronPolicy
+
+    layout = MegatronLayout.from_hf_config(
+        json.loads((hf_dir / "config.json").read_text()),
+        tensor_parallel=1,
+        pipeline_parallel=1,
+        make_vocab_size_divisible_by=DIVISIBLE_BY,
+    )
+    model = megatron_gpt(layout)
+    if case["dtype"] == "bfloat16":
+        model.config.bf16, model.config.params_dtype = True, torch.bfloat16
+        model.to(torch.bfloat16)
+    load_hf_into_megatron(model, layout, hf_dir, 0, 0)  # copy_ rounds fp32 → bf16
+    config = AlignerEngineConfig(
+        dtype=case["dtype"],
+        micro_batch_size=case["micro_batch_size"],
+        use_distributed_optimizer=case["distributed"],
+        **case["engine"],
+    )
+    ddp = wrap_in_ddp(model, config)
+    optimizer = build_megatron_optimizer(ddp, config, load_method(*case["method"]).lr)
+    return MegatronPolicy(ddp, optimizer, config, layout=layout, temperature=TEMPERATURE)
+
+
+def _run(case: dict, hf_dir: Path, batch) -> dict:
+    method = load_method(*case["method"])
+    policy = _policy(case, hf_dir)
+    module = policy.model.module
+    start = {name: p.detach().float().clone() for name, p in module.named_parameters()}
+    stats = policy.token_stats(batch)
+
+    captured: dict = {}
+    original = policy.optimizer.step
+
+    def step():
+        captured["grads"] = {n: p.main_grad.clone() for n, p in module.named_parameters()}
+        result = original()
+        captured["norm"] = result[1]
+        return result
+
+    policy.optimizer.step = step
+    outcome = update_rollout_batch(policy, method, batch, case["micro_batch_size"], seed=0)
+    policy.optimizer.step = original
+    weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
+    main = None
+    if not case["distributed"] and case["dtype"] == "bfloat16":
+        main = {n: p.main_param.detach().clone() for n, p in module.named_parameters()}
+        for name, param in module.named_parameters():  # the bf16 copy of the main weights
+            assert torch.equal(param.detach(), main[name].to(torch.bfloat16)), name
+
+    policy.advance_schedule()
+    micros = batch.split(case["micro_batch_size"])
+    _skips_everywhere(policy, micros)
+    return {
+        "stats": {"logprob": stats.logprob, "entropy": stats.entropy},
+        "metrics": outcome.metrics,
+        "skipped": outcome.skipped_steps,
+        "start": start,
+        "grads": captured["grads"],
+        "norm": captured["norm"],
+        "main": main,
+        "weights": weights,
+        "next_lr": policy.lr,
+    }
