@@ -23,6 +23,7 @@ from opefo_nemo.trainer.update import update_rollout_batch
 from .cpu_megatron import megatron_on_cpu
 from .tiny import megatron_gpt
 from .workers_ckpt import checkpoint_on_cpu
+from .workers_pp_ckpt import tied_copy_on_cpu
 
 #: Vocabulary 100 padded to a multiple of 8 × TP: 104 at TP 1, 112 at TP 2 (padded columns exist).
 DIVISIBLE_BY = 8
@@ -62,7 +63,7 @@ def policy_updates(
         pp = case.get("pp", 1)
         parallel_state.initialize_model_parallel(case["tp"], pp, create_gloo_process_groups=False)
         try:
-            with megatron_on_cpu():
+            with megatron_on_cpu(), tied_copy_on_cpu():
                 checkpoint = Path(out_dir) / f"checkpoint_{index}"
                 result = _run(case, Path(hf_dirs[case["family"]]), batch, checkpoint)
             if rank == 0:
@@ -97,7 +98,7 @@ def _policy(case: dict, hf_dir: Path):
 
 def _resumes_exactly(case: dict, hf_dir: Path, policy, checkpoint: Path) -> bool:
     """``save`` then ``load`` into a fresh policy (the untrained weights, fresh AdamW): weights,
-    AdamW state and learning rate come back bit for bit."""
+    AdamW state and learning rate come back bit for bit on every rank (every pipeline stage)."""
     with checkpoint_on_cpu():
         policy.save(checkpoint)
     fresh = _policy(case, hf_dir)
@@ -110,7 +111,9 @@ def _resumes_exactly(case: dict, hf_dir: Path, policy, checkpoint: Path) -> bool
     new, old = fresh.optimizer.state_dict()["state"], policy.optimizer.state_dict()["state"]
     for key, state in old.items():
         same = same and all(torch.equal(new[key][k], v) for k, v in state.items())
-    return same and new.keys() == old.keys()
+    verdict = torch.tensor([float(same and new.keys() == old.keys())])
+    torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MIN)
+    return bool(verdict[0] > 0)
 
 
 def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
@@ -132,10 +135,7 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
 
     policy.advance_schedule()
-    # PP > 1: checkpoint.load_sharded's model check refuses a stage that holds part of the
-    # model (it wants every checkpoint key on every stage), so resuming is not checked there
-    pipelined = case.get("pp", 1) > 1
-    resumed = None if pipelined else _resumes_exactly(case, hf_dir, policy, checkpoint)
+    resumed = _resumes_exactly(case, hf_dir, policy, checkpoint)
     micros = batch.split(micro_batch_size)
     expected = [policy.token_stats(m).logprob for m in micros]
     recorded: dict[int, torch.Tensor] = {}

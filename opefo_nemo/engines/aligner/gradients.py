@@ -6,7 +6,15 @@ for any device so that the CPU tests run it for real:
 - :func:`average_over_data_parallel`: DDP's reduction of a dense model: every gradient scaled by
   ``1 / dp_size`` and summed over the data-parallel group (one all-reduce of one flat buffer).
   Combined with :class:`~.loss_closure.MegatronScaling` (which multiplies each micro-batch's loss
-  by ``num_microbatches × dp_size``) the result is the full-batch gradient of SPEC §5.
+  by ``num_microbatches × dp_size``) the result is the full-batch gradient of SPEC §5. Then
+  :func:`sum_tied_embedding_grads`, as megatron's ``finalize_model_grads`` follows DDP's
+  reduction with ``_allreduce_word_embedding_grads``.
+- :func:`sum_tied_embedding_grads`: with tied embeddings at PP > 1 the word embedding ``E`` lives
+  twice, as the first stage's ``embedding.word_embeddings.weight`` (input lookup) and the last
+  stage's ``output_layer.weight`` (logits ``h Eᵀ``), both marked ``shared_embedding`` by
+  megatron. ``∂L/∂E`` is the sum of the two uses' gradients, so both copies get
+  ``g_first + g_last`` (one all-reduce over megatron's embedding group, the first and last stage
+  of each pipeline); starting equal, the copies then take identical optimizer steps.
 - :func:`global_grad_norm`: ``‖g‖₂`` of the whole model (all TP shards, all PP stages), every
   weight counted once: a tensor-parallel-split weight once per shard (each TP rank holds a
   different slice), a TP-replicated weight (norms) only on TP rank 0, and a pipeline-shared
@@ -27,6 +35,7 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
+from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 from torch import Tensor
@@ -42,7 +51,9 @@ def average_over_data_parallel(
     params: Sequence[torch.nn.Parameter], group: dist.ProcessGroup, failed: bool
 ) -> bool:
     """Replace every ``param.grad`` by its data-parallel average (a missing gradient counts as
-    zeros, so every rank sends the same buffer); returns whether any rank ``failed``."""
+    zeros, so every rank sends the same buffer), then sum a tied embedding's copies over the
+    pipeline's first and last stage (:func:`sum_tied_embedding_grads`); returns whether any
+    rank ``failed``."""
     size = dist.get_world_size(group)
     grads = [_grad_or_zeros(p) for p in params]
     flat = torch.cat([g.reshape(-1).float() for g in grads] + [_flag(failed, grads)])
@@ -53,7 +64,26 @@ def average_over_data_parallel(
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
+    sum_tied_embedding_grads(params, parallel_state.get_embedding_group(check_initialized=False))
     return bool(flat[-1] > 0)
+
+
+def sum_tied_embedding_grads(
+    params: Sequence[torch.nn.Parameter], embedding_group: dist.ProcessGroup | None
+) -> None:
+    """``g ← g_first + g_last`` for the copy of a tied word embedding among ``params`` (module
+    docstring), all-reduced over ``embedding_group`` (``parallel_state.get_embedding_group``:
+    ``None`` on the middle stages). Nothing to do without such a copy (untied embeddings, PP 1,
+    a middle stage) or with a group of one rank."""
+    tied = [p for p in params if getattr(p, "shared_embedding", False)]
+    if not tied or embedding_group is None or dist.get_world_size(embedding_group) == 1:
+        return
+    if len(tied) > 1:
+        raise ValueError(
+            f"{len(tied)} parameters are marked shared_embedding; a pipeline stage holds at most "
+            "one copy of the tied word embedding (no virtual pipeline stages)"
+        )
+    dist.all_reduce(_grad_or_zeros(tied[0]), group=embedding_group)
 
 
 def global_grad_norm(

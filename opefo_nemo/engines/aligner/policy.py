@@ -49,9 +49,11 @@ The optimizer the caller hands in picks the path (:mod:`.optimizer_step`):
   gradients, or fp32 ones; with or without the distributed optimizer. :meth:`save` /
   :meth:`load` are not available on this path yet.
 
-Not supported: tied embeddings at PP > 1 (the first/last-stage gradient all-reduce is not done
-on the torch path and not tested on the megatron one), virtual pipeline stages, sequence
-parallelism.
+Tied embeddings at PP > 1: the first stage's word embedding and the last stage's output layer
+must start bit-equal (checked at construction); their gradients are summed over megatron's
+embedding group after the DP reduction, on the torch path by
+:func:`~.gradients.sum_tied_embedding_grads`, on the megatron path by ``finalize_model_grads``
+(not tested at PP > 1). Not supported: virtual pipeline stages, sequence parallelism.
 """
 
 from __future__ import annotations
@@ -61,6 +63,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 from megatron.core import parallel_state
 from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
@@ -124,10 +127,7 @@ class MegatronPolicy:
         self.model_parallel_group = parallel_state.get_model_parallel_group()
         self._check_model()
         if layout.pipeline_parallel > 1 and layout.shape.tie_word_embeddings:
-            raise NotImplementedError(
-                "MegatronPolicy with pipeline_parallel > 1 and tied embeddings: the all-reduce of "
-                "the embedding's gradient between the first and last stage is not implemented"
-            )
+            self._check_tied_copies()
         self.logits = VocabParallelLogits(
             self.tp_group,
             layout.shape.vocab_size,
@@ -170,6 +170,29 @@ class MegatronPolicy:
         wrong = [n for n, p in self.model.named_parameters() if p.dtype != dtype]
         if wrong:
             raise ValueError(f"model weight {wrong[0]} is not engine.dtype={self.config.dtype}")
+
+    def _check_tied_copies(self) -> None:
+        """Tied embeddings at PP > 1: the last stage's ``output_layer.weight`` equals the first
+        stage's word embedding bit for bit (their gradients are summed each step,
+        :func:`~.gradients.sum_tied_embedding_grads`, so they stay equal only if they start
+        equal). One all-reduce of ``E_first − E_last`` over the embedding group, then the
+        verdict over the pipeline so that every stage raises together."""
+        group = parallel_state.get_embedding_group(check_initialized=False)
+        unequal = torch.zeros(1, device=self._device)
+        if group is not None:
+            first = parallel_state.is_pipeline_first_stage()
+            model = getattr(self.model, "module", self.model)  # megatron's DDP wraps it
+            weight = model.embedding.word_embeddings.weight if first else model.output_layer.weight
+            difference = weight.detach().clone() if first else -weight.detach()
+            dist.all_reduce(difference, group=group)
+            unequal[0] = float(not bool((difference == 0).all()))
+        dist.all_reduce(unequal, op=dist.ReduceOp.MAX, group=self.pp_group)
+        if bool(unequal[0] > 0):
+            raise ValueError(
+                "tied embeddings at pipeline_parallel > 1: the last stage's output_layer.weight "
+                "differs from the first stage's embedding.word_embeddings.weight (load the same "
+                "weights into both copies)"
+            )
 
     @property
     def _device(self) -> torch.device:
