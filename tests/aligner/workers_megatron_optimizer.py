@@ -32,7 +32,8 @@ def megatron_optimizer_updates(
     weight and the returned norm captured; the weights after it (Hugging Face names), the fp32
     starting weights and, without the distributed optimizer, the fp32 main weights after the
     step (megatron names); a step that must be skipped on every rank; the warmed-up lr of the
-    next step. Rank 0 writes case ``i``'s results to ``out_dir/result_{i}.pt``."""
+    next step. Each case first checks that mismatched model/optimizer pairs are refused. Rank 0
+    writes case ``i``'s results to ``out_dir/result_{i}.pt``."""
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
@@ -76,9 +77,27 @@ def _policy(case: dict, hf_dir: Path):
     return MegatronPolicy(ddp, optimizer, config, layout=layout, temperature=TEMPERATURE)
 
 
+def _refuses_mismatched_pairs(policy) -> None:
+    """A torch optimizer over DDP-wrapped parameters (their gradients land in ``main_grad``,
+    never in ``param.grad``), or a ``MegatronOptimizer`` without the DDP, is refused."""
+    from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
+
+    pairs = [
+        (policy.model.module, build_adamw(policy.model.module, policy.config, 1e-3)),
+        (policy.model.module, policy.optimizer),
+    ]
+    for model, optimizer in pairs:
+        try:
+            MegatronPolicy(model, optimizer, policy.config, layout=policy.layout, temperature=1.0)
+        except TypeError:
+            continue
+        raise AssertionError(f"{type(optimizer).__name__} over {type(model).__name__} accepted")
+
+
 def _run(case: dict, hf_dir: Path, batch) -> dict:
     method = load_method(*case["method"])
     policy = _policy(case, hf_dir)
+    _refuses_mismatched_pairs(policy)
     module = policy.model.module
     start = {name: p.detach().float().clone() for name, p in module.named_parameters()}
     stats = policy.token_stats(batch)

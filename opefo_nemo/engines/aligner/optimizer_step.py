@@ -61,6 +61,12 @@ class TorchOptimizerStep:
         self.optimizer, self.config = optimizer, config
         self.dp_group, self.model_parallel_group = dp_group, model_parallel_group
         self.params = [p for p in model.parameters() if p.requires_grad]
+        if any(hasattr(p, "main_grad") for p in self.params):
+            raise TypeError(
+                "the model's parameters carry megatron DDP main_grad buffers (their gradients "
+                "never reach param.grad): pass the DistributedDataParallel-wrapped model and a "
+                "MegatronOptimizer instead of a torch optimizer"
+            )
         warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
             optimizer, lambda step: warmup_factor(step, warmup)
