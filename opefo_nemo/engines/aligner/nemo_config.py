@@ -7,7 +7,8 @@
   ``load_and_override_model_config``).
 - :func:`trainer_settings`: the PyTorch Lightning trainer section NeMo's
   ``MegatronTrainerBuilder`` reads (precision, devices, nodes, gradient clipping).
-- :func:`policy_gap`: the engine settings :class:`~.policy.MegatronPolicy` cannot drive yet.
+- :func:`policy_gap`: the engine settings the NeMo shell cannot hand to
+  :class:`~.policy.MegatronPolicy` yet.
 
 Key names are NeMo 2.2's (the NeMo 25.02 container): ``megatron_base_model.py`` /
 ``megatron_gpt_model.py`` read them with ``cfg.get``; docs/aligner.md, "The NeMo actor".
@@ -129,13 +130,19 @@ def trainer_settings(
 
 
 def policy_gap(engine: AlignerEngineConfig) -> str | None:
-    """Why :class:`~.policy.MegatronPolicy` cannot train NeMo's model under ``engine`` yet, or
-    ``None`` when it can.
+    """Why the NeMo shell cannot train NeMo's model under ``engine`` yet, or ``None`` when it
+    can.
 
-    The policy averages ``param.grad`` over DP, clips and steps a torch optimizer over the model
-    chunk's own parameters, which must be in ``engine.dtype``. NeMo's bf16 training keeps fp32
-    main weights in the optimizer (``megatron_amp_O2``) and the distributed optimizer keeps
-    gradients in megatron DDP's ``main_grad`` buffers: neither is that optimizer.
+    :class:`~.policy.MegatronPolicy` drives bf16 parameters with fp32 main weights and the
+    distributed optimizer when handed the chunk inside megatron's ``DistributedDataParallel``
+    and a ``MegatronOptimizer`` (:mod:`.optimizer_step`, tested on CPU).
+    :func:`~.actor.build_nemo_actor` does not hand those over yet: it unwraps the chunk
+    (:func:`~.actor.model_chunk`) and passes NeMo's optimizer wrapper
+    (``McoreDistributedOptimizer``, whose megatron optimizer is its ``mcore_optimizer``; for
+    ``megatron_amp_O2`` without it, NeMo's ``MainParamsOptimizerWrapper``), which the policy
+    cannot use. So both settings stay refused here until the shell passes the DDP-wrapped chunk
+    and a ``MegatronOptimizer`` (:func:`~.megatron_optimizer.build_megatron_optimizer`, or
+    NeMo's ``mcore_optimizer``).
     """
     reasons = []
     if engine.use_distributed_optimizer:
@@ -147,7 +154,8 @@ def policy_gap(engine: AlignerEngineConfig) -> str | None:
     if not reasons:
         return None
     return (
-        f"{' and '.join(reasons)}: MegatronPolicy drives a torch optimizer over the model's own "
-        "parameters and does not yet step megatron's optimizer (its main_grad buffers and fp32 "
-        "main weights); use engine.dtype=float32 engine.use_distributed_optimizer=false meanwhile"
+        f"{' and '.join(reasons)}: MegatronPolicy can step megatron's optimizer, but the NeMo "
+        "shell does not yet hand it megatron's DDP-wrapped model and a MegatronOptimizer (it "
+        "passes NeMo's optimizer wrapper); use engine.dtype=float32 "
+        "engine.use_distributed_optimizer=false meanwhile"
     )
