@@ -1,6 +1,6 @@
 """Spawned ranks of ``test_aligner_loop_vllm.py``: the real :class:`Trainer` driving
-``MegatronPolicy`` (a real megatron-core ``GPTModel``, tensor-parallel over the ranks) and a real
-:class:`ColocatedRollout` over a real vLLM CPU server.
+``MegatronPolicy`` (a real megatron-core ``GPTModel``, TP 2 or DP 2 over the two ranks) and a
+real :class:`ColocatedRollout` over a real vLLM CPU server.
 
 Test scaffolding only: the model is built with ``tests/aligner``'s ``megatron_gpt`` (local layer
 spec, fp32) on ``megatron_on_cpu``'s CUDA-to-CPU redirections, and its norms take the Hugging Face
@@ -76,7 +76,8 @@ def _rms_norms(model: torch.nn.Module) -> list[torch.nn.RMSNorm]:
 
 
 def _megatron_policy(config, model_dir: Path):
-    """``MegatronPolicy`` on this rank's TP shard of the Hugging Face model at ``model_dir``."""
+    """``MegatronPolicy`` on this rank's TP shard (all of it at TP 1) of the Hugging Face model
+    at ``model_dir``."""
     from megatron.core import parallel_state
 
     from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
