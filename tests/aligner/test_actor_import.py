@@ -135,3 +135,45 @@ def test_find_nemo_checkpoint(tmp_path):
     assert nemo_config.find_nemo_checkpoint(tmp_path) == tmp_path / "nemo"
     (tmp_path / "model.nemo").write_bytes(b"")
     assert nemo_config.find_nemo_checkpoint(tmp_path) == tmp_path / "model.nemo"
+
+
+def test_architecture_mismatches_compare_nemo_with_config_json():
+    """Reference: Qwen2.5-Math-7B's published config.json and the NeMo model config its
+    converter writes (same shape, RMSNorm ε 1e-6, rope base 10000, untied)."""
+    hf = {
+        "num_hidden_layers": 28,
+        "hidden_size": 3584,
+        "intermediate_size": 18944,
+        "num_attention_heads": 28,
+        "num_key_value_heads": 4,
+        "rms_norm_eps": 1e-06,
+        "rope_theta": 10000.0,
+        "tie_word_embeddings": False,
+    }
+    nemo = {
+        "num_layers": 28,
+        "hidden_size": 3584,
+        "ffn_hidden_size": 18944,
+        "num_attention_heads": 28,
+        "num_query_groups": 4,
+        "layernorm_epsilon": 1e-6,
+        "rotary_base": 10000,
+        "share_embeddings_and_output_weights": False,
+    }
+    assert nemo_config.architecture_mismatches(nemo, hf) == []
+    off = {**nemo, "layernorm_epsilon": 1e-5, "rotary_base": 1000000}
+    assert nemo_config.architecture_mismatches(off, hf) == [
+        "layernorm_epsilon: 1e-05 vs config.json rms_norm_eps: 1e-06",
+        "rotary_base: 1000000 vs config.json rope_theta: 10000.0",
+    ]
+    # NeMo's defaults when the keys are absent: ε 1e-5 and tied embeddings differ from HF's.
+    bare = {k: v for k, v in nemo.items() if k not in ("layernorm_epsilon", "rotary_base")}
+    bare.pop("share_embeddings_and_output_weights")
+    assert [m.split(":")[0] for m in nemo_config.architecture_mismatches(bare, hf)] == [
+        "layernorm_epsilon",
+        "share_embeddings_and_output_weights",
+    ]
+    # No num_query_groups: one group per head; HF without num_key_value_heads: the same.
+    mha = {k: v for k, v in nemo.items() if k != "num_query_groups"}
+    hf_mha = {k: v for k, v in hf.items() if k != "num_key_value_heads"}
+    assert nemo_config.architecture_mismatches(mha, hf_mha) == []

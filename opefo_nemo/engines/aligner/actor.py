@@ -54,6 +54,7 @@ from ...config.train import AlignerEngineConfig
 from .availability import AlignerUnavailableError
 from .layout import MegatronLayout
 from .nemo_config import (
+    architecture_mismatches,
     data_parallel_size,
     find_nemo_checkpoint,
     model_overrides,
@@ -184,6 +185,12 @@ def build_nemo_actor(
             "builds its layers without them (get_specs passes no qk_layernorm)"
         )
     actor, optimizer = restore_actor(find_nemo_checkpoint(model_dir), engine, lr=lr)
+    mismatches = architecture_mismatches(actor.cfg, hf_config)
+    if mismatches:
+        raise AlignerUnavailableError(
+            f"engine.name=aligner: the NeMo checkpoint in {model_dir} is not the model of its "
+            f"config.json, which vLLM samples from: {'; '.join(mismatches)}"
+        )
     return MegatronPolicy(
         model_chunk(actor), optimizer, engine, layout=layout, temperature=temperature
     )

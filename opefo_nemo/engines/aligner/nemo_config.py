@@ -9,6 +9,8 @@
   ``MegatronTrainerBuilder`` reads (precision, devices, nodes, gradient clipping).
 - :func:`policy_gap`: the engine settings the NeMo shell cannot hand to
   :class:`~.policy.MegatronPolicy` yet.
+- :func:`architecture_mismatches`: where the restored NeMo model differs from the Hugging Face
+  config vLLM samples with (SPEC §1: the trained policy must be the sampling one).
 
 Key names are NeMo 2.2's (the NeMo 25.02 container): ``megatron_base_model.py`` /
 ``megatron_gpt_model.py`` read them with ``cfg.get``; docs/aligner.md, "The NeMo actor".
@@ -16,6 +18,7 @@ Key names are NeMo 2.2's (the NeMo 25.02 container): ``megatron_base_model.py`` 
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -159,3 +162,44 @@ def policy_gap(engine: AlignerEngineConfig) -> str | None:
         "passes NeMo's optimizer wrapper); use engine.dtype=float32 "
         "engine.use_distributed_optimizer=false meanwhile"
     )
+
+
+#: NeMo model-config key → (Hugging Face ``config.json`` key, NeMo's default when the key is
+#: absent, HF's default when absent). The rollout engine builds its model from ``config.json``.
+ARCHITECTURE_KEYS = {
+    "num_layers": ("num_hidden_layers", None, None),
+    "hidden_size": ("hidden_size", None, None),
+    "ffn_hidden_size": ("intermediate_size", None, None),
+    "num_attention_heads": ("num_attention_heads", None, None),
+    "num_query_groups": ("num_key_value_heads", None, None),
+    "layernorm_epsilon": ("rms_norm_eps", 1e-5, 1e-6),
+    "rotary_base": ("rope_theta", 10000, 10000),
+    "share_embeddings_and_output_weights": ("tie_word_embeddings", True, False),
+}
+
+
+def architecture_mismatches(
+    model_cfg: Mapping[str, Any], hf_config: Mapping[str, Any]
+) -> list[str]:
+    """The keys where the NeMo model config ``model_cfg`` and the Hugging Face ``hf_config``
+    describe different models, as ``"key: NeMo value vs config.json value"`` (empty: the same).
+
+    A model trained with another norm ε or rope base than vLLM's would be sampled off-policy
+    without any error, so the actor refuses such a pair. ``num_query_groups`` absent (``None``)
+    means one group per head.
+    """
+    problems = []
+    for nemo_key, (hf_key, nemo_default, hf_default) in ARCHITECTURE_KEYS.items():
+        ours = model_cfg.get(nemo_key, nemo_default)
+        theirs = hf_config.get(hf_key, hf_default)
+        if nemo_key == "num_query_groups" and ours is None:
+            ours = model_cfg.get("num_attention_heads")
+        if theirs is None and hf_key == "num_key_value_heads":
+            theirs = hf_config.get("num_attention_heads")
+        if isinstance(theirs, float) or isinstance(ours, float):
+            same = ours is not None and theirs is not None and float(ours) == float(theirs)
+        else:
+            same = ours == theirs
+        if not same:
+            problems.append(f"{nemo_key}: {ours!r} vs config.json {hf_key}: {theirs!r}")
+    return problems
