@@ -78,9 +78,21 @@ class HFPolicy:
 
     @torch.no_grad()
     def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
-        """Phase 1: ``[B, T − 1]`` fp32 statistics on the CPU, no graph."""
-        stats = self._stats(batch, tabular)
-        return TokenStats(*(None if t is None else t.cpu() for t in _fields(stats)))
+        """Phase 1: ``[B, T − 1]`` fp32 statistics on the CPU, no graph; forwards of
+        ``engine.micro_batch_size`` rows at a time (each trimmed to its longest row; the
+        columns past it are 0)."""
+        out: list[Tensor | None] = [None] * 4
+        start = 0
+        for micro in batch.split(self.config.micro_batch_size):
+            rows, width = slice(start, start + micro.rows), micro.targets.shape[1]
+            for i, field in enumerate(_fields(self._stats(micro, tabular))):
+                if field is None:
+                    continue
+                if out[i] is None:
+                    out[i] = torch.zeros(batch.targets.shape, dtype=field.dtype)
+                out[i][rows, :width] = field.cpu()
+            start += micro.rows
+        return TokenStats(*out)
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
         """Accumulate every micro-batch's gradient, clip, step; skip the step if anything is NaN."""

@@ -1,8 +1,9 @@
 """The update of one rollout batch, engine-agnostic: the two-phase step of ARCHITECTURE.md.
 
-Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over every
-micro-batch, phase 2 ``prepare`` turns *all* of them into coefficients with global sums (λ*, the
-token count), phase 3 is one optimizer step with gradient accumulation over the micro-batches.
+Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the whole
+batch (one engine call; the engine micro-batches it), phase 2 ``prepare`` turns the stats of *all*
+micro-batches into coefficients with global sums (λ*, the token count), phase 3 is one optimizer
+step with gradient accumulation over the micro-batches.
 ρ ≡ 1 (``old_logprob=None``).
 
 Approximate on-policy (``updates_per_rollout = k > 1``): the rollout batch is cut into ``k``
@@ -43,10 +44,26 @@ class UpdateOutcome:
 
 
 def stats_pass(
-    policy: Policy, micro_batches: Sequence[TrainBatch], tabular: bool
+    policy: Policy, batch: TrainBatch, pieces: Sequence[TrainBatch], tabular: bool
 ) -> list[TokenStats]:
-    """Phase 1 over micro-batches, forward only."""
-    return [policy.token_stats(micro, tabular=tabular) for micro in micro_batches]
+    """Phase 1 over ``batch`` in one engine call, forward only, returned split like ``pieces``
+    (consecutive row blocks of ``batch``: its micro-batches).
+
+    One call per batch, not per micro-batch: a multi-rank engine spreads the batch over its
+    data-parallel ranks and micro-batches it itself (with one call per micro-batch of a few
+    rows, most data-parallel ranks would have nothing to do).
+    """
+    sizes = [piece.rows for piece in pieces]
+    if sum(sizes) != batch.rows:
+        raise ValueError(f"pieces of {sum(sizes)} rows do not tile a batch of {batch.rows}")
+    stats = policy.token_stats(batch, tabular=tabular)
+    fields = (stats.logprob, stats.entropy, stats.sum_p2, stats.sum_p2_logp)
+    result, start = [], 0
+    for piece in pieces:  # each piece is trimmed to its own longest row
+        rows, width = slice(start, start + piece.rows), piece.targets.shape[1]
+        result.append(TokenStats(*(None if f is None else f[rows, :width] for f in fields)))
+        start += piece.rows
+    return result
 
 
 def mean_entropy(micro_batches: Sequence[TrainBatch], stats: Sequence[TokenStats]) -> float:
@@ -123,7 +140,9 @@ def update_rollout_batch(
         raise ValueError(f"{batch.rows} responses cannot be cut into {k} equal mini-batches")
     minis = batch.split(batch.rows // k)
     micros = [mini.split(micro_batch_size) for mini in minis]
-    first = [stats_pass(policy, m, tabular) for m in micros]
+    flat = stats_pass(policy, batch, [m for ms in micros for m in ms], tabular)
+    counts = [len(ms) for ms in micros]
+    first = [flat[sum(counts[:j]) : sum(counts[: j + 1])] for j in range(k)]
     entropy_before = mean_entropy([m for ms in micros for m in ms], [s for ss in first for s in ss])
     if k == 1:
         metrics, skipped = optimizer_step(policy, method, micros[0], first[0], None, seed)
@@ -132,7 +151,7 @@ def update_rollout_batch(
     per_step: list[dict[str, float]] = []
     skipped_steps = 0
     for j, mini_micros in enumerate(micros):
-        stats = first[j] if j == 0 else stats_pass(policy, mini_micros, tabular)
+        stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, tabular)
         old = [s.logprob for s in first[j]]
         metrics, skipped = optimizer_step(policy, method, mini_micros, stats, old, seed * k + j)
         skipped_steps += int(skipped)
@@ -151,4 +170,4 @@ def realized_entropy_change(
 ) -> float:
     """``flow/realized``: token-mean entropy of ``batch`` now minus ``entropy_before`` (SPEC §6)."""
     micros = batch.split(micro_batch_size)
-    return mean_entropy(micros, stats_pass(policy, micros, tabular=False)) - entropy_before
+    return mean_entropy(micros, stats_pass(policy, batch, micros, tabular=False)) - entropy_before

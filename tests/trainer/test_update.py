@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -62,7 +63,7 @@ def captured_gradient(model_dir, method_name, micro_batch_size):
     batch = build_batch(prompts, responses, adv, pad_id=0)
     micros = batch.split(micro_batch_size)
     metrics, skipped = optimizer_step(
-        policy, method, micros, stats_pass(policy, micros, False), None, 0
+        policy, method, micros, stats_pass(policy, batch, micros, False), None, 0
     )
     assert not skipped
     return grads, metrics
@@ -167,3 +168,22 @@ def test_warmup_schedule_is_linear_over_rollout_steps(model_dir):
         seen.append(policy.lr)
         policy.advance_schedule()
     assert seen == pytest.approx([2.5e-4, 5e-4, 7.5e-4, 1e-3, 1e-3, 1e-3])
+
+
+@pytest.mark.parametrize("micro_batch_size", [1, 4])
+def test_stats_pass_is_one_call_split_like_the_micro_batches(model_dir, micro_batch_size):
+    """Reference: the engine's own stats of each micro-batch, one call each (the old pass), at
+    every real token position (padding positions are masked everywhere downstream)."""
+    engine = dataclasses.replace(ENGINE, micro_batch_size=micro_batch_size)
+    policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=TEMPERATURE)
+    batch = build_batch(*random_rollout(), pad_id=0)
+    micros = batch.split(3)
+    got = stats_pass(policy, batch, micros, True)
+    assert len(got) == len(micros)
+    for stats, micro in zip(got, micros, strict=True):
+        want = policy.token_stats(micro, tabular=True)
+        real = micro.attention_mask[:, 1:]
+        for field in ("logprob", "entropy", "sum_p2", "sum_p2_logp"):
+            torch.testing.assert_close(getattr(stats, field)[real], getattr(want, field)[real])
+    with pytest.raises(ValueError, match="do not tile a batch"):
+        stats_pass(policy, batch, micros[:-1], False)
