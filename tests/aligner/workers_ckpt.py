@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import warnings
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -176,18 +177,19 @@ def _train_step(model, optimizer, scheduler, step: int) -> None:
     scheduler.step()
 
 
-def _snapshot(model, optimizer) -> dict[str, torch.Tensor]:
+def snapshot(model, optimizer, rename: Callable[[str], str] = str) -> dict[str, torch.Tensor]:
     """Weights (``weight:<name>``), per-parameter optimizer state (``<state>:<name>``) and the
-    learning rates, as copies."""
-    snapshot = {"lr": torch.tensor([group["lr"] for group in optimizer.param_groups])}
-    for name, param in model.named_parameters():
-        snapshot[f"weight:{name}"] = param.detach().clone()
+    learning rates, as copies; ``rename`` maps a parameter name (e.g. to its global layer)."""
+    copies = {"lr": torch.tensor([group["lr"] for group in optimizer.param_groups])}
+    for local_name, param in model.named_parameters():
+        name = rename(local_name)
+        copies[f"weight:{name}"] = param.detach().clone()
         for key, value in optimizer.state[param].items():
-            snapshot[f"{key}:{name}"] = value.detach().clone()
-    return snapshot
+            copies[f"{key}:{name}"] = value.detach().clone()
+    return copies
 
 
-def _differences(expected: dict, actual: dict) -> list[str]:
+def differences(expected: dict, actual: dict) -> list[str]:
     """Keys missing on either side or not bit-equal, from every rank (``r<rank>:<key>``)."""
     mine = sorted(
         key
@@ -209,11 +211,11 @@ def _train_save_resume(out: Path, results: dict) -> dict[str, torch.Tensor]:
     _train_step(model, optimizer, scheduler, 0)
     with checkpoint_on_cpu():
         save_sharded(out / "train_tp2", model, optimizer, {"scheduler": scheduler.state_dict()})
-    saved = _snapshot(model, optimizer)
+    saved = snapshot(model, optimizer)
     for step in (1, 2):
         _train_step(model, optimizer, scheduler, step)
-    after_two = _snapshot(model, optimizer)
-    results["moved_after_save"] = _differences(saved, after_two)
+    after_two = snapshot(model, optimizer)
+    results["moved_after_save"] = differences(saved, after_two)
     foreign = torch.optim.AdamW([torch.nn.Parameter(torch.zeros(3))])
     try:  # refused: the checkpoint on disk must stay the saved one (checked by the next load)
         with checkpoint_on_cpu():
@@ -223,17 +225,17 @@ def _train_save_resume(out: Path, results: dict) -> dict[str, torch.Tensor]:
         results["refused_save_error"] = str(error)
 
     load_sharded(out / "train_tp2", model, optimizer)
-    results["load_into_moved_model"] = _differences(saved, _snapshot(model, optimizer))
+    results["load_into_moved_model"] = differences(saved, snapshot(model, optimizer))
 
     fresh = _train_model(lay, seed=1)
     fresh_optimizer, fresh_scheduler = _trainer(fresh)
     extra = load_sharded(out / "train_tp2", fresh, fresh_optimizer)
     fresh_scheduler.load_state_dict(extra["scheduler"])
-    results["load_into_fresh_model"] = _differences(saved, _snapshot(fresh, fresh_optimizer))
+    results["load_into_fresh_model"] = differences(saved, snapshot(fresh, fresh_optimizer))
     for step in (1, 2):
         _train_step(fresh, fresh_optimizer, fresh_scheduler, step)
-    results["resume_equals_uninterrupted"] = _differences(
-        after_two, _snapshot(fresh, fresh_optimizer)
+    results["resume_equals_uninterrupted"] = differences(
+        after_two, snapshot(fresh, fresh_optimizer)
     )
     shardings = _shardings(lay)
     tp_group = parallel_state.get_tensor_model_parallel_group()
@@ -252,7 +254,7 @@ def _reshard_to_tp1(out: Path, saved_full: dict, results: dict) -> None:
     model = _train_model(_train_layout(1), seed=2)
     optimizer, _ = _trainer(model)
     load_sharded(out / "train_tp2", model, optimizer)
-    results["tp2_to_tp1"] = _differences(saved_full, _snapshot(model, optimizer))
+    results["tp2_to_tp1"] = differences(saved_full, snapshot(model, optimizer))
 
     wider = _train_model(_train_layout(1, intermediate_size=64), seed=2)
     try:

@@ -36,7 +36,7 @@ from opefo_nemo.engines.aligner.checkpoint import load_sharded, save_sharded
 from tests.parallel.world import run_world
 
 from .tiny import hf_model, hf_weights, layout, megatron_gpt
-from .workers_ckpt import checkpoint_on_cpu
+from .workers_ckpt import checkpoint_on_cpu, differences, snapshot
 
 FAMILIES = ("qwen2", "qwen2_tied")
 EMBEDDING = "embedding.word_embeddings.weight"
@@ -94,29 +94,6 @@ def _adamw(model) -> torch.optim.AdamW:
     return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
 
 
-def _snapshot(model, optimizer, first_layer: int) -> dict[str, torch.Tensor]:
-    """Weights (``weight:<global name>``), AdamW state (``<state>:<global name>``) and lr."""
-    snapshot = {"lr": torch.tensor([group["lr"] for group in optimizer.param_groups])}
-    for name, param in model.named_parameters():
-        name = global_name(name, first_layer)
-        snapshot[f"weight:{name}"] = param.detach().clone()
-        for key, value in optimizer.state[param].items():
-            snapshot[f"{key}:{name}"] = value.detach().clone()
-    return snapshot
-
-
-def _differences(expected: dict, actual: dict) -> list[str]:
-    """Keys missing on either side or not bit-equal, from every rank (``r<rank>:<key>``)."""
-    mine = sorted(
-        key
-        for key in expected.keys() | actual.keys()
-        if key not in expected or key not in actual or not torch.equal(expected[key], actual[key])
-    )
-    everyone: list[list[str]] = [[] for _ in range(dist.get_world_size())]
-    dist.all_gather_object(everyone, mine)
-    return [f"r{rank}:{key}" for rank, keys in enumerate(everyone) for key in keys]
-
-
 def pp_checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
     """The module docstring's two parts; rank 0 writes ``results.json``."""
     warnings.filterwarnings("ignore")
@@ -165,16 +142,16 @@ def _save_and_resume_pp2(family: str, shards, out: Path, results: dict) -> dict:
         model.load_state_dict(hf_state, strict=True)
     with checkpoint_on_cpu():
         save_sharded(out / f"pp2_{family}", model, optimizer, {"family": family})
-    saved = _snapshot(model, optimizer, first_layer)
+    saved = snapshot(model, optimizer, lambda n: global_name(n, first_layer))
 
     fresh, _ = _stage_model(lay)
     fresh_optimizer = _adamw(fresh)
-    results[f"pp2_fresh_differs_{family}"] = _differences(
-        saved, _snapshot(fresh, fresh_optimizer, first_layer)
+    results[f"pp2_fresh_differs_{family}"] = differences(
+        saved, snapshot(fresh, fresh_optimizer, lambda n: global_name(n, first_layer))
     )
     loaded_extra = load_sharded(out / f"pp2_{family}", fresh, fresh_optimizer)
-    results[f"pp2_to_pp2_{family}"] = _differences(
-        saved, _snapshot(fresh, fresh_optimizer, first_layer)
+    results[f"pp2_to_pp2_{family}"] = differences(
+        saved, snapshot(fresh, fresh_optimizer, lambda n: global_name(n, first_layer))
     )
     results[f"pp2_extra_{family}"] = (
         [] if loaded_extra == {"family": family} else [json.dumps(loaded_extra)]
@@ -213,4 +190,5 @@ def _load_at_pp1(family: str, saved_full: dict, out: Path, results: dict) -> Non
     expected = {k: v for k, v in saved_full.items() if not k.endswith(":output_layer.weight")}
     if not layout(family).shape.tie_word_embeddings:
         expected = saved_full
-    results[f"pp2_to_pp1_{family}"] = _differences(expected, _snapshot(model, optimizer, 0))
+    loaded = snapshot(model, optimizer, lambda n: global_name(n, 0))
+    results[f"pp2_to_pp1_{family}"] = differences(expected, loaded)

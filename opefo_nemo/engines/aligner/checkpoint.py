@@ -144,7 +144,7 @@ def save_sharded(
             "extra": extra_json,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
-        _replace(staging, directory)
+        replace_directory(staging, directory)
     dist.barrier()
 
 
@@ -183,7 +183,7 @@ def load_sharded(
     return manifest["extra"]
 
 
-def _replace(staging: Path, directory: Path) -> None:
+def replace_directory(staging: Path, directory: Path) -> None:
     """Rename the complete ``staging`` to ``directory``, replacing an old one."""
     old = directory.parent / f".{directory.name}.old"
     shutil.rmtree(old, ignore_errors=True)

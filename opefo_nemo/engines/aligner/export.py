@@ -41,7 +41,13 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from .checkpoint import MANIFEST, OPTIMIZER_PREFIX, read_manifest, tensor_metadata
+from .checkpoint import (
+    MANIFEST,
+    OPTIMIZER_PREFIX,
+    read_manifest,
+    replace_directory,
+    tensor_metadata,
+)
 from .layout import MegatronLayout
 from .streaming import hf_named_weights
 from .weight_mapping import WeightSpec, unfuse, weight_groups
@@ -364,12 +370,7 @@ def write_hf_directory(
         if len(files) > 1:
             index = {"metadata": {"total_size": total}, "weight_map": weight_map}
             (staging / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
-        old = out.parent / f".{out.name}.old"
-        shutil.rmtree(old, ignore_errors=True)
-        if out.exists():
-            out.rename(old)
-        staging.rename(out)
-        shutil.rmtree(old, ignore_errors=True)
+        replace_directory(staging, out)
     except BaseException:
         shutil.rmtree(staging, ignore_errors=True)
         raise
