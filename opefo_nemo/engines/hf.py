@@ -23,6 +23,7 @@ from ..config.train import EngineConfig
 from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
 from .batch import TrainBatch
 from .protocols import LossFn, UpdateResult
+from .schedule import warmup_factor
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATE_FILE = "engine_state.pt"
@@ -57,7 +58,7 @@ class HFPolicy:
         )
         warmup = config.warmup_steps
         self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            self.optimizer, lambda step: 1.0 if warmup == 0 else min(1.0, (step + 1) / warmup)
+            self.optimizer, lambda step: warmup_factor(step, warmup)
         )
 
     @property

@@ -34,12 +34,8 @@ from megatron.core.distributed import DistributedDataParallel, finalize_model_gr
 from megatron.core.optimizer import MegatronOptimizer
 
 from ...config.train import AlignerEngineConfig
+from ..schedule import warmup_factor
 from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
-
-
-def warmup_factor(step: int, warmup_steps: int) -> float:
-    """``min(1, (step + 1) / warmup_steps)``, 1 without warm-up (SPEC §8)."""
-    return 1.0 if warmup_steps == 0 else min(1.0, (step + 1) / warmup_steps)
 
 
 class TorchOptimizerStep:
