@@ -94,6 +94,7 @@ class AlignerEngineConfig(OptimizerConfig):
     use_distributed_optimizer: bool = True
     make_vocab_size_divisible_by: int = 128
     rollout_tp_size: int = 1
+    nemo_checkpoint: str | None = None
 
     def validate(self) -> None:
         """Ranges and contradictions between the keys; errors name the key (``engine.<key>``)."""

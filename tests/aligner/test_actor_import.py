@@ -135,6 +135,11 @@ def test_find_nemo_checkpoint(tmp_path):
     assert nemo_config.find_nemo_checkpoint(tmp_path) == tmp_path / "nemo"
     (tmp_path / "model.nemo").write_bytes(b"")
     assert nemo_config.find_nemo_checkpoint(tmp_path) == tmp_path / "model.nemo"
+    elsewhere = tmp_path / "elsewhere.nemo"
+    with pytest.raises(FileNotFoundError, match=r"engine\.nemo_checkpoint=.*elsewhere\.nemo"):
+        nemo_config.find_nemo_checkpoint(tmp_path, str(elsewhere))
+    elsewhere.touch()
+    assert nemo_config.find_nemo_checkpoint(tmp_path, str(elsewhere)) == elsewhere
 
 
 def test_architecture_mismatches_compare_nemo_with_config_json():

@@ -184,7 +184,8 @@ def build_nemo_actor(
             f"engine.name=aligner: {model_dir} has q/k norms (Qwen3); NeMo 2.2's MegatronGPTModel "
             "builds its layers without them (get_specs passes no qk_layernorm)"
         )
-    actor, optimizer = restore_actor(find_nemo_checkpoint(model_dir), engine, lr=lr)
+    checkpoint = find_nemo_checkpoint(model_dir, engine.nemo_checkpoint)
+    actor, optimizer = restore_actor(checkpoint, engine, lr=lr)
     mismatches = architecture_mismatches(actor.cfg, hf_config)
     if mismatches:
         raise AlignerUnavailableError(

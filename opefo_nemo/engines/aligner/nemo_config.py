@@ -34,11 +34,16 @@ NEMO_CHECKPOINT_NAMES = ("model.nemo", "nemo")
 PRECISION = {"bfloat16": ("bf16-mixed", True), "float32": (32, False)}
 
 
-def find_nemo_checkpoint(model_dir: str | Path) -> Path:
-    """The NeMo checkpoint inside ``model_dir`` (see :data:`NEMO_CHECKPOINT_NAMES`).
+def find_nemo_checkpoint(model_dir: str | Path, explicit: str | None = None) -> Path:
+    """The NeMo checkpoint to restore: ``explicit`` (``engine.nemo_checkpoint``) when given,
+    else the first of :data:`NEMO_CHECKPOINT_NAMES` inside ``model_dir``.
 
     Raises ``FileNotFoundError`` naming the places looked at and the converter to run.
     """
+    if explicit is not None:
+        if not Path(explicit).exists():
+            raise FileNotFoundError(f"engine.nemo_checkpoint={explicit} does not exist")
+        return Path(explicit)
     base = Path(model_dir)
     for name in NEMO_CHECKPOINT_NAMES:
         candidate = base / name
