@@ -19,8 +19,7 @@ import torch
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.engines.aligner import MegatronLayout
-from opefo_nemo.launch.placement import ColocatedPlacement
-from opefo_nemo.rollout import Completion, SamplingConfig, VLLMRolloutEngine
+from opefo_nemo.rollout import Completion, SamplingConfig
 from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
 from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.prompts import PromptCodec
@@ -29,6 +28,7 @@ from opefo_nemo.trainer.setup import load_datasets
 from tests.aligner.cpu_megatron import megatron_on_cpu
 from tests.aligner.tiny import megatron_gpt
 from tests.aligner.workers_policy import load_hf_into_megatron
+from tests.trainer.workers_spmd import one_server_per_group
 
 #: ``megatron_gpt``'s rotary base (megatron-core's default); the model's must be the same.
 MEGATRON_ROPE_THETA = 10000.0
@@ -123,22 +123,8 @@ def _trainer(
     codec = PromptCodec(model_dir, config.data.template)
     train, validation = load_datasets(config, codec)
     if rollout is None:
-
-        def start(placement: ColocatedPlacement, index: int) -> VLLMRolloutEngine:
-            return VLLMRolloutEngine(
-                model_dir,
-                seed=config.run.seed,
-                max_model_len=max(
-                    config.data.max_prompt_tokens + config.rollout.max_new_tokens, 64
-                ),
-                dtype=config.engine.dtype,
-            )
-
-        placement = ColocatedPlacement(
-            ranks.world_size, ranks.local_world_size, config.engine.rollout_tp_size
-        )
-        rollout = ColocatedRollout(
-            ranks, placement, start, policy.named_weights, config.rollout.max_restarts
+        rollout = one_server_per_group(
+            ranks, config, model_dir, policy.named_weights, config.engine.rollout_tp_size
         )
     rollout.weights = policy.named_weights
     rollout.update_weights(policy.named_weights())

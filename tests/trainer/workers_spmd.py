@@ -25,6 +25,24 @@ from opefo_nemo.trainer.ranks import LoopRanks
 from opefo_nemo.trainer.setup import load_datasets, start_colocated_rollout
 
 
+def one_server_per_group(
+    ranks: LoopRanks, config, model: Path, weights, group_size: int
+) -> ColocatedRollout:
+    """One TP-1 vLLM server per ``group_size`` ranks, of the kind the single-process reference
+    uses: the other ranks of a group own none and only walk the weight stream."""
+
+    def start(placement: ColocatedPlacement, index: int) -> VLLMRolloutEngine:
+        return VLLMRolloutEngine(
+            model,
+            seed=config.run.seed,
+            max_model_len=max(config.data.max_prompt_tokens + config.rollout.max_new_tokens, 64),
+            dtype=config.engine.dtype,
+        )
+
+    placement = ColocatedPlacement(ranks.world_size, ranks.local_world_size, group_size)
+    return ColocatedRollout(ranks, placement, start, weights, config.rollout.max_restarts)
+
+
 def _trainer(
     ranks: LoopRanks, overrides: list[str], out: Path, rollout: ColocatedRollout | None
 ) -> Trainer:
@@ -33,22 +51,8 @@ def _trainer(
     policy = HFPolicy(model, config.engine, lr=config.method.lr, temperature=1.0)
     codec = PromptCodec(model, config.data.template)
     train, validation = load_datasets(config, codec)
-    if rollout is None:
-        # One server for both ranks (a group of two): rank 1 owns none and only walks the
-        # weight stream; the server is the same kind the single-process reference uses.
-        def start(placement: ColocatedPlacement, index: int) -> VLLMRolloutEngine:
-            return VLLMRolloutEngine(
-                model,
-                seed=config.run.seed,
-                max_model_len=max(
-                    config.data.max_prompt_tokens + config.rollout.max_new_tokens, 64
-                ),
-                dtype=config.engine.dtype,
-            )
-
-        rollout = ColocatedRollout(
-            ranks, ColocatedPlacement(2, 2, 2), start, policy.named_weights, max_restarts=1
-        )
+    if rollout is None:  # one server for both ranks
+        rollout = one_server_per_group(ranks, config, model, policy.named_weights, 2)
     rollout.weights = policy.named_weights
     rollout.update_weights(policy.named_weights())
     trainer = Trainer(config, config_dict, policy, rollout, codec, train, validation, out, ranks)
