@@ -10,33 +10,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.engines.batch import build_batch
 from tests.parallel.world import run_world
 
 from . import workers_closure
+from .tiny import random_batch
 
 pytest.importorskip("megatron.core")
 ROWS = 6
 
 
-def _batch():
-    generator = torch.Generator().manual_seed(5)
-    prompts, responses = [], []
-    for _ in range(ROWS):
-        p, r = torch.randint(2, 5, (2,), generator=generator).tolist()
-        prompts.append(torch.randint(0, workers_closure.VOCAB, (p,), generator=generator).tolist())
-        r = int(torch.randint(1, 7, (1,), generator=generator))
-        responses.append(
-            torch.randint(0, workers_closure.VOCAB, (r,), generator=generator).tolist()
-        )
-    advantages = torch.randn(ROWS, generator=generator)
-    return build_batch(prompts, responses, advantages, pad_id=0)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """Per method: TP 1, DP 1, the whole batch as one micro-batch."""
-    batch = _batch()
+    batch = random_batch(ROWS, workers_closure.VOCAB, seed=5)
     out = {}
     for method in ("opefo", "entropy_reg"):
         folder = tmp_path_factory.mktemp(f"reference_{method}")

@@ -28,32 +28,18 @@ from opefo_nemo.engines.aligner.pipeline_batch import (
     item_loss_function,
     stage_keys,
 )
-from opefo_nemo.engines.batch import build_batch
 from tests.parallel.world import run_world
 
 from . import workers_pipeline
+from .tiny import random_batch
 
 pytest.importorskip("megatron.core")
 ROWS = 5
 
 
-def _batch():
-    generator = torch.Generator().manual_seed(7)
-    prompts, responses = [], []
-    for _ in range(ROWS):
-        p = int(torch.randint(2, 5, (1,), generator=generator))
-        r = int(torch.randint(1, 7, (1,), generator=generator))
-        prompts.append(torch.randint(0, workers_pipeline.VOCAB, (p,), generator=generator).tolist())
-        responses.append(
-            torch.randint(0, workers_pipeline.VOCAB, (r,), generator=generator).tolist()
-        )
-    advantages = torch.randn(ROWS, generator=generator)
-    return build_batch(prompts, responses, advantages, pad_id=0)
-
-
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
-    batch = _batch()
+    batch = random_batch(ROWS, workers_pipeline.VOCAB)
     folder = tmp_path_factory.mktemp("reference")
     run_world(workers_pipeline.reference_step, 1, batch, str(folder))
     return batch, torch.load(folder / "reference.pt")
@@ -119,7 +105,7 @@ def test_pipeline_equals_single_process_reference(reference, tmp_path, tp, pp, m
 
 
 def _micro_plan(micro_batch_size: int = 2) -> tuple:
-    batch = _batch()
+    batch = random_batch(ROWS, workers_pipeline.VOCAB)
     return batch, PipelineMicroBatches.split(batch, micro_batch_size, seq_multiple=4)
 
 

@@ -21,12 +21,11 @@ import torch
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import EngineConfig
-from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
 
 from . import workers_policy
-from .tiny import hf_config
+from .tiny import hf_config, random_batch
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -38,17 +37,6 @@ ENTROPY_REG = ("entropy_reg", ["lr=1e-3", "updates_per_rollout=2"])
 NO_CLIP = {"warmup_steps": 3, "grad_clip": 0.0, "adam_eps": 1e-4}
 #: Below the reference's gradient norm (asserted), so clipping acts.
 CLIP = {"warmup_steps": 3, "grad_clip": 0.05, "adam_eps": 1e-4}
-
-
-def _batch():
-    generator = torch.Generator().manual_seed(7)
-    prompts, responses = [], []
-    for _ in range(ROWS):
-        p = int(torch.randint(2, 5, (1,), generator=generator))
-        r = int(torch.randint(1, 7, (1,), generator=generator))
-        prompts.append(torch.randint(1, 100, (p,), generator=generator).tolist())
-        responses.append(torch.randint(1, 100, (r,), generator=generator).tolist())
-    return build_batch(prompts, responses, torch.randn(ROWS, generator=generator), pad_id=0)
 
 
 def _save_hf_model(family: str, directory) -> None:
@@ -129,7 +117,14 @@ def runs(tmp_path_factory):
     for world, cases in WORLDS.items():
         folder = tmp_path_factory.mktemp(f"world{world}")
         dirs = {family: str(path) for family, path in hf_dirs.items()}
-        run_world(workers_policy.policy_updates, world, cases, dirs, _batch(), str(folder))
+        run_world(
+            workers_policy.policy_updates,
+            world,
+            cases,
+            dirs,
+            random_batch(ROWS, 100, low=1),
+            str(folder),
+        )
         for index, case in enumerate(cases):
             out[(world, index)] = (case, hf_dirs[case["family"]], folder / f"result_{index}.pt")
     return out
@@ -143,7 +138,7 @@ def runs(tmp_path_factory):
 def test_megatron_policy_equals_hf_policy(runs, world, index):
     case, hf_dir, result = runs[(world, index)]
     method, engine = case["method"], case["engine"]
-    batch = _batch()
+    batch = random_batch(ROWS, 100, low=1)
     want = _hf_reference(hf_dir, method, engine, batch)
     got = torch.load(result)
 

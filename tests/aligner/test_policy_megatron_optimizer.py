@@ -34,7 +34,8 @@ from opefo_nemo.config.method import load_method
 from tests.parallel.world import run_world
 
 from . import workers_megatron_optimizer
-from .test_policy import CLIP, NO_CLIP, OPEFO, _batch, _hf_reference, _save_hf_model
+from .test_policy import CLIP, NO_CLIP, OPEFO, ROWS, _hf_reference, _save_hf_model
+from .tiny import random_batch
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -65,12 +66,13 @@ def runs(tmp_path_factory):
         2,
         CASES,
         str(hf_dir),
-        _batch(),
+        random_batch(ROWS, 100, low=1),
         str(folder),
     )
     results = [torch.load(folder / f"result_{i}.pt") for i in range(len(CASES))]
     references = {
-        e["grad_clip"]: _hf_reference(hf_dir, OPEFO, e, _batch()) for e in (CLIP, NO_CLIP)
+        e["grad_clip"]: _hf_reference(hf_dir, OPEFO, e, random_batch(ROWS, 100, low=1))
+        for e in (CLIP, NO_CLIP)
     }
     return results, references
 
@@ -87,7 +89,7 @@ def test_fp32_equals_hf_policy(runs, index):
     engine = CASES[index]["engine"]
     got, want = results[index], references[engine["grad_clip"]]
     _assert_common(got, engine)
-    valid = _batch().attention_mask[:, 1:]
+    valid = random_batch(ROWS, 100, low=1).attention_mask[:, 1:]
     for field in ("logprob", "entropy"):
         torch.testing.assert_close(
             got["stats"][field][valid], getattr(want["stats"], field)[valid], rtol=1e-5, atol=1e-5

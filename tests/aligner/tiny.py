@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from opefo_nemo.engines.aligner import MegatronLayout
+from opefo_nemo.engines.batch import TrainBatch, build_batch
 
 #: Small enough for CPU; 4 query heads over 2 key/value groups (GQA), vocabulary not a multiple of
 #: the padding multiple so the padded rows exist.
@@ -112,3 +113,16 @@ def megatron_gpt(
         share_embeddings_and_output_weights=shape.tie_word_embeddings,
         position_embedding_type=position_embedding_type,
     )
+
+
+def random_batch(rows: int, vocab: int, seed: int = 7, low: int = 0) -> TrainBatch:
+    """``rows`` responses: prompts of 2–4 and responses of 1–6 random ids in ``[low, vocab)``,
+    advantages drawn from N(0, 1), all from one seeded generator."""
+    generator = torch.Generator().manual_seed(seed)
+    prompts, responses = [], []
+    for _ in range(rows):
+        p = int(torch.randint(2, 5, (1,), generator=generator))
+        r = int(torch.randint(1, 7, (1,), generator=generator))
+        prompts.append(torch.randint(low, vocab, (p,), generator=generator).tolist())
+        responses.append(torch.randint(low, vocab, (r,), generator=generator).tolist())
+    return build_batch(prompts, responses, torch.randn(rows, generator=generator), pad_id=0)
