@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from opefo_nemo.models import TinyModelSpec, build_tiny_model, encode
+from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model, encode
 from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
 
 

@@ -20,8 +20,8 @@ from pathlib import Path
 
 import yaml
 
-from ..engines.aligner.checkpoint import MANIFEST
-from ..engines.aligner.export import export_safetensors, export_sharded
+from ..models.megatron_weights.checkpoint_files import MANIFEST
+from ..models.megatron_weights.export import export_safetensors, export_sharded
 from ..trainer.checkpoint import POLICY_SUBDIR, list_checkpoints
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)

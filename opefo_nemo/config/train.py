@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.objectives import MethodConfig
-from ..launch.model_shape import ModelShape
+from ..models.shape import ModelShape
 from .schema import build, one_of, require
 
 VERIFIERS = ("integer", "dapo", "math_verify")

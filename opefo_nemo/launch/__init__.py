@@ -4,10 +4,10 @@ Pure Python and torch-free arithmetic: nothing here imports NeMo, megatron or vL
 ``opefo-preflight`` runs on a login node before any GPU work.
 """
 
+from ..models.shape import ModelShape
 from .checks import Problem, all_problems, plan_memory
 from .layout import ParallelLayout
 from .memory import GIB, MemoryEstimate, MemorySettings, estimate_memory
-from .model_shape import ModelShape
 from .plan import LaunchPlan
 
 __all__ = [

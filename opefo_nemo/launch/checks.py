@@ -7,8 +7,9 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..models.shape import padded_vocab_size
 from .layout import ParallelLayout
-from .memory import GIB, MemoryEstimate, estimate_memory, padded_vocab_size
+from .memory import GIB, MemoryEstimate, estimate_memory
 from .placement import ColocatedPlacement, PlacementError, vllm_tensor_parallel_problems
 from .plan import LaunchPlan
 

@@ -26,8 +26,8 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..models.shape import ModelShape
 from .memory import GIB, MemorySettings
-from .model_shape import ModelShape
 from .plan import LaunchPlan
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}

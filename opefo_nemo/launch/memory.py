@@ -35,8 +35,8 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..models.shape import ModelShape, padded_vocab_size
 from .layout import ParallelLayout
-from .model_shape import ModelShape
 
 GIB = 1024**3
 
@@ -81,12 +81,6 @@ class MemorySettings:
         for name in ("vllm_asleep_bytes", "overhead_bytes"):
             if getattr(self, name) < 0:
                 raise ValueError(f"MemorySettings.{name} must be >= 0")
-
-
-def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
-    """Megatron's vocabulary padding: up to a multiple of ``divisible_by × tensor_parallel``."""
-    multiple = divisible_by * tensor_parallel
-    return math.ceil(vocab_size / multiple) * multiple
 
 
 def parameters_per_rank(shape: ModelShape, layout: ParallelLayout, divisible_by: int) -> int:

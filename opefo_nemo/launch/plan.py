@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
+from ..models.shape import ModelShape
 from .memory import MemorySettings
-from .model_shape import ModelShape
 
 
 @dataclass(frozen=True)

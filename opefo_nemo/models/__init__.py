@@ -1,29 +1,10 @@
-"""Models built locally (no downloads): the tiny Qwen2 model used by CI and the embedded default."""
+"""Models and model formats, built and read locally (nothing is downloaded).
 
-from opefo_nemo.models.tiny import (
-    ALPHABET,
-    BOS_ID,
-    EOS_ID,
-    PAD_ID,
-    TOKENIZER_SUBDIR,
-    VOCAB,
-    TinyModelSpec,
-    build_tiny_model,
-    decode,
-    encode,
-    load_tokenizer,
-)
+- :mod:`.tiny`: the tiny Qwen2 model (per-character tokenizer) of the embedded default and tests.
+- :mod:`.shape`: a decoder's architecture numbers from a Hugging Face ``config.json``.
+- :mod:`.megatron_weights`: the Hugging Face ↔ Megatron weight mapping (TP/PP shards, fused
+  QKV and gate/up), streaming by decoder layer, and export of a checkpoint to Hugging Face files.
 
-__all__ = [
-    "ALPHABET",
-    "BOS_ID",
-    "EOS_ID",
-    "PAD_ID",
-    "TOKENIZER_SUBDIR",
-    "VOCAB",
-    "TinyModelSpec",
-    "build_tiny_model",
-    "decode",
-    "encode",
-    "load_tokenizer",
-]
+Submodules are imported explicitly, so importing one does not pull in torch or transformers for
+the others (``launch/`` reads :mod:`.shape` on login nodes without torch).
+"""

@@ -2,9 +2,9 @@
 
 A problem is ``"a+b="`` (or ``-``, ``*``) with ``0 <= a, b <= max_operand``; the expected response
 is the decimal result and end-of-sequence, e.g. ``"12+7="`` → ``"19"``. Every character is in the
-tiny model's alphabet (:data:`opefo_nemo.models.ALPHABET`), one token each. Problems are drawn with
-a seeded generator, so the training and validation sets are the same on every machine; the
-validation problems are disjoint from the training ones.
+tiny model's alphabet (:data:`opefo_nemo.models.tiny.ALPHABET`), one token each. Problems are
+drawn with a seeded generator, so the training and validation sets are the same on every machine;
+the validation problems are disjoint from the training ones.
 """
 
 from __future__ import annotations

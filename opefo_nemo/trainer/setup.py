@@ -24,7 +24,7 @@ from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
 from ..engines.protocols import Policy
 from ..launch.placement import ColocatedPlacement
-from ..models import TinyModelSpec, build_tiny_model
+from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
 from ..tasks.arithmetic import make_problems
 from ..tasks.warm_start import read_recipe, supervised_warm_start

@@ -30,11 +30,11 @@ pytest.importorskip("transformers")
 # Imported after the skips: megatron-core is not in every environment.
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import AlignerEngineConfig, EngineConfig
-from opefo_nemo.engines.aligner import fetch_from_shards, hf_named_weights
 from opefo_nemo.engines.batch import build_batch
+from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_named_weights
 from opefo_nemo.trainer.update import update_rollout_batch
-from tests.aligner.tiny import hf_config, layout, megatron_gpt
-from tests.aligner.workers_policy import load_hf_into_megatron
+from tests.megatron.tiny import hf_config, layout, megatron_gpt
+from tests.megatron.workers_policy import load_hf_into_megatron
 
 TEMPERATURE = 0.7
 METHOD = ("opefo", ["lr=1e-2"])
@@ -112,8 +112,8 @@ def _update(policy, named_parameters, batch):
 
 
 def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
-    from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
     from opefo_nemo.engines.hf import HFPolicy
+    from opefo_nemo.engines.megatron.policy import MegatronPolicy, build_adamw
 
     _save_qwen2(tmp_path)
     batch = _recorded_batch()

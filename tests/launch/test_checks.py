@@ -79,7 +79,7 @@ def test_heads_and_layers_must_split(plan):
 def test_key_value_heads_and_tensor_parallel_must_nest(plan):
     """megatron-core 0.16 accepts TP dividing the key/value heads or a multiple of them (its
     TransformerConfig check), and so does the aligner engine's config; preflight agrees."""
-    from opefo_nemo.engines.aligner import MegatronLayout
+    from opefo_nemo.models.megatron_weights import MegatronLayout
 
     for groups, tp, fits in [(4, 2, True), (4, 4, True), (2, 4, True), (3, 2, False)]:
         shape = dataclasses.replace(

@@ -161,7 +161,7 @@ def test_parameters_per_rank_equal_the_shards_megatron_loads(tp, pp):
     rank) from a real Hugging Face state dict (the mapping a real megatron-core GPTModel loads
     strictly, tests/aligner). TP 4 exceeds the 2 key/value heads: Megatron splits each group's
     weight rows over two ranks, so the weights still divide by TP."""
-    from opefo_nemo.engines.aligner import MegatronLayout, hf_to_megatron
+    from opefo_nemo.models.megatron_weights import MegatronLayout, hf_to_megatron
 
     config = _qwen2()
     model = transformers.AutoModelForCausalLM.from_config(config)

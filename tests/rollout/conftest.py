@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 
-from opefo_nemo.models import TinyModelSpec, build_tiny_model
+from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 
 # Larger than the Hugging Face default 0.02 so next-token distributions are far from uniform and
 # logprob comparisons have something to distinguish.

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from opefo_nemo.models import (
+from opefo_nemo.models.tiny import (
     ALPHABET,
     BOS_ID,
     EOS_ID,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.models import EOS_ID, encode
+from opefo_nemo.models.tiny import EOS_ID, encode
 from opefo_nemo.rollout import Completion, SamplingConfig, VLLMRolloutEngine
 from opefo_nemo.rollout.process import process_group_alive
 from opefo_nemo.rollout.shm import live_segments

@@ -14,7 +14,7 @@ import time
 import pytest
 import torch
 
-from opefo_nemo.models import encode
+from opefo_nemo.models.tiny import encode
 from opefo_nemo.rollout import RolloutServerError, SamplingConfig, VLLMRolloutEngine
 from opefo_nemo.rollout.process import process_group_alive
 from opefo_nemo.rollout.shm import live_segments

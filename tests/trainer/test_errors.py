@@ -7,7 +7,7 @@ import pytest
 from opefo_nemo.config.compose import compose
 from opefo_nemo.data import DatasetError
 from opefo_nemo.engines.aligner import AlignerUnavailableError
-from opefo_nemo.models import TinyModelSpec, build_tiny_model
+from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.tasks.arithmetic import make_problems
 from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
 from opefo_nemo.trainer.sampler import PromptSampler

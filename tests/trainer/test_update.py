@@ -12,7 +12,7 @@ from opefo_nemo.config import load_method
 from opefo_nemo.config.train import EngineConfig
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
-from opefo_nemo.models import TinyModelSpec, build_tiny_model
+from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.parallel import NonFiniteLogitsError
 from opefo_nemo.trainer.loop import NanGuard, NanStreakError
 from opefo_nemo.trainer.update import optimizer_step, stats_pass, update_rollout_batch

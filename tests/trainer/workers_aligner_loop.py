@@ -18,16 +18,16 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.config.compose import compose
-from opefo_nemo.engines.aligner import MegatronLayout
+from opefo_nemo.models.megatron_weights import MegatronLayout
 from opefo_nemo.rollout import Completion, SamplingConfig
 from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
 from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.ranks import LoopRanks
 from opefo_nemo.trainer.setup import load_datasets
-from tests.aligner.cpu_megatron import megatron_on_cpu
-from tests.aligner.tiny import megatron_gpt
-from tests.aligner.workers_policy import load_hf_into_megatron
+from tests.megatron.cpu_megatron import megatron_on_cpu
+from tests.megatron.tiny import megatron_gpt
+from tests.megatron.workers_policy import load_hf_into_megatron
 from tests.trainer.workers_spmd import one_server_per_group
 
 #: ``megatron_gpt``'s rotary base (megatron-core's default); the model's must be the same.
@@ -80,7 +80,7 @@ def _megatron_policy(config, model_dir: Path):
     at ``model_dir``."""
     from megatron.core import parallel_state
 
-    from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
+    from opefo_nemo.engines.megatron.policy import MegatronPolicy, build_adamw
 
     engine = config.engine
     hf_config = json.loads((model_dir / "config.json").read_text())

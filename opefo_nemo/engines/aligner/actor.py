@@ -51,8 +51,9 @@ from nemo_aligner.utils.utils import (
 from omegaconf import OmegaConf
 
 from ...config.train import AlignerEngineConfig
+from ...models.megatron_weights.layout import MegatronLayout
+from ..megatron.policy import MegatronPolicy
 from .availability import AlignerUnavailableError
-from .layout import MegatronLayout
 from .nemo_config import (
     architecture_mismatches,
     data_parallel_size,
@@ -61,7 +62,6 @@ from .nemo_config import (
     policy_gap,
     trainer_settings,
 )
-from .policy import MegatronPolicy
 
 
 class OpefoActorModel(MegatronGPTModel, AlignableGenerativeInterface):
@@ -103,7 +103,7 @@ class OpefoActorModel(MegatronGPTModel, AlignableGenerativeInterface):
     def get_loss_and_metrics(self, batch, forward_only):
         raise NotImplementedError(
             "OpefoActorModel.get_loss_and_metrics: the OPEFO loss is computed by "
-            "MegatronPolicy.train_step through megatron's schedule (engines/aligner/policy.py)"
+            "MegatronPolicy.train_step through megatron's schedule (engines/megatron/policy.py)"
         )
 
     def infer(self, *args, **kwargs):

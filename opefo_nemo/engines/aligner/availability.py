@@ -43,7 +43,7 @@ def build_actor(
     model_dir: str | Path, engine: AlignerEngineConfig, *, lr: float, temperature: float
 ) -> Policy:
     """The ``aligner`` engine's ``Policy`` on the model at ``model_dir`` (its Hugging Face
-    directory, holding the NeMo checkpoint too: docs/aligner.md, "The NeMo actor").
+    directory, holding the NeMo checkpoint too: docs/megatron.md, "The NeMo actor").
 
     Raises :class:`AlignerUnavailableError` naming the missing modules when NeMo, NeMo-Aligner or
     megatron-core is not installed here.

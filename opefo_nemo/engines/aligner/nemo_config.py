@@ -13,7 +13,7 @@
   config vLLM samples with (SPEC §1: the trained policy must be the sampling one).
 
 Key names are NeMo 2.2's (the NeMo 25.02 container): ``megatron_base_model.py`` /
-``megatron_gpt_model.py`` read them with ``cfg.get``; docs/aligner.md, "The NeMo actor".
+``megatron_gpt_model.py`` read them with ``cfg.get``; docs/megatron.md, "The NeMo actor".
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ def find_nemo_checkpoint(model_dir: str | Path, explicit: str | None = None) -> 
     looked = " or ".join(str(base / name) for name in NEMO_CHECKPOINT_NAMES)
     raise FileNotFoundError(
         f"engine.name=aligner restores NeMo's model from {looked}; neither exists. Convert the "
-        "Hugging Face checkpoint first (docs/aligner.md, 'The NeMo actor': nemo llm import)"
+        "Hugging Face checkpoint first (docs/megatron.md, 'The NeMo actor': nemo llm import)"
     )
 
 

@@ -13,7 +13,7 @@ import torch
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import AlignerEngineConfig
-from opefo_nemo.engines.aligner import MegatronLayout
+from opefo_nemo.models.megatron_weights import MegatronLayout
 from opefo_nemo.trainer.update import update_rollout_batch
 
 from .cpu_megatron_optimizer import megatron_optimizer_on_cpu
@@ -49,11 +49,11 @@ def megatron_optimizer_updates(
 
 
 def _policy(case: dict, hf_dir: Path):
-    from opefo_nemo.engines.aligner.megatron_optimizer import (
+    from opefo_nemo.engines.megatron.megatron_optimizer import (
         build_megatron_optimizer,
         wrap_in_ddp,
     )
-    from opefo_nemo.engines.aligner.policy import MegatronPolicy
+    from opefo_nemo.engines.megatron.policy import MegatronPolicy
 
     layout = MegatronLayout.from_hf_config(
         json.loads((hf_dir / "config.json").read_text()),
@@ -80,7 +80,7 @@ def _policy(case: dict, hf_dir: Path):
 def _refuses_mismatched_pairs(policy) -> None:
     """A torch optimizer over DDP-wrapped parameters (their gradients land in ``main_grad``,
     never in ``param.grad``), or a ``MegatronOptimizer`` without the DDP, is refused."""
-    from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
+    from opefo_nemo.engines.megatron.policy import MegatronPolicy, build_adamw
 
     pairs = [
         (policy.model.module, build_adamw(policy.model.module, policy.config, 1e-3)),

@@ -6,8 +6,8 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from opefo_nemo.engines.aligner import MegatronLayout
 from opefo_nemo.engines.batch import TrainBatch, build_batch
+from opefo_nemo.models.megatron_weights import MegatronLayout
 
 #: Small enough for CPU; 4 query heads over 2 key/value groups (GQA), vocabulary not a multiple of
 #: the padding multiple so the padded rows exist.

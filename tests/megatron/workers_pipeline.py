@@ -14,16 +14,21 @@ import torch.distributed as dist
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.objectives import TokenChunk, prepare
-from opefo_nemo.engines.aligner import MegatronLayout, gather_shards, split_for_rank, stage_specs
-from opefo_nemo.engines.aligner.loss_closure import (
+from opefo_nemo.engines.megatron.loss_closure import (
     MegatronScaling,
     VocabParallelLogits,
     stats_function,
 )
-from opefo_nemo.engines.aligner.pipeline_batch import (
+from opefo_nemo.engines.megatron.pipeline_batch import (
     PipelineMicroBatches,
     forward_step_func,
     item_loss_function,
+)
+from opefo_nemo.models.megatron_weights import (
+    MegatronLayout,
+    gather_shards,
+    split_for_rank,
+    stage_specs,
 )
 from opefo_nemo.parallel import DataParallelReducer
 

@@ -5,14 +5,14 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.engines.aligner import (
+from opefo_nemo.models.megatron_weights import (
     MegatronLayout,
     fetch_from_shards,
     hf_named_weights,
     hf_to_megatron,
     split_for_rank,
 )
-from opefo_nemo.engines.aligner.weight_mapping import Sharding
+from opefo_nemo.models.megatron_weights.weight_mapping import Sharding
 
 from .tiny import hf_config, hf_model, hf_weights, layout
 

@@ -7,7 +7,12 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from opefo_nemo.engines.aligner import DistributedFetch, fuse, hf_named_weights, weight_groups
+from opefo_nemo.models.megatron_weights import (
+    DistributedFetch,
+    fuse,
+    hf_named_weights,
+    weight_groups,
+)
 
 from .tiny import FAMILIES, layout, megatron_gpt
 

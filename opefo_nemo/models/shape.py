@@ -14,6 +14,7 @@ plus the embedding ``V·h``, the output layer ``V·h`` unless tied, and the fina
 from __future__ import annotations
 
 import json
+import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
@@ -137,3 +138,9 @@ class ModelShape:
             + output
             + self.hidden_size
         )
+
+
+def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) -> int:
+    """Megatron's vocabulary padding: up to a multiple of ``divisible_by × tensor_parallel``."""
+    multiple = divisible_by * tensor_parallel
+    return math.ceil(vocab_size / multiple) * multiple

@@ -18,7 +18,7 @@ import pytest
 import torch
 
 from opefo_nemo.core.objectives import Coefficients
-from opefo_nemo.engines.aligner.pipeline_batch import (
+from opefo_nemo.engines.megatron.pipeline_batch import (
     FIRST_STAGE_KEYS,
     LOSS_KEYS,
     STATS_KEYS,

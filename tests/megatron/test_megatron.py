@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.engines.aligner import hf_to_megatron
+from opefo_nemo.models.megatron_weights import hf_to_megatron
 from tests.parallel.world import run_world
 
 from . import workers

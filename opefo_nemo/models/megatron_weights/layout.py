@@ -19,8 +19,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...launch.memory import padded_vocab_size
-from ...launch.model_shape import ModelShape
+from ..shape import ModelShape, padded_vocab_size
 
 
 @dataclass(frozen=True)

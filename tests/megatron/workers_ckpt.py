@@ -25,15 +25,15 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from opefo_nemo.engines.aligner import (
+from opefo_nemo.engines.megatron.checkpoint import load_sharded, save_sharded
+from opefo_nemo.models.megatron_weights import (
     MegatronLayout,
     gather_shards,
     hf_to_megatron,
     split_for_rank,
     weight_groups,
 )
-from opefo_nemo.engines.aligner.checkpoint import load_sharded, save_sharded
-from opefo_nemo.engines.aligner.weight_mapping import Sharding
+from opefo_nemo.models.megatron_weights.weight_mapping import Sharding
 from tests.parallel.world import run_world
 
 from .cpu_megatron import megatron_on_cpu

@@ -11,15 +11,20 @@ import torch.distributed as dist
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import TokenChunk, prepare
-from opefo_nemo.engines.aligner import MegatronLayout, gather_shards, split_for_rank, weight_groups
-from opefo_nemo.engines.aligner.data_parallel import shard_for_group, shard_rows
-from opefo_nemo.engines.aligner.loss_closure import (
+from opefo_nemo.engines.megatron.data_parallel import shard_for_group, shard_rows
+from opefo_nemo.engines.megatron.loss_closure import (
     MegatronScaling,
     VocabParallelLogits,
     loss_function,
     loss_micro_batch,
     per_position,
     stats_function,
+)
+from opefo_nemo.models.megatron_weights import (
+    MegatronLayout,
+    gather_shards,
+    split_for_rank,
+    weight_groups,
 )
 from opefo_nemo.parallel import DataParallelReducer
 

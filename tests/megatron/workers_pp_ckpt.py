@@ -31,8 +31,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
-from opefo_nemo.engines.aligner import MegatronLayout, hf_to_megatron
-from opefo_nemo.engines.aligner.checkpoint import load_sharded, save_sharded
+from opefo_nemo.engines.megatron.checkpoint import load_sharded, save_sharded
+from opefo_nemo.models.megatron_weights import MegatronLayout, hf_to_megatron
 from tests.parallel.world import run_world
 
 from .tiny import hf_model, hf_weights, layout, megatron_gpt

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.engines.aligner import (
+from opefo_nemo.models.megatron_weights import (
     fetch_from_shards,
     hf_named_weights,
     hf_to_megatron,

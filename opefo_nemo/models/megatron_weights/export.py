@@ -41,7 +41,7 @@ from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from .checkpoint import (
+from .checkpoint_files import (
     MANIFEST,
     OPTIMIZER_PREFIX,
     read_manifest,

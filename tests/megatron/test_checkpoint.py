@@ -8,7 +8,7 @@ import json
 import pytest
 import torch
 
-from opefo_nemo.engines.aligner.checkpoint import (
+from opefo_nemo.engines.megatron.checkpoint import (
     MANIFEST,
     load_sharded,
     save_sharded,

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import torch.distributed as dist
 
-from opefo_nemo.engines.aligner.data_parallel import shard_for_group
+from opefo_nemo.engines.megatron.data_parallel import shard_for_group
 
 
 def gather_shards(rank: int, world_size: int, batch, out: list) -> None:

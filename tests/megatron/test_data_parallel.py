@@ -6,8 +6,8 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.engines.aligner.data_parallel import shard_batch, shard_rows
 from opefo_nemo.engines.batch import build_batch
+from opefo_nemo.engines.megatron.data_parallel import shard_batch, shard_rows
 from tests.parallel.world import run_world
 
 from . import workers_sharding

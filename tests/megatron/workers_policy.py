@@ -12,7 +12,7 @@ import torch
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import AlignerEngineConfig
-from opefo_nemo.engines.aligner import (
+from opefo_nemo.models.megatron_weights import (
     DistributedFetch,
     MegatronLayout,
     hf_named_weights,
@@ -76,7 +76,7 @@ def _policy(case: dict, hf_dir: Path):
     """A ``MegatronPolicy`` of the case's layout and engine on the Hugging Face weights."""
     from megatron.core import parallel_state
 
-    from opefo_nemo.engines.aligner.policy import MegatronPolicy, build_adamw
+    from opefo_nemo.engines.megatron.policy import MegatronPolicy, build_adamw
 
     config_json = json.loads((hf_dir / "config.json").read_text())
     layout = MegatronLayout.from_hf_config(

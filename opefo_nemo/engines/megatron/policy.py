@@ -69,17 +69,17 @@ from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
 from ...config.train import AlignerEngineConfig
+from ...models.megatron_weights.layout import MegatronLayout
+from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weights
+from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
 from ...parallel import NonFiniteLogitsError, TokenStats, broadcast_from_last_stage
 from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
 from .checkpoint import load_sharded, save_sharded
-from .layout import MegatronLayout
 from .loss_closure import LossFunction, MegatronScaling, VocabParallelLogits, stats_function
 from .optimizer_step import MegatronOptimizerStep, TorchOptimizerStep
 from .pipeline_batch import PipelineMicroBatches
 from .schedule_driver import balanced_rows, gather_flat, gather_rows, per_rank, run_schedule
-from .streaming import DistributedFetch, hf_named_weights
-from .weight_mapping import Sharding, stage_specs
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")

@@ -13,7 +13,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from opefo_nemo.engines.aligner import fetch_from_shards, hf_to_megatron, weight_groups
+from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_to_megatron, weight_groups
 
 from .tiny import hf_model, layout
 

@@ -40,7 +40,7 @@ checkpoint or the new complete one. All ranks must see the same filesystem (as
 CUDA: ``dist_checkpointing.save`` synchronises CUDA and puts its failure flag on
 ``torch.cuda.current_device()`` (``strategies/filesystem_async.py``,
 ``strategies/state_dict_saver.py``); these functions therefore run as shipped on GPU ranks, and
-the CPU tests redirect those calls (``tests/aligner/workers_ckpt.py``).
+the CPU tests redirect those calls (``tests/megatron/workers_ckpt.py``).
 """
 
 from __future__ import annotations
@@ -54,48 +54,15 @@ from typing import Any
 import torch
 import torch.distributed as dist
 
-MANIFEST = "opefo_checkpoint.json"
-"""The file that marks a directory as one of our sharded checkpoints."""
-FORMAT = "opefo-megatron-sharded"
-VERSION = 1
-OPTIMIZER_PREFIX = "optimizer."
-"""Keys of optimizer state start with this; everything else under the prefix is the model."""
-
-
-def tensor_metadata(directory: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
-    """``{checkpoint key: (global shape, dtype)}`` of every tensor in the ``torch_dist``
-    checkpoint ``directory``, read from its ``.metadata`` alone (no process group, no model)."""
-    from torch.distributed.checkpoint import FileSystemReader
-    from torch.distributed.checkpoint.metadata import TensorStorageMetadata
-
-    directory = Path(directory)
-    if not (directory / ".metadata").is_file():
-        raise FileNotFoundError(
-            f"{directory} is not a torch_dist checkpoint: it has no .metadata file"
-        )
-    metadata = FileSystemReader(str(directory)).read_metadata()
-    return {
-        key: (tuple(entry.size), entry.properties.dtype)
-        for key, entry in metadata.state_dict_metadata.items()
-        if isinstance(entry, TensorStorageMetadata)
-    }
-
-
-def read_manifest(directory: Path) -> dict[str, Any]:
-    """The :data:`MANIFEST` of our checkpoint ``directory``; raises naming what is missing."""
-    directory = Path(directory)
-    if not directory.is_dir():
-        raise FileNotFoundError(f"sharded checkpoint {directory} does not exist")
-    path = directory / MANIFEST
-    if not path.is_file():
-        raise FileNotFoundError(f"{directory} is not an opefo sharded checkpoint: no {MANIFEST}")
-    manifest = json.loads(path.read_text())
-    if manifest.get("format") != FORMAT or manifest.get("version") != VERSION:
-        raise ValueError(
-            f"{path}: format {manifest.get('format')!r} version {manifest.get('version')!r}, "
-            f"expected {FORMAT!r} version {VERSION}"
-        )
-    return manifest
+from ...models.megatron_weights.checkpoint_files import (
+    FORMAT,
+    MANIFEST,
+    OPTIMIZER_PREFIX,
+    VERSION,
+    read_manifest,
+    replace_directory,
+    tensor_metadata,
+)
 
 
 def save_sharded(
@@ -181,16 +148,6 @@ def load_sharded(
     if optimizer is not None:
         optimizer.load_state_dict(_restore_step(loaded["optimizer"]))
     return manifest["extra"]
-
-
-def replace_directory(staging: Path, directory: Path) -> None:
-    """Rename the complete ``staging`` to ``directory``, replacing an old one."""
-    old = directory.parent / f".{directory.name}.old"
-    shutil.rmtree(old, ignore_errors=True)
-    if directory.exists():
-        directory.rename(old)
-    staging.rename(directory)
-    shutil.rmtree(old, ignore_errors=True)
 
 
 def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 from opefo_nemo.cli.export import main
-from opefo_nemo.engines.aligner.checkpoint import MANIFEST
+from opefo_nemo.engines.megatron.checkpoint import MANIFEST
 from opefo_nemo.trainer.checkpoint import save_checkpoint
 
 transformers = pytest.importorskip("transformers")
