@@ -1,30 +1,45 @@
 #!/usr/bin/env bash
-# Build (or refresh) a second virtual environment with megatron-core 0.11.0, the release of the
-# NeMo 25.02 image, beside torch's 2.13.0 CPU wheel, for running the Megatron engine's CPU tests
-# against it (`make test` does; docs/megatron.md, "megatron-core versions").
+# Build (or refresh) the environment in which `make test` runs the Megatron engine's CPU tests a
+# second time: megatron-core 0.11.0, the release of the NeMo 25.02 image, beside torch's 2.13.0
+# CPU wheel (docs/megatron.md, "megatron-core versions"). `make test` runs the rest against
+# .venv's megatron-core 0.16.1.
 #
+# - Built once per machine, outside the checkout ($OPEFO_MCORE011_VENV, default
+#   ~/.cache/opefo-nemo/venv-mcore011), so fresh clones reuse it; the checkout's
+#   .venv-mcore011 is a link to it. Idempotent: a second run compares a stamp (this script and
+#   pyproject.toml) and returns; a build holds a lock, so concurrent runs wait for it. Wheels
+#   come from pip's usual cache, shared with .venv's set-up.
 # - megatron-core goes in with --no-deps: its declared requirements (nvidia-modelopt,
-#   nvidia-resiliency-ext, tensorstore, zarr, ...) serve parts of it the engine never imports,
-#   and some of them would pull a CUDA torch.
-# - Besides it: the project's own requirements (read from pyproject.toml, less megatron-core),
-#   transformers and tokenizers (the tests' Hugging Face reference) and pytest. The project
-#   itself is NOT installed: the tests import it from the checkout (pytest's `pythonpath`), so
-#   they always run the code under test, never a copy frozen when this environment was built.
-# - Idempotent: a second run only compares a stamp (this script and pyproject.toml) and returns.
-#   Wheels come from pip's usual cache, shared with .venv's set-up.
-#
-# Usage: scripts/setup_megatron_env.sh   (OPEFO_MCORE011_VENV overrides the directory)
+#   nvidia-resiliency-ext, tensorstore, zarr, ...) serve parts the engine never imports, and
+#   some would pull a CUDA torch.
+# - Besides it: the project's requirements (read from pyproject.toml, less megatron-core),
+#   transformers and tokenizers (the tests' Hugging Face reference) and pytest. The project is
+#   NOT installed: the tests import it from the checkout (pytest's `pythonpath`), so they run
+#   the code under test, never a copy frozen when this environment was built.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="${OPEFO_MCORE011_VENV:-$root/.venv-mcore011}"
+venv="${OPEFO_MCORE011_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opefo-nemo/venv-mcore011}"
+link="$root/.venv-mcore011"
 python="${PYTHON:-python3}"
 torch_version="2.13.0"
 megatron_version="0.11.0"
 stamp="$venv/.opefo-setup-stamp"
 want="$(cat pyproject.toml scripts/setup_megatron_env.sh | sha256sum | cut -d' ' -f1)"
 
+point_link() {
+    if [[ -e "$link" && ! -L "$link" ]]; then
+        echo "setup_megatron_env: $link exists and is not a link; remove it" >&2
+        exit 1
+    fi
+    ln -sfn "$venv" "$link"
+}
+
+mkdir -p "$(dirname "$venv")"
+exec 9>"$venv.lock"
+flock 9
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$want" ]]; then
+    point_link
     echo "setup_megatron_env: $venv is up to date"
     exit 0
 fi
@@ -86,4 +101,5 @@ if megatron.core.__version__ != "$megatron_version":
 print("setup_megatron_env: torch", torch.__version__, "megatron-core", megatron.core.__version__)
 EOF
 echo "$want" > "$stamp"
+point_link
 echo "setup_megatron_env: done"

@@ -12,8 +12,10 @@ from __future__ import annotations
 
 import functools
 import inspect
+from typing import TYPE_CHECKING
 
-import torch.distributed as dist
+if TYPE_CHECKING:
+    import torch.distributed as dist
 
 
 def _accepts(function: object, parameter: str) -> bool:
@@ -80,6 +82,34 @@ def tensor_parallel_above_kv_heads() -> bool | None:
     return True
 
 
+def tensor_parallel_problem(tensor_parallel: int, num_key_value_heads: int) -> str | None:
+    """The start-up rule (preflight and the trainer): tensor parallel above the model's
+    key/value heads where :func:`tensor_parallel_above_kv_heads` says the installed
+    megatron-core cannot run it. Where megatron-core does not import (a login node) the rule
+    assumes the megatron-core the jobs run on, the NeMo 25.02 image's 0.11, and says so.
+    ``None`` when the layout is fine."""
+    if tensor_parallel <= num_key_value_heads:
+        return None
+    supported = tensor_parallel_above_kv_heads()
+    if supported:
+        return None
+    if supported is False:
+        which = (
+            "the installed megatron-core requires tensor parallel to divide the key/value heads "
+            "(as 0.11 does; 0.16.1 replicates them)"
+        )
+    else:
+        which = (
+            "megatron-core is not importable here, so this assumes the NeMo 25.02 image's 0.11, "
+            "which requires tensor parallel to divide the key/value heads"
+        )
+    return (
+        f"engine.tensor_model_parallel_size = {tensor_parallel} exceeds the model's "
+        f"num_key_value_heads = {num_key_value_heads}: {which}; use a tensor parallel size "
+        f"that divides {num_key_value_heads}"
+    )
+
+
 def local_layer_spec(*, qk_layernorm: bool):
     """megatron-core's local (Transformer-Engine-free) GPT layer spec with RMSNorm (every model
     family the engine maps), ``qk_layernorm`` for Qwen3's q/k norms.
@@ -107,22 +137,3 @@ def local_layer_spec(*, qk_layernorm: bool):
     layer.input_layernorm = torch_norm(layer.input_layernorm)
     layer.pre_mlp_layernorm = torch_norm(layer.pre_mlp_layernorm)
     return spec
-
-
-def checkpoint_writer_fits_torch() -> bool:
-    """Whether megatron-core's ``torch_dist`` checkpoint writer calls the installed torch's
-    ``torch.distributed.checkpoint.filesystem._write_item`` (a private function) the way it is
-    defined.
-
-    torch 2.13's ``_write_item(transforms, stream, data, write_item, storage_key,
-    serialization_format)``: 0.16.1's ``FileSystemWriterAsync.write_preloaded_data`` passes the
-    writer's transforms (its ``write_preloaded_data_multiproc`` takes a ``transform_list``) and
-    the format when the signature has it. 0.11's calls ``_write_item(stream, data, write_item,
-    storage_key)``, the signature of the torch it was released with (the NeMo 25.02 image's);
-    with torch 2.13 every save fails in its writer processes."""
-    from megatron.core.dist_checkpointing.strategies.filesystem_async import FileSystemWriterAsync
-    from torch.distributed.checkpoint.filesystem import _write_item
-
-    if "transforms" not in inspect.signature(_write_item).parameters:
-        return True
-    return _accepts(FileSystemWriterAsync.write_preloaded_data_multiproc, "transform_list")
