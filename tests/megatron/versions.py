@@ -12,6 +12,6 @@ from opefo_nemo.engines.megatron import compat
 #: requires TP to divide ``num_query_groups``.
 needs_tp_above_kv_heads = pytest.mark.skipif(
     compat.tensor_parallel_above_kv_heads() is False,
-    reason="the installed megatron-core (0.11) requires tensor parallel to divide the key/value "
-    "heads (TransformerConfig num_query_groups); TP > KV heads needs megatron-core 0.16",
+    reason="the installed megatron-core requires tensor parallel to divide the key/value heads "
+    "(megatron-core 0.11's TransformerConfig num_query_groups check); 0.16.1 replicates them",
 )
