@@ -19,7 +19,7 @@
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="${OPEFO_MCORE011_VENV:-${XDG_CACHE_HOME:-$HOME/.cache}/opefo-nemo/venv-mcore011}"
+venv="${OPEFO_MCORE011_VENV:-${XDG_CACHE_HOME:-${HOME:-$root}/.cache}/opefo-nemo/venv-mcore011}"
 link="$root/.venv-mcore011"
 python="${PYTHON:-python3}"
 torch_version="2.13.0"
