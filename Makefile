@@ -1,19 +1,26 @@
 # The two commands of the README: `make demo` (the embedded default) and `make test`.
 # Each runs the idempotent set-up first, so a fresh clone needs nothing else.
+# `make test` runs the suite on .venv (megatron-core 0.16.1), then the Megatron engine's tests
+# (tests/megatron) again on megatron-core 0.11 (scripts/setup_megatron_env.sh).
 VENV ?= .venv
 PY := $(VENV)/bin/python
+MCORE011_PY := .venv-mcore011/bin/python
 
-.PHONY: setup test lint demo
+.PHONY: setup setup-mcore011 test lint demo
 
 setup:
 	bash scripts/setup.sh
+
+setup-mcore011:
+	bash scripts/setup_megatron_env.sh
 
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint
+test: lint setup-mcore011
 	$(PY) -m pytest
+	$(MCORE011_PY) -m pytest tests/megatron
 
 demo: setup
 	$(VENV)/bin/opefo-train

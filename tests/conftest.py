@@ -2,9 +2,18 @@
 
 from __future__ import annotations
 
+import importlib.metadata
 import importlib.util
 
 import pytest
+
+
+def pytest_report_header() -> str:
+    """The megatron-core the engine tests run on (``make test`` runs them on two releases)."""
+    try:
+        return f"megatron-core {importlib.metadata.version('megatron-core')}"
+    except importlib.metadata.PackageNotFoundError:
+        return "megatron-core: not installed"
 
 
 def pytest_collection_modifyitems(items):

@@ -5,7 +5,10 @@
 OVERRIDES are the ones ``opefo-train`` takes (``+preset=opefo_7b method=opefo ...``); the config
 is composed from the same ``conf/`` directory. Prints the layout, the per-GPU memory table and
 every problem found (engine, config validation, layout, batch, vocabulary, paths, memory), then
-exits 1 if there was any, 0 otherwise. Imports neither NeMo nor megatron nor vLLM.
+exits 1 if there was any, 0 otherwise. Imports neither NeMo nor vLLM, and megatron-core only to
+ask whether it can run tensor parallel above the model's key/value heads when the config asks
+for that (where it does not import, the NeMo 25.02 image's 0.11 is assumed, which cannot:
+docs/megatron.md, "megatron-core versions").
 
 ``--world-size`` defaults to ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1. ``--gpus-per-node``
 (ranks per node; it decides where colocated vLLM servers go) defaults to ``$LOCAL_WORLD_SIZE``,
@@ -22,9 +25,11 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
+from ..engines.megatron import compat
 from ..launch import GIB, Problem, all_problems, plan_memory
-from ..launch.checks import colocated_placement, layout_of
+from ..launch.checks import SINGLE_PROCESS_ENGINES, colocated_placement, layout_of
 from ..launch.from_config import plan_from_config
+from ..launch.plan import LaunchPlan
 from ..launch.table import memory_table
 
 
@@ -92,6 +97,15 @@ def validation_problems(config: dict[str, Any]) -> list[Problem]:
     return []
 
 
+def megatron_core_problems(plan: LaunchPlan) -> list[Problem]:
+    """What the megatron-core the engine runs on cannot build: the trainer's start-up rule
+    (``trainer.setup.build_policy``), for a megatron-core engine on a readable model."""
+    if plan.engine in SINGLE_PROCESS_ENGINES or plan.shape is None:
+        return []
+    problem = compat.tensor_parallel_problem(plan.tensor_parallel, plan.shape.num_key_value_heads)
+    return [] if problem is None else [Problem("layout", problem)]
+
+
 def preflight(
     overrides: Sequence[str], world_size: int, gpu_memory_bytes: int, gpus_per_node: int = 0
 ) -> list[str]:
@@ -112,6 +126,7 @@ def preflight(
         else:
             problems += validation_problems(config)
             problems += all_problems(plan)
+            problems += megatron_core_problems(plan)
             lines.append(
                 f"engine {plan.engine}: {plan.prompts_per_step} prompts × "
                 f"{plan.responses_per_prompt} responses, micro-batch {plan.micro_batch_size}, "

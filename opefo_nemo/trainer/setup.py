@@ -22,8 +22,10 @@ from torch import Tensor
 from ..config.train import DataConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
+from ..engines.megatron import compat
 from ..engines.protocols import Policy
 from ..launch.placement import ColocatedPlacement
+from ..models.shape import ModelShape
 from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
 from ..tasks.arithmetic import make_problems
@@ -191,7 +193,16 @@ def start_colocated_rollout(
 
 
 def build_policy(config: TrainConfig, path: Path) -> Policy:
-    """The training engine ``engine.name`` selects, on the model at ``path``."""
+    """The training engine ``engine.name`` selects, on the model at ``path``. A megatron-core
+    engine first refuses a layout the installed megatron-core cannot build
+    (:func:`~opefo_nemo.engines.megatron.compat.tensor_parallel_problem`)."""
+    if config.engine.name != "hf" and (path / "config.json").is_file():
+        problem = compat.tensor_parallel_problem(
+            config.engine.tensor_model_parallel_size,
+            ModelShape.from_model_dir(path).num_key_value_heads,
+        )
+        if problem is not None:
+            raise RankLayoutError(problem)
     if config.engine.name == "aligner":
         from ..engines.aligner import build_actor
 

@@ -1,5 +1,5 @@
-"""Run megatron-core 0.16.1's GPTModel forward and its schedules (no pipelining, and the
-non-interleaved 1F1B pipeline) on CPU (gloo).
+"""Run megatron-core's GPTModel forward and its schedules (no pipelining, and the
+non-interleaved 1F1B pipeline) on CPU (gloo), on 0.16.1 and on 0.11.
 
 megatron-core asks for CUDA in a few places that have nothing to do with the math: buffers it
 allocates with an explicit CUDA device, and the dropout RNG tracker. On this CPU-only torch they
@@ -15,14 +15,16 @@ CPU, in a spawned test rank only:
 - ``tensor_parallel/random.py``: the RNG tracker's ``fork()`` saves and restores the CUDA RNG
   state around dropout (dropout is 0 in these tests, so the state is never used);
 - ``pipeline_parallel/schedules.py`` ``forward_backward_pipelining_without_interleaving``: the
-  same ``total_num_tokens`` allocation as above (``device="cuda"``);
-- ``pipeline_parallel/p2p_communication.py`` ``P2PCommunicator._communicate``: the receive
-  buffers ``torch.empty(shape, requires_grad=True, device=torch.cuda.current_device())``, and
-  ``torch.cuda.synchronize()`` after ``batch_isend_irecv`` (``batch_p2p_comm`` and
-  ``batch_p2p_sync``, both on by default; gloo's sends and receives are complete once waited on,
-  so it becomes a no-op).
+  same ``total_num_tokens`` allocation as above (``device="cuda"``; 0.11 writes it
+  ``torch.tensor(0, dtype=torch.int).cuda()``);
+- ``pipeline_parallel/p2p_communication.py`` ``P2PCommunicator._communicate`` (0.11: the
+  module function ``_communicate``): the receive buffers ``torch.empty(shape,
+  requires_grad=True, device=torch.cuda.current_device())``, and ``torch.cuda.synchronize()``
+  after ``batch_isend_irecv`` (``batch_p2p_comm`` and ``batch_p2p_sync``, both on by default;
+  gloo's sends and receives are complete once waited on, so it becomes a no-op).
 
-A ``TorchFunctionMode`` rewrites ``device="cuda…"`` arguments of torch calls to ``"cpu"``;
+A ``TorchFunctionMode`` rewrites ``device="cuda…"`` arguments of torch calls to ``"cpu"`` and
+makes ``Tensor.cuda()`` return the tensor itself;
 ``torch.cuda.current_device`` returns ``"cpu"``; ``torch.cuda.synchronize`` does nothing; the
 tracker keeps CPU RNG states. Nothing else changes: the model, the schedules' loops, the p2p
 sends and receives (``torch.distributed.batch_isend_irecv`` over gloo), ``forward_step``,
@@ -42,9 +44,12 @@ from torch.overrides import TorchFunctionMode
 
 
 class _CudaDeviceToCpu(TorchFunctionMode):
-    """Every torch call's ``device="cuda…"`` keyword becomes ``"cpu"``."""
+    """Every torch call's ``device="cuda…"`` keyword becomes ``"cpu"``; ``Tensor.cuda()`` keeps
+    the tensor where it is."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):
+        if func is torch.Tensor.cuda:
+            return args[0]
         kwargs = dict(kwargs or {})
         device = kwargs.get("device")
         if device is not None and str(device).startswith("cuda"):

@@ -1,6 +1,7 @@
-"""Run megatron-core 0.16.1's ``DistributedDataParallel`` and the optimizers of
+"""Run megatron-core's ``DistributedDataParallel`` and the optimizers of
 ``get_megatron_optimizer`` (fp32, bf16 with fp32 main weights, distributed optimizer) on CPU,
-on top of :func:`~.cpu_megatron.megatron_on_cpu`, in a spawned test rank only.
+on top of :func:`~.cpu_megatron.megatron_on_cpu`, in a spawned test rank only (0.16.1 and 0.11:
+the lines below read the same in both).
 
 ``megatron_on_cpu`` already points ``torch.cuda.current_device()`` at the CPU, which covers the
 DDP's flat parameter and gradient buffers (``distributed/param_and_grad_buffer.py``
@@ -28,8 +29,8 @@ Without Transformer Engine or apex, megatron's optimizer falls back to ``torch.o
 shipped. The DDP's reduction (``start_grad_sync``: ``all_reduce`` of the flat buffer, or
 ``reduce_scatter_tensor`` with the distributed optimizer) and the distributed optimizer's
 ``all_gather_into_tensor`` of the updated parameters go through gloo for real. ``parallel_state``
-needs ``create_gloo_process_groups=True``: ``get_megatron_optimizer`` asks for the gloo
-data-parallel groups (``process_groups_config.py``).
+needs the gloo data-parallel groups (``compat.initialize_model_parallel(..., gloo_groups=True)``):
+``get_megatron_optimizer`` asks for them.
 """
 
 from __future__ import annotations

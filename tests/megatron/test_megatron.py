@@ -11,6 +11,7 @@ from tests.parallel.world import run_world
 
 from . import workers
 from .tiny import hf_model, hf_weights, layout
+from .versions import needs_tp_above_kv_heads
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
@@ -41,7 +42,7 @@ def test_names_and_shapes_equal_megatron_gpt_model():
     run_world(workers.names_match_megatron, 1)
 
 
-@pytest.mark.parametrize(("tp", "pp"), [(2, 2), (4, 1)])
+@pytest.mark.parametrize(("tp", "pp"), [(2, 2), pytest.param(4, 1, marks=needs_tp_above_kv_heads)])
 def test_sharded_gpt_model_loads_computes_and_streams(tp, pp):
     model = hf_model("qwen2")
     weights = hf_weights(model)

@@ -7,6 +7,7 @@ import torch
 from torch import Tensor
 
 from opefo_nemo.engines.batch import TrainBatch, build_batch
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.models.megatron_weights import MegatronLayout
 
 #: Small enough for CPU; 4 query heads over 2 key/value groups (GQA), vocabulary not a multiple of
@@ -76,7 +77,6 @@ def megatron_gpt(
     be initialised. Rotary embeddings need CUDA at forward time: models that run a forward on CPU
     take ``position_embedding_type="learned_absolute"``."""
     import torch.nn.functional as F
-    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
     from megatron.core.models.gpt.gpt_model import GPTModel
     from megatron.core.transformer.transformer_config import TransformerConfig
 
@@ -105,7 +105,7 @@ def megatron_gpt(
     )
     return GPTModel(
         config,
-        get_gpt_layer_local_spec(normalization="RMSNorm", qk_layernorm=shape.qk_norm),
+        compat.local_layer_spec(qk_layernorm=shape.qk_norm),
         vocab_size=layout.padded_vocab_size,
         max_sequence_length=max_sequence_length,
         pre_process=stage == 0,

@@ -7,6 +7,7 @@ import warnings
 import torch
 import torch.distributed as dist
 
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.models.megatron_weights import (
     DistributedFetch,
     fuse,
@@ -49,7 +50,7 @@ def names_match_megatron(rank: int, world_size: int) -> None:
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(1, 1, gloo_groups=False)
     try:
         for family in sorted(FAMILIES):
             lay = layout(family)
@@ -95,7 +96,7 @@ def sharded_model_matches(
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(tp, pp, gloo_groups=False)
     try:
         tp_rank = parallel_state.get_tensor_model_parallel_rank()
         stage = parallel_state.get_pipeline_model_parallel_rank()

@@ -25,6 +25,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.checkpoint import load_sharded, save_sharded
 from opefo_nemo.models.megatron_weights import (
     MegatronLayout,
@@ -38,6 +39,7 @@ from tests.parallel.world import run_world
 
 from .cpu_megatron import megatron_on_cpu
 from .tiny import hf_config, hf_model, hf_weights, layout, megatron_gpt
+from .torch_dist_writer import torch_dist_writer_on_this_torch
 
 #: The families saved for export, each with the key prefix it is saved under.
 EXPORTED = {"qwen2": "", "qwen2_tied": "", "llama": "model."}
@@ -64,15 +66,18 @@ def world_results(root: Path) -> Path:
 
 @contextmanager
 def checkpoint_on_cpu():
-    """What ``dist_checkpointing.save`` asks of CUDA, pointed at the CPU (megatron-core 0.16.1):
-    ``strategies/filesystem_async.py`` ``preload_tensors`` calls ``torch.cuda.synchronize()``
-    (now a no-op) and ``strategies/state_dict_saver.py`` ``save_state_dict_async_finalize`` puts
-    its failure flag on ``torch.cuda.current_device()`` (now ``"cpu"``). Loading needs neither."""
+    """What ``dist_checkpointing.save`` asks of CUDA, pointed at the CPU (megatron-core 0.16.1
+    and 0.11): ``strategies/filesystem_async.py`` ``preload_tensors`` calls
+    ``torch.cuda.synchronize()`` (now a no-op) and ``strategies/state_dict_saver.py``
+    ``save_state_dict_async_finalize`` puts its failure flag on ``torch.cuda.current_device()``
+    (now ``"cpu"``). Loading needs neither. On 0.11, with
+    :func:`~.torch_dist_writer.torch_dist_writer_on_this_torch`."""
     saved = torch.cuda.synchronize, torch.cuda.current_device
     torch.cuda.synchronize = lambda *args, **kwargs: None
     torch.cuda.current_device = lambda: "cpu"
     try:
-        yield
+        with torch_dist_writer_on_this_torch():
+            yield
     finally:
         torch.cuda.synchronize, torch.cuda.current_device = saved
 
@@ -85,13 +90,13 @@ def checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
 
     out = Path(root)
     results: dict[str, list[str] | str] = {}
-    parallel_state.initialize_model_parallel(2, 1, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(2, 1, gloo_groups=False)
     try:
         _save_for_export(shards, out)
         saved = _train_save_resume(out, results)
     finally:
         parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(1, 1, gloo_groups=False)
     try:
         _reshard_to_tp1(out, saved, results)
     finally:

@@ -11,6 +11,7 @@ import torch.distributed as dist
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import TokenChunk, prepare
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.data_parallel import shard_for_group, shard_rows
 from opefo_nemo.engines.megatron.loss_closure import (
     MegatronScaling,
@@ -132,7 +133,7 @@ def closure_step(
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(tp, 1, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(tp, 1, gloo_groups=False)
     try:
         with megatron_on_cpu():
             _step(tp, micro_batch_size, method_name, sequence_first, batch, state, Path(out_dir))

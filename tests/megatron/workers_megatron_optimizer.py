@@ -13,6 +13,7 @@ import torch
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import AlignerEngineConfig
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.models.megatron_weights import MegatronLayout
 from opefo_nemo.trainer.update import update_rollout_batch
 
@@ -37,7 +38,7 @@ def megatron_optimizer_updates(
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=True)
+    compat.initialize_model_parallel(1, 1, gloo_groups=True)
     try:
         with megatron_optimizer_on_cpu():
             for index, case in enumerate(cases):

@@ -14,6 +14,7 @@ import torch.distributed as dist
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.objectives import TokenChunk, prepare
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.loss_closure import (
     MegatronScaling,
     VocabParallelLogits,
@@ -81,7 +82,7 @@ def reference_step(rank: int, world_size: int, batch, out_dir: str) -> None:
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(1, 1, gloo_groups=False)
     try:
         with megatron_on_cpu():
             model = _model(layout(1, 1), 0)
@@ -146,7 +147,7 @@ def pipeline_step(
     warnings.filterwarnings("ignore")
     from megatron.core import parallel_state
 
-    parallel_state.initialize_model_parallel(tp, pp, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(tp, pp, gloo_groups=False)
     try:
         with megatron_on_cpu():
             lay = layout(tp, pp)

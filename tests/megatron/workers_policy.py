@@ -12,6 +12,7 @@ import torch
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import AlignerEngineConfig
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.models.megatron_weights import (
     DistributedFetch,
     MegatronLayout,
@@ -61,7 +62,7 @@ def policy_updates(
 
     for index, case in enumerate(cases):
         pp = case.get("pp", 1)
-        parallel_state.initialize_model_parallel(case["tp"], pp, create_gloo_process_groups=False)
+        compat.initialize_model_parallel(case["tp"], pp, gloo_groups=False)
         try:
             with megatron_on_cpu(), tied_copy_on_cpu():
                 checkpoint = Path(out_dir) / f"checkpoint_{index}"

@@ -31,6 +31,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.checkpoint import load_sharded, save_sharded
 from opefo_nemo.models.megatron_weights import MegatronLayout, hf_to_megatron
 from tests.parallel.world import run_world
@@ -101,7 +102,7 @@ def pp_checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
 
     out = Path(root)
     results: dict[str, list[str]] = {}
-    parallel_state.initialize_model_parallel(1, 2, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(1, 2, gloo_groups=False)
     try:
         with tied_copy_on_cpu():
             saved = {
@@ -110,7 +111,7 @@ def pp_checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
             _refusals(out, results)
     finally:
         parallel_state.destroy_model_parallel()
-    parallel_state.initialize_model_parallel(1, 1, create_gloo_process_groups=False)
+    compat.initialize_model_parallel(1, 1, gloo_groups=False)
     try:
         for family in FAMILIES:
             _load_at_pp1(family, saved[family], out, results)

@@ -35,10 +35,11 @@ from collections.abc import Sequence
 
 import torch
 import torch.distributed as dist
-from megatron.core import parallel_state
 from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 from torch import Tensor
+
+from . import compat
 
 
 def _grad_or_zeros(param: torch.nn.Parameter) -> Tensor:
@@ -64,7 +65,7 @@ def average_over_data_parallel(
     for grad in grads:
         grad.copy_(flat[offset : offset + grad.numel()].view_as(grad))
         offset += grad.numel()
-    sum_tied_embedding_grads(params, parallel_state.get_embedding_group(check_initialized=False))
+    sum_tied_embedding_grads(params, compat.embedding_group())
     return bool(flat[-1] > 0)
 
 
@@ -72,8 +73,8 @@ def sum_tied_embedding_grads(
     params: Sequence[torch.nn.Parameter], embedding_group: dist.ProcessGroup | None
 ) -> None:
     """``g ← g_first + g_last`` for the copy of a tied word embedding among ``params`` (module
-    docstring), all-reduced over ``embedding_group`` (``parallel_state.get_embedding_group``:
-    ``None`` on the middle stages). Nothing to do without such a copy (untied embeddings, PP 1,
+    docstring), all-reduced over ``embedding_group`` (:func:`~.compat.embedding_group`: ``None`` on
+    the middle stages). Nothing to do without such a copy (untied embeddings, PP 1,
     a middle stage) or with a group of one rank."""
     tied = [p for p in params if getattr(p, "shared_embedding", False)]
     if not tied or embedding_group is None or dist.get_world_size(embedding_group) == 1:

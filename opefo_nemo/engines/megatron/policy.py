@@ -75,6 +75,7 @@ from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
 from ...parallel import NonFiniteLogitsError, TokenStats, broadcast_from_last_stage
 from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
+from . import compat
 from .checkpoint import load_sharded, save_sharded
 from .loss_closure import LossFunction, MegatronScaling, VocabParallelLogits, stats_function
 from .optimizer_step import MegatronOptimizerStep, TorchOptimizerStep
@@ -177,7 +178,7 @@ class MegatronPolicy:
         :func:`~.gradients.sum_tied_embedding_grads`, so they stay equal only if they start
         equal). One all-reduce of ``E_first − E_last`` over the embedding group, then the
         verdict over the pipeline so that every stage raises together."""
-        group = parallel_state.get_embedding_group(check_initialized=False)
+        group = compat.embedding_group()
         unequal = torch.zeros(1, device=self._device)
         if group is not None:
             first = parallel_state.is_pipeline_first_stage()

@@ -1,0 +1,139 @@
+"""What differs between the megatron-core releases the engine runs on: 0.11 (the NeMo 25.02
+image's, the last with NeMo-Aligner) and 0.16.1 (CI), decided by looking at the installed
+package (a parameter in a signature, an attribute, what a constructor accepts), never by
+comparing version strings. docs/megatron.md ("megatron-core versions") lists each difference
+with where it lives in both releases.
+
+Every function imports megatron lazily, so this module imports on a machine without it (the
+preflight on a login node asks :func:`tensor_parallel_above_kv_heads` there).
+"""
+
+from __future__ import annotations
+
+import functools
+import inspect
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    import torch.distributed as dist
+
+
+def _accepts(function: object, parameter: str) -> bool:
+    return parameter in inspect.signature(function).parameters
+
+
+def initialize_model_parallel(
+    tensor_parallel: int, pipeline_parallel: int, *, gloo_groups: bool
+) -> None:
+    """``parallel_state.initialize_model_parallel(tensor_parallel, pipeline_parallel)``, with
+    megatron's gloo copies of the data-parallel groups only when ``gloo_groups`` (the
+    distributed optimizer's ``get_megatron_optimizer`` needs them).
+
+    0.16.1 takes ``create_gloo_process_groups``; 0.11 has no such parameter and always creates
+    them (``gloo_groups=False`` costs it a few extra gloo groups, nothing else)."""
+    from megatron.core import parallel_state
+
+    initialize = parallel_state.initialize_model_parallel
+    options = {}
+    if _accepts(initialize, "create_gloo_process_groups"):
+        options["create_gloo_process_groups"] = gloo_groups
+    initialize(tensor_parallel, pipeline_parallel, **options)
+
+
+def embedding_group() -> dist.ProcessGroup | None:
+    """megatron's embedding group (the first and last pipeline stage) of this rank, or ``None``
+    on a rank outside it (a middle pipeline stage).
+
+    0.16.1's ``get_embedding_group(check_initialized=False)`` returns ``None`` there; 0.11's
+    ``get_embedding_group()`` has no such parameter and asserts. Both releases answer
+    ``is_rank_in_embedding_group(ignore_virtual=True)`` from the ranks recorded with the group,
+    so that test decides, the same way on both."""
+    from megatron.core import parallel_state
+
+    if not parallel_state.is_rank_in_embedding_group(ignore_virtual=True):
+        return None
+    return parallel_state.get_embedding_group()
+
+
+@functools.cache
+def tensor_parallel_above_kv_heads() -> bool | None:
+    """Whether the installed megatron-core builds attention with tensor parallel larger than the
+    key/value heads (``num_query_groups``), each group replicated over ``TP / groups`` ranks;
+    ``None`` when megatron-core cannot be imported here.
+
+    0.16.1's ``TransformerConfig`` accepts a ``num_query_groups`` that divides the TP size and
+    its attention replicates the groups; 0.11's ``TransformerConfig.__post_init__`` raises
+    ``ValueError`` unless TP divides ``num_query_groups``. The answer is that constructor's, on
+    a one-layer config with 2 heads in 1 group at TP 2 (no process group, no tensor is made)."""
+    try:
+        from megatron.core.transformer.transformer_config import TransformerConfig
+    except ImportError:
+        return None
+    try:
+        TransformerConfig(
+            num_layers=1,
+            hidden_size=8,
+            num_attention_heads=2,
+            num_query_groups=1,
+            tensor_model_parallel_size=2,
+        )
+    except ValueError:
+        return False
+    return True
+
+
+def tensor_parallel_problem(tensor_parallel: int, num_key_value_heads: int) -> str | None:
+    """The start-up rule (preflight and the trainer): tensor parallel above the model's
+    key/value heads where :func:`tensor_parallel_above_kv_heads` says the installed
+    megatron-core cannot run it. Where megatron-core does not import (a login node) the rule
+    assumes the megatron-core the jobs run on, the NeMo 25.02 image's 0.11, and says so.
+    ``None`` when the layout is fine."""
+    if tensor_parallel <= num_key_value_heads:
+        return None
+    supported = tensor_parallel_above_kv_heads()
+    if supported:
+        return None
+    if supported is False:
+        which = (
+            "the installed megatron-core requires tensor parallel to divide the key/value heads "
+            "(as 0.11 does; 0.16.1 replicates them)"
+        )
+    else:
+        which = (
+            "megatron-core is not importable here, so this assumes the NeMo 25.02 image's 0.11, "
+            "which requires tensor parallel to divide the key/value heads"
+        )
+    return (
+        f"engine.tensor_model_parallel_size = {tensor_parallel} exceeds the model's "
+        f"num_key_value_heads = {num_key_value_heads}: {which}; use a tensor parallel size "
+        f"that divides {num_key_value_heads}"
+    )
+
+
+def local_layer_spec(*, qk_layernorm: bool):
+    """megatron-core's local (Transformer-Engine-free) GPT layer spec with RMSNorm (every model
+    family the engine maps), ``qk_layernorm`` for Qwen3's q/k norms.
+
+    0.16.1's ``get_gpt_layer_local_spec`` takes ``normalization="RMSNorm"`` and puts torch's
+    norm (``WrappedTorchNorm``, RMSNorm from the config) in every norm slot. 0.11's has no such
+    parameter: its slots hold apex's ``FusedLayerNorm`` when apex imports (the NeMo image),
+    which refuses anything but LayerNorm, and ``WrappedTorchNorm`` otherwise; there the
+    layer's norm slots (input, pre-MLP, q/k) are set to ``WrappedTorchNorm``."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
+
+    if _accepts(get_gpt_layer_local_spec, "normalization"):
+        return get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
+    from megatron.core.transformer.identity_op import IdentityOp
+    from megatron.core.transformer.torch_norm import WrappedTorchNorm
+
+    def torch_norm(slot: object) -> object:
+        return slot if slot is IdentityOp else WrappedTorchNorm
+
+    spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm)
+    layer = spec.submodules
+    attention = layer.self_attention.submodules
+    attention.q_layernorm = torch_norm(attention.q_layernorm)
+    attention.k_layernorm = torch_norm(attention.k_layernorm)
+    layer.input_layernorm = torch_norm(layer.input_layernorm)
+    layer.pre_mlp_layernorm = torch_norm(layer.pre_mlp_layernorm)
+    return spec
