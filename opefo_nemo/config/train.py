@@ -19,6 +19,7 @@ from .schema import build, one_of, require
 VERIFIERS = ("integer", "dapo", "math_verify")
 LONG_PROMPT_POLICIES = ("skip", "error")
 DTYPES = ("float32", "bfloat16")
+MEGATRON_DEVICES = ("cuda", "cpu")
 
 
 @dataclass(frozen=True)
@@ -79,11 +80,14 @@ class EngineConfig(OptimizerConfig):
 
 
 @dataclass(frozen=True)
-class AlignerEngineConfig(OptimizerConfig):
-    """``engine=aligner`` (``conf/engine/aligner.yaml``, every key documented there): the
-    NeMo-Aligner actor's Megatron layout, precision and optimizer, and the colocated rollout."""
+class MegatronEngineConfig(OptimizerConfig):
+    """``engine=megatron`` and ``engine=aligner`` (``conf/engine/megatron.yaml``, every key
+    documented there; ``aligner.yaml`` extends it): the megatron-core engine's layout, precision
+    and optimizer, and the colocated rollout. ``megatron`` reads the Hugging Face checkpoint,
+    ``aligner`` restores a NeMo checkpoint through the NeMo-Aligner actor."""
 
-    name: str = "aligner"
+    name: str = "megatron"
+    device: str = "cuda"
     dtype: str = "bfloat16"
     micro_batch_size: int = 1
     tensor_model_parallel_size: int = 1
@@ -92,13 +96,27 @@ class AlignerEngineConfig(OptimizerConfig):
     transformer_engine: bool = True
     recompute_activations: bool = False
     use_distributed_optimizer: bool = True
+    overlap_grad_reduce: bool = False
     make_vocab_size_divisible_by: int = 128
     rollout_tp_size: int = 1
     nemo_checkpoint: str | None = None
 
     def validate(self) -> None:
         """Ranges and contradictions between the keys; errors name the key (``engine.<key>``)."""
+        one_of(self.name, ("megatron", "aligner"), "engine.name")
+        one_of(self.device, MEGATRON_DEVICES, "engine.device")
         one_of(self.dtype, DTYPES, "engine.dtype")
+        require(
+            self.nemo_checkpoint is None or self.name == "aligner",
+            "engine.nemo_checkpoint",
+            "is set but engine.name=megatron reads the Hugging Face checkpoint at model.path; "
+            "train a NeMo checkpoint with engine=aligner",
+        )
+        require(
+            self.device == "cuda" or self.name == "megatron",
+            "engine.device",
+            "=cpu is for engine=megatron; the NeMo-Aligner actor's model classes need CUDA",
+        )
         for key in (
             "tensor_model_parallel_size",
             "pipeline_model_parallel_size",
@@ -138,7 +156,7 @@ class AlignerEngineConfig(OptimizerConfig):
         )
 
 
-def _validate_optimizer(e: EngineConfig | AlignerEngineConfig) -> None:
+def _validate_optimizer(e: EngineConfig | MegatronEngineConfig) -> None:
     """The schedule and AdamW keys both engines share."""
     require(e.micro_batch_size >= 1, "engine.micro_batch_size", "must be >= 1")
     require(e.warmup_steps >= 0, "engine.warmup_steps", "must be >= 0")
@@ -150,7 +168,11 @@ def _validate_optimizer(e: EngineConfig | AlignerEngineConfig) -> None:
     )
 
 
-ENGINE_CONFIGS: dict[str, type] = {"hf": EngineConfig, "aligner": AlignerEngineConfig}
+ENGINE_CONFIGS: dict[str, type] = {
+    "hf": EngineConfig,
+    "megatron": MegatronEngineConfig,
+    "aligner": MegatronEngineConfig,
+}
 """``engine.name`` → the dataclass its section is validated as."""
 
 
@@ -226,7 +248,7 @@ class TrainConfig:
     run: RunConfig = field(default_factory=RunConfig)
     model: ModelConfig = field(default_factory=ModelConfig)
     data: DataConfig = field(default_factory=DataConfig)
-    engine: EngineConfig | AlignerEngineConfig = field(default_factory=EngineConfig)
+    engine: EngineConfig | MegatronEngineConfig = field(default_factory=EngineConfig)
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
@@ -276,7 +298,7 @@ class TrainConfig:
             f"({self.method.updates_per_rollout}) must divide the rollout batch "
             f"trainer.prompts_per_step × trainer.responses_per_prompt = {self.rollout_batch_size}",
         )
-        if isinstance(e, AlignerEngineConfig):
+        if isinstance(e, MegatronEngineConfig):
             e.validate()
             shape = _readable_shape(self.model.path)
             if shape is not None:

@@ -203,6 +203,12 @@ def build_policy(config: TrainConfig, path: Path) -> Policy:
         )
         if problem is not None:
             raise RankLayoutError(problem)
+    if config.engine.name == "megatron":
+        from ..engines.megatron.build import build_megatron_policy
+
+        return build_megatron_policy(
+            path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
+        )
     if config.engine.name == "aligner":
         from ..engines.aligner import build_actor
 
@@ -230,7 +236,7 @@ def build_trainer(
     if world_size > 1 and config.engine.name == "hf":
         raise RankLayoutError(
             f"engine=hf trains in one process, but this run has WORLD_SIZE={world_size} "
-            "ranks: launch one process, or use engine=aligner"
+            "ranks: launch one process, or use engine=megatron"
         )
     ranks = LoopRanks.from_environment()
     path = model_dir(config)

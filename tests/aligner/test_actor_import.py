@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from opefo_nemo.config.train import AlignerEngineConfig
+from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.engines.aligner import nemo_config
 from opefo_nemo.engines.aligner.availability import (
     AlignerUnavailableError,
@@ -36,7 +36,7 @@ def test_build_actor_names_the_missing_modules(tmp_path):
     expected = [m for m in ("nemo", "nemo_aligner", "megatron.core") if not _found(m)]
     assert missing_modules() == expected and "nemo" in expected
     with pytest.raises(AlignerUnavailableError) as error:
-        build_actor(tmp_path, AlignerEngineConfig(), lr=1e-6, temperature=1.0)
+        build_actor(tmp_path, MegatronEngineConfig(), lr=1e-6, temperature=1.0)
     text = str(error.value)
     assert text.startswith("engine.name=aligner: this environment lacks ")
     assert f"lacks {', '.join(expected)};" in text
@@ -67,7 +67,7 @@ def test_actor_imports_without_tensorrt_llm():
 
 
 def test_model_overrides_map_every_layout_key():
-    engine = AlignerEngineConfig(
+    engine = MegatronEngineConfig(
         dtype="bfloat16",
         micro_batch_size=2,
         tensor_model_parallel_size=2,
@@ -90,16 +90,10 @@ def test_model_overrides_map_every_layout_key():
     assert cfg["make_vocab_size_divisible_by"] == 64
     assert cfg["activations_checkpoint_granularity"] == "full"
     assert cfg["activations_checkpoint_method"] == "uniform"
-    assert cfg["optim"] == {
-        "name": "mcore_distributed_optim",
-        "lr": 2e-6,
-        "weight_decay": 0.1,
-        "betas": [0.8, 0.95],
-        "eps": 1e-6,
-    }
-    assert "sched" not in cfg["optim"]  # the warm-up is the policy's
+    # NeMo wraps nothing and builds no optimizer: megatron's DDP and optimizer are the engine's
+    assert cfg["optim"] == {"name": "adamw", "lr": 2e-6}
     plain = nemo_config.model_overrides(
-        AlignerEngineConfig(dtype="float32", use_distributed_optimizer=False),
+        MegatronEngineConfig(dtype="float32", use_distributed_optimizer=False),
         lr=1e-6,
         data_parallel=1,
     )
@@ -108,24 +102,13 @@ def test_model_overrides_map_every_layout_key():
 
 
 def test_trainer_settings_and_world():
-    engine = AlignerEngineConfig(grad_clip=0.5, tensor_model_parallel_size=2)
+    engine = MegatronEngineConfig(name="aligner", grad_clip=0.5, tensor_model_parallel_size=2)
     trainer = nemo_config.trainer_settings(engine, devices=8, num_nodes=4)
     assert (trainer["devices"], trainer["num_nodes"], trainer["precision"]) == (8, 4, "bf16-mixed")
     assert trainer["gradient_clip_val"] == 0.5 and trainer["logger"] is False
     assert nemo_config.data_parallel_size(engine, 32) == 16
     with pytest.raises(ValueError, match="world size 3 is not a multiple of"):
         nemo_config.data_parallel_size(engine, 3)
-
-
-def test_policy_gap_names_the_keys():
-    assert (
-        nemo_config.policy_gap(
-            AlignerEngineConfig(dtype="float32", use_distributed_optimizer=False)
-        )
-        is None
-    )
-    gap = nemo_config.policy_gap(AlignerEngineConfig())
-    assert "engine.use_distributed_optimizer=true" in gap and "engine.dtype=bfloat16" in gap
 
 
 def test_find_nemo_checkpoint(tmp_path):

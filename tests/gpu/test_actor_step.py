@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 
 # Imported after the skips: megatron-core is not in every environment.
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import AlignerEngineConfig, EngineConfig
+from opefo_nemo.config.train import EngineConfig, MegatronEngineConfig
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_named_weights
 from opefo_nemo.trainer.update import update_rollout_batch
@@ -130,7 +130,7 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
     shape = layout("qwen2")
     model = megatron_gpt(shape).cuda()
     load_hf_into_megatron(model, shape, tmp_path, tp_rank=0)
-    config = AlignerEngineConfig(dtype="float32", micro_batch_size=MICRO_BATCH_SIZE, **ENGINE)
+    config = MegatronEngineConfig(dtype="float32", micro_batch_size=MICRO_BATCH_SIZE, **ENGINE)
     policy = MegatronPolicy(
         model, build_adamw(model, config, lr), config, layout=shape, temperature=TEMPERATURE
     )

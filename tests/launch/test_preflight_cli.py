@@ -90,7 +90,7 @@ def test_every_problem_printed_and_exit_status(capsys, tmp_path):
 def test_paper_preset_is_accepted_but_for_its_missing_files(capsys):
     status, out = _run(capsys, "--world-size=32", "--gpu-memory-gib=80", "+preset=opefo_7b")
     assert status == 1
-    assert "engine aligner: 32 prompts × 8 responses, micro-batch 1" in out
+    assert "engine megatron: 32 prompts × 8 responses, micro-batch 1" in out
     problems = [line for line in out.splitlines() if line.startswith("[")]
     assert problems and all(line.startswith("[paths] ") for line in problems), problems
 

@@ -1,8 +1,8 @@
 """The paper presets' layouts hold on their allocation (32 A100-80GB) for every SPEC §5 method.
 
 The model shapes are the published ``config.json`` values of Qwen2.5-Math-7B and Qwen3-4B-Base,
-written to a temporary model directory (nothing is downloaded). The presets select the ``aligner``
-engine (``conf/engine/aligner.yaml``); each composed config also passes the trainer's own
+written to a temporary model directory (nothing is downloaded). The presets select the ``megatron``
+engine (``conf/engine/megatron.yaml``); each composed config also passes the trainer's own
 start-up validation (``TrainConfig.from_mapping``).
 """
 
@@ -73,13 +73,13 @@ def composed(tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("preset", sorted(PRESETS))
-def test_presets_select_the_aligner_engine_and_opefo(preset):
+def test_presets_select_the_megatron_engine_and_opefo(preset):
     defaults = OmegaConf.load(CONF / "preset" / f"{preset}.yaml")["defaults"]
     overrides = {key: value for entry in defaults for key, value in entry.items()}
     assert overrides == {
         "override /model": "local",
         "override /data": "dapo_math",
-        "override /engine": "aligner",
+        "override /engine": "megatron",
         "override /method": "opefo",
     }
 
@@ -91,7 +91,7 @@ def test_preset_layout_fits_32_a100s_for_every_method(preset, composed, tmp_path
     for method in method_names():
         config = composed(preset, method)
         assert config["method"]["name"] == method
-        assert config["engine"]["name"] == "aligner"
+        assert config["engine"]["name"] == "megatron"
         assert config["model"]["path"] == str(tmp_path / "models" / model)
         assert config["rollout"]["max_new_tokens"] == max_response
         assert (

@@ -1,6 +1,7 @@
-"""``engine=aligner``: conf/engine/aligner.yaml composes into a validated AlignerEngineConfig,
-contradictions name the key, the paper presets validate, ``engine=hf`` is unchanged, and building
-the engine here fails with a clear message (the NeMo actor is not built yet)."""
+"""``engine=megatron`` / ``engine=aligner``: conf/engine/megatron.yaml (and aligner.yaml, which
+extends it) compose into a validated MegatronEngineConfig, contradictions name the key, the paper
+presets select engine=megatron and validate, ``engine=hf`` is unchanged, and building the NeMo
+actor here fails with a clear message (NeMo is not installed)."""
 
 from __future__ import annotations
 
@@ -14,7 +15,7 @@ import yaml
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.config.method import conf_dir
-from opefo_nemo.config.train import AlignerEngineConfig, EngineConfig
+from opefo_nemo.config.train import EngineConfig, MegatronEngineConfig
 from opefo_nemo.engines.aligner.availability import AlignerUnavailableError, build_actor
 
 QWEN_7B = {  # the published Qwen2.5-Math-7B config.json shape
@@ -34,25 +35,26 @@ def model_dir(tmp_path):
     return tmp_path
 
 
-def _aligner(*overrides: str, model=None):
+def _aligner(*overrides: str, model=None, engine="aligner"):
     path = [f"model.path={model}", "model.embedded=false"] if model else []
-    return compose(["engine=aligner", *path, *overrides])[0]
+    return compose([f"engine={engine}", *path, *overrides])[0]
 
 
 def test_every_key_is_documented_and_is_a_field():
-    text = (conf_dir() / "engine" / "aligner.yaml").read_text()
+    text = (conf_dir() / "engine" / "megatron.yaml").read_text()
     keys = yaml.safe_load(text)
-    assert sorted(keys) == sorted(f.name for f in dataclasses.fields(AlignerEngineConfig))
+    assert sorted(keys) == sorted(f.name for f in dataclasses.fields(MegatronEngineConfig))
     for line in text.splitlines():
         if line and not line.startswith((" ", "#")):
             assert "#" in line or line.startswith("name:"), f"undocumented key: {line}"
-    assert AlignerEngineConfig(**keys) == AlignerEngineConfig()
+    assert MegatronEngineConfig(**keys) == MegatronEngineConfig()
 
 
-def test_aligner_composes_and_hf_is_unchanged():
+def test_aligner_extends_megatron_and_hf_is_unchanged():
+    megatron = _aligner(engine="megatron").engine
+    assert megatron == MegatronEngineConfig()
     config = _aligner()
-    assert isinstance(config.engine, AlignerEngineConfig)
-    assert config.engine.tensor_model_parallel_size == 1 and config.engine.transformer_engine
+    assert config.engine == dataclasses.replace(megatron, name="aligner")
     hf = compose([])[0].engine
     assert hf == EngineConfig(micro_batch_size=16)
     assert compose(["engine.device=cuda:1"])[0].engine.device == "cuda:1"
@@ -65,8 +67,11 @@ def test_paper_presets_validate(preset, tmp_path, monkeypatch):
     (tmp_path / name).mkdir()
     (tmp_path / name / "config.json").write_text(json.dumps(QWEN_7B))
     engine = compose([f"+preset={preset}"])[0].engine
-    assert isinstance(engine, AlignerEngineConfig)
+    assert isinstance(engine, MegatronEngineConfig) and engine.name == "megatron"
     assert engine.tensor_model_parallel_size == 2 and engine.sequence_parallel
+    assert engine.dtype == "bfloat16" and engine.use_distributed_optimizer
+    nemo = compose([f"+preset={preset}", "engine=aligner"])[0].engine
+    assert nemo == dataclasses.replace(engine, name="aligner")
 
 
 @pytest.mark.parametrize(
@@ -80,7 +85,10 @@ def test_paper_presets_validate(preset, tmp_path, monkeypatch):
         (["engine.make_vocab_size_divisible_by=0"], "engine.make_vocab_size_divisible_by must"),
         (["engine.dtype=float16"], "engine.dtype is 'float16'"),
         (["engine.grad_clip=-1"], "engine.grad_clip must be >= 0"),
-        (["+engine.device=cpu"], "unknown key engine.device"),
+        (["+engine.devices=cpu"], "unknown key engine.devices"),
+        (["engine.device=gpu"], "engine.device is 'gpu'"),
+        (["engine.device=cpu"], "engine.device =cpu is for engine=megatron"),
+        (["engine.nemo_checkpoint=x.nemo", "engine.name=megatron"], "engine.nemo_checkpoint is"),
         (["engine.sequence_parallel=2"], "engine.sequence_parallel must be true or false"),
         (["engine.name=nemo"], "engine.name is 'nemo'"),
     ],

@@ -27,6 +27,7 @@ import torch.distributed as dist
 
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.checkpoint import load_sharded, save_sharded
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import (
     MegatronLayout,
     gather_shards,
@@ -37,7 +38,6 @@ from opefo_nemo.models.megatron_weights import (
 from opefo_nemo.models.megatron_weights.weight_mapping import Sharding
 from tests.parallel.world import run_world
 
-from .cpu_megatron import megatron_on_cpu
 from .tiny import hf_config, hf_model, hf_weights, layout, megatron_gpt
 from .torch_dist_writer import torch_dist_writer_on_this_torch
 
@@ -66,20 +66,11 @@ def world_results(root: Path) -> Path:
 
 @contextmanager
 def checkpoint_on_cpu():
-    """What ``dist_checkpointing.save`` asks of CUDA, pointed at the CPU (megatron-core 0.16.1
-    and 0.11): ``strategies/filesystem_async.py`` ``preload_tensors`` calls
-    ``torch.cuda.synchronize()`` (now a no-op) and ``strategies/state_dict_saver.py``
-    ``save_state_dict_async_finalize`` puts its failure flag on ``torch.cuda.current_device()``
-    (now ``"cpu"``). Loading needs neither. On 0.11, with
+    """What ``dist_checkpointing.save`` asks of CUDA pointed at the CPU
+    (:func:`~opefo_nemo.engines.megatron.cpu_execution.megatron_on_cpu`) and, on 0.11,
     :func:`~.torch_dist_writer.torch_dist_writer_on_this_torch`."""
-    saved = torch.cuda.synchronize, torch.cuda.current_device
-    torch.cuda.synchronize = lambda *args, **kwargs: None
-    torch.cuda.current_device = lambda: "cpu"
-    try:
-        with torch_dist_writer_on_this_torch():
-            yield
-    finally:
-        torch.cuda.synchronize, torch.cuda.current_device = saved
+    with megatron_on_cpu(), torch_dist_writer_on_this_torch():
+        yield
 
 
 def checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:

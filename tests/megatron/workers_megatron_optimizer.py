@@ -12,12 +12,12 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import AlignerEngineConfig
+from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import MegatronLayout
 from opefo_nemo.trainer.update import update_rollout_batch
 
-from .cpu_megatron_optimizer import megatron_optimizer_on_cpu
 from .tiny import megatron_gpt
 from .workers_policy import DIVISIBLE_BY, TEMPERATURE, _skips_everywhere, load_hf_into_megatron
 
@@ -26,7 +26,7 @@ def megatron_optimizer_updates(
     rank: int, world_size: int, cases: list[dict], hf_dir: str, batch, out_dir: str
 ) -> None:
     """For each case (``dtype``, ``distributed``, ``micro_batch_size``, ``method`` = load_method
-    args, ``engine`` = AlignerEngineConfig keys; TP 1, PP 1, DP = world size): a
+    args, ``engine`` = MegatronEngineConfig keys; TP 1, PP 1, DP = world size): a
     ``MegatronPolicy`` on megatron's DDP + optimizer over the Hugging Face weights (rounded to
     bf16 when ``dtype`` is bfloat16); ``token_stats`` of the whole batch; the trainer's
     ``update_rollout_batch`` with, at its optimizer step, the reduced ``main_grad`` of every
@@ -40,7 +40,7 @@ def megatron_optimizer_updates(
 
     compat.initialize_model_parallel(1, 1, gloo_groups=True)
     try:
-        with megatron_optimizer_on_cpu():
+        with megatron_on_cpu():
             for index, case in enumerate(cases):
                 result = _run(case, Path(hf_dir), batch)
                 if rank == 0:
@@ -67,7 +67,7 @@ def _policy(case: dict, hf_dir: Path):
         model.config.bf16, model.config.params_dtype = True, torch.bfloat16
         model.to(torch.bfloat16)
     load_hf_into_megatron(model, layout, hf_dir, 0, 0)  # copy_ rounds fp32 → bf16
-    config = AlignerEngineConfig(
+    config = MegatronEngineConfig(
         dtype=case["dtype"],
         micro_batch_size=case["micro_batch_size"],
         use_distributed_optimizer=case["distributed"],

@@ -15,6 +15,7 @@ from opefo_nemo.config.method import load_method
 from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.objectives import TokenChunk, prepare
 from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.engines.megatron.loss_closure import (
     MegatronScaling,
     VocabParallelLogits,
@@ -33,7 +34,6 @@ from opefo_nemo.models.megatron_weights import (
 )
 from opefo_nemo.parallel import DataParallelReducer
 
-from .cpu_megatron import megatron_on_cpu
 from .tiny import hf_config, megatron_gpt
 
 VOCAB = 100

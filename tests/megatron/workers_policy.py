@@ -11,8 +11,9 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import AlignerEngineConfig
+from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import (
     DistributedFetch,
     MegatronLayout,
@@ -21,10 +22,8 @@ from opefo_nemo.models.megatron_weights import (
 )
 from opefo_nemo.trainer.update import update_rollout_batch
 
-from .cpu_megatron import megatron_on_cpu
 from .tiny import megatron_gpt
 from .workers_ckpt import checkpoint_on_cpu
-from .workers_pp_ckpt import tied_copy_on_cpu
 
 #: Vocabulary 100 padded to a multiple of 8 × TP: 104 at TP 1, 112 at TP 2 (padded columns exist).
 DIVISIBLE_BY = 8
@@ -48,7 +47,7 @@ def policy_updates(
     rank: int, world_size: int, cases: list[dict], hf_dirs: dict[str, str], batch, out_dir: str
 ) -> None:
     """For each case (``family``, ``tp``, optional ``pp``, ``micro_batch_size``, ``method`` =
-    load_method args, ``engine`` = AlignerEngineConfig keys; DP = world size / (TP × PP)), in
+    load_method args, ``engine`` = MegatronEngineConfig keys; DP = world size / (TP × PP)), in
     one world so the ranks import megatron once: ``token_stats`` of the whole batch, then
     ``update_rollout_batch`` (the trainer's phases 1–3) with the clipped gradients captured
     before each optimizer step (in Hugging Face names), the weights after it, then a recording
@@ -64,7 +63,7 @@ def policy_updates(
         pp = case.get("pp", 1)
         compat.initialize_model_parallel(case["tp"], pp, gloo_groups=False)
         try:
-            with megatron_on_cpu(), tied_copy_on_cpu():
+            with megatron_on_cpu():
                 checkpoint = Path(out_dir) / f"checkpoint_{index}"
                 result = _run(case, Path(hf_dirs[case["family"]]), batch, checkpoint)
             if rank == 0:
@@ -90,7 +89,7 @@ def _policy(case: dict, hf_dir: Path):
     model = megatron_gpt(layout, stage)
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     load_hf_into_megatron(model, layout, hf_dir, stage, tp_rank)
-    config = AlignerEngineConfig(
+    config = MegatronEngineConfig(
         dtype="float32", micro_batch_size=case["micro_batch_size"], **case["engine"]
     )
     optimizer = build_adamw(model, config, load_method(*case["method"]).lr)

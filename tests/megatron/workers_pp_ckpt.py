@@ -24,8 +24,6 @@ import json
 import re
 import warnings
 import zlib
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -33,6 +31,7 @@ import torch.distributed as dist
 
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.checkpoint import load_sharded, save_sharded
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import MegatronLayout, hf_to_megatron
 from tests.parallel.world import run_world
 
@@ -56,22 +55,6 @@ def world_results(root: Path) -> Path:
         run_world(pp_checkpoint_world, 2, shards, str(root))
         _CACHE["root"] = root
     return _CACHE["root"]
-
-
-@contextmanager
-def tied_copy_on_cpu() -> Iterator[None]:
-    """A tied ``GPTModel`` at PP > 1 copies the first stage's word embedding onto the last
-    stage's output layer at construction (megatron-core 0.16.1
-    ``models/common/language_module/language_module.py`` ``setup_embeddings_and_output_layer``:
-    ``weight.data = weight.data.cuda()``, then an all-reduce over the embedding group). On this
-    CPU-only torch, ``Tensor.cuda`` returns the tensor itself inside the block; the all-reduce
-    runs as shipped."""
-    saved = torch.Tensor.cuda
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    try:
-        yield
-    finally:
-        torch.Tensor.cuda = saved
 
 
 def global_name(name: str, first_layer: int) -> str:
@@ -104,7 +87,7 @@ def pp_checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
     results: dict[str, list[str]] = {}
     compat.initialize_model_parallel(1, 2, gloo_groups=False)
     try:
-        with tied_copy_on_cpu():
+        with megatron_on_cpu():
             saved = {
                 family: _save_and_resume_pp2(family, shards, out, results) for family in FAMILIES
             }

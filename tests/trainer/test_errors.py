@@ -27,11 +27,19 @@ def test_missing_model_path_is_an_error_naming_it(tmp_path):
         build_trainer(config, data, tmp_path / "out")
 
 
-def test_paper_preset_stops_at_the_aligner_engine_with_a_clear_message(tiny, tmp_path):
-    """The presets select engine=aligner, whose NeMo actor needs the NeMo container."""
-    config, data = compose(["+preset=opefo_7b", f"model.path={tiny}"])
+def test_the_aligner_engine_stops_with_a_clear_message(tiny, tmp_path):
+    """engine=aligner on a preset: the NeMo actor needs the NeMo container."""
+    config, data = compose(["+preset=opefo_7b", "engine=aligner", f"model.path={tiny}"])
     assert config.engine.name == "aligner"
     with pytest.raises(AlignerUnavailableError, match=r"engine\.name=aligner: this environment"):
+        build_trainer(config, data, tmp_path / "out")
+
+
+def test_the_megatron_engine_on_cuda_without_a_gpu_says_so(tiny, tmp_path):
+    """The presets train on GPU ranks: without one the error names engine.device."""
+    config, data = compose(["+preset=opefo_7b", f"model.path={tiny}"])
+    assert config.engine.name == "megatron" and config.engine.device == "cuda"
+    with pytest.raises(RuntimeError, match=r"engine\.device=cuda but this rank sees no GPU"):
         build_trainer(config, data, tmp_path / "out")
 
 

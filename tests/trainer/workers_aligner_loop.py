@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.config.compose import compose
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import MegatronLayout
 from opefo_nemo.rollout import Completion, SamplingConfig
 from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
@@ -25,7 +26,6 @@ from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.ranks import LoopRanks
 from opefo_nemo.trainer.setup import load_datasets
-from tests.megatron.cpu_megatron import megatron_on_cpu
 from tests.megatron.tiny import megatron_gpt
 from tests.megatron.workers_policy import load_hf_into_megatron
 from tests.trainer.workers_spmd import one_server_per_group

@@ -16,11 +16,13 @@ and TensorRT-LLM parts:
 2. ``MegatronTrainerBuilder``: a PyTorch Lightning trainer with NeMo's Megatron strategy
    (:func:`~.nemo_config.trainer_settings`); one process per GPU, launched by Slurm or torchrun;
 3. ``load_from_nemo``: :class:`OpefoActorModel` restored strictly from the checkpoint;
-4. ``init_distributed`` + ``init_using_ptl``: ``torch.distributed`` and megatron-core's
-   ``parallel_state`` (TP × PP × DP), Transformer Engine's TP groups, and NeMo's optimizer
-   (``configure_optimizers``) without any NeMo data pipeline;
-5. :class:`~.policy.MegatronPolicy` over the model chunk (a megatron-core ``GPTModel``) and
-   NeMo's optimizer, with the weight layout read from the Hugging Face ``config.json``.
+4. ``init_distributed``: ``torch.distributed`` and megatron-core's ``parallel_state``
+   (TP × PP × DP) and Transformer Engine's TP groups, without any NeMo data pipeline and without
+   NeMo's optimizer;
+5. the model chunk (the megatron-core ``GPTModel`` inside NeMo's wrappers) wrapped exactly as
+   ``engine=megatron`` wraps its own (:func:`~opefo_nemo.engines.megatron.build.wrap_for_training`:
+   megatron's DDP and optimizer, :class:`~opefo_nemo.engines.megatron.policy.MegatronPolicy`),
+   with the weight layout read from the Hugging Face ``config.json``.
 
 Only runs on CUDA (NeMo's model classes and Transformer Engine); first exercised on a GPU
 (tests/gpu/README.md).
@@ -38,9 +40,7 @@ from nemo.collections.nlp.models.language_modeling.megatron_gpt_model import Meg
 from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
 from nemo_aligner.models.alignable_interface import AlignableGenerativeInterface
 from nemo_aligner.utils.train_script_utils import (
-    extract_optimizer_scheduler_from_ptl_model,
     init_distributed,
-    init_using_ptl,
 )
 from nemo_aligner.utils.train_utils import set_eval, set_train
 from nemo_aligner.utils.utils import (
@@ -50,8 +50,9 @@ from nemo_aligner.utils.utils import (
 )
 from omegaconf import OmegaConf
 
-from ...config.train import AlignerEngineConfig
+from ...config.train import MegatronEngineConfig
 from ...models.megatron_weights.layout import MegatronLayout
+from ..megatron.build import wrap_for_training
 from ..megatron.policy import MegatronPolicy
 from .availability import AlignerUnavailableError
 from .nemo_config import (
@@ -59,7 +60,6 @@ from .nemo_config import (
     data_parallel_size,
     find_nemo_checkpoint,
     model_overrides,
-    policy_gap,
     trainer_settings,
 )
 
@@ -127,11 +127,11 @@ def _world() -> tuple[int, int]:
     return local, world // local
 
 
-def restore_actor(
-    checkpoint: Path, engine: AlignerEngineConfig, *, lr: float
-) -> tuple[OpefoActorModel, torch.optim.Optimizer]:
-    """NeMo's model restored from ``checkpoint`` under ``engine``'s layout, distributed state
-    initialised, and NeMo's optimizer (steps 1–4 of the module docstring)."""
+def restore_actor(checkpoint: Path, engine: MegatronEngineConfig, *, lr: float) -> OpefoActorModel:
+    """NeMo's model restored from ``checkpoint`` under ``engine``'s layout, with
+    ``torch.distributed``, ``parallel_state`` and Transformer Engine's TP groups initialised
+    (steps 1–4 of the module docstring; Lightning's fit set-up, which would build NeMo's
+    optimizer, is skipped)."""
     devices, nodes = _world()
     overrides = model_overrides(
         engine, lr=lr, data_parallel=data_parallel_size(engine, devices * nodes)
@@ -145,10 +145,8 @@ def restore_actor(
         OpefoActorModel, cfg.model, trainer, strict=True, restore_path=str(checkpoint)
     )
     init_distributed(trainer, model, engine.transformer_engine)
-    init_using_ptl(trainer, model, None, None)
-    optimizer, _ = extract_optimizer_scheduler_from_ptl_model(model)
     model.prepare_for_training()
-    return model, optimizer
+    return model
 
 
 def model_chunk(actor: OpefoActorModel) -> torch.nn.Module:
@@ -164,13 +162,10 @@ def model_chunk(actor: OpefoActorModel) -> torch.nn.Module:
 
 
 def build_nemo_actor(
-    model_dir: str | Path, engine: AlignerEngineConfig, *, lr: float, temperature: float
+    model_dir: str | Path, engine: MegatronEngineConfig, *, lr: float, temperature: float
 ) -> MegatronPolicy:
     """The ``aligner`` engine's ``Policy`` for the model at ``model_dir`` (a Hugging Face
     directory holding the NeMo checkpoint, :func:`~.nemo_config.find_nemo_checkpoint`)."""
-    gap = policy_gap(engine)
-    if gap is not None:
-        raise AlignerUnavailableError(f"engine.name=aligner: {gap}")
     hf_config = json.loads((Path(model_dir) / "config.json").read_text())
     layout = MegatronLayout.from_hf_config(
         hf_config,
@@ -185,13 +180,12 @@ def build_nemo_actor(
             "builds its layers without them (get_specs passes no qk_layernorm)"
         )
     checkpoint = find_nemo_checkpoint(model_dir, engine.nemo_checkpoint)
-    actor, optimizer = restore_actor(checkpoint, engine, lr=lr)
+    actor = restore_actor(checkpoint, engine, lr=lr)
     mismatches = architecture_mismatches(actor.cfg, hf_config)
     if mismatches:
         raise AlignerUnavailableError(
             f"engine.name=aligner: the NeMo checkpoint in {model_dir} is not the model of its "
             f"config.json, which vLLM samples from: {'; '.join(mismatches)}"
         )
-    return MegatronPolicy(
-        model_chunk(actor), optimizer, engine, layout=layout, temperature=temperature
-    )
+    chunk = model_chunk(actor).cuda(torch.cuda.current_device())
+    return wrap_for_training(chunk, layout, engine, lr=lr, temperature=temperature)

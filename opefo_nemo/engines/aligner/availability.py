@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...config.train import AlignerEngineConfig
+    from ...config.train import MegatronEngineConfig
     from ..protocols import Policy
 
 #: Modules the actor imports (NeMo, NeMo-Aligner; megatron-core comes with NeMo).
@@ -40,7 +40,7 @@ def missing_modules() -> list[str]:
 
 
 def build_actor(
-    model_dir: str | Path, engine: AlignerEngineConfig, *, lr: float, temperature: float
+    model_dir: str | Path, engine: MegatronEngineConfig, *, lr: float, temperature: float
 ) -> Policy:
     """The ``aligner`` engine's ``Policy`` on the model at ``model_dir`` (its Hugging Face
     directory, holding the NeMo checkpoint too: docs/megatron.md, "The NeMo actor").

@@ -2,13 +2,11 @@
 
 - :func:`find_nemo_checkpoint`: the NeMo checkpoint the actor restores, beside the Hugging Face
   directory the rest of the trainer uses (tokenizer, vLLM, the weight-name layout).
-- :func:`model_overrides`: ``AlignerEngineConfig`` as NeMo ``MegatronGPTModel`` config keys,
+- :func:`model_overrides`: ``MegatronEngineConfig`` as NeMo ``MegatronGPTModel`` config keys,
   merged over the checkpoint's own model config (NeMo-Aligner's
   ``load_and_override_model_config``).
 - :func:`trainer_settings`: the PyTorch Lightning trainer section NeMo's
   ``MegatronTrainerBuilder`` reads (precision, devices, nodes, gradient clipping).
-- :func:`policy_gap`: the engine settings the NeMo shell cannot hand to
-  :class:`~.policy.MegatronPolicy` yet.
 - :func:`architecture_mismatches`: where the restored NeMo model differs from the Hugging Face
   config vLLM samples with (SPEC §1: the trained policy must be the sampling one).
 
@@ -22,7 +20,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...config.train import AlignerEngineConfig
+from ...config.train import MegatronEngineConfig
 
 #: Where the actor looks for the NeMo checkpoint, inside ``model.path`` (first found wins): a
 #: ``.nemo`` tarball (NeMo 1 converters) or a NeMo 2 checkpoint directory (``nemo llm import``).
@@ -56,7 +54,7 @@ def find_nemo_checkpoint(model_dir: str | Path, explicit: str | None = None) -> 
     )
 
 
-def data_parallel_size(engine: AlignerEngineConfig, world_size: int) -> int:
+def data_parallel_size(engine: MegatronEngineConfig, world_size: int) -> int:
     """``world_size / (TP × PP)``; an error naming the keys if it does not divide."""
     model_parallel = engine.tensor_model_parallel_size * engine.pipeline_model_parallel_size
     if world_size < 1 or world_size % model_parallel:
@@ -68,14 +66,16 @@ def data_parallel_size(engine: AlignerEngineConfig, world_size: int) -> int:
 
 
 def model_overrides(
-    engine: AlignerEngineConfig, *, lr: float, data_parallel: int
+    engine: MegatronEngineConfig, *, lr: float, data_parallel: int
 ) -> dict[str, Any]:
     """NeMo model config keys for ``engine`` (merged over the checkpoint's config).
 
     ``global_batch_size`` is one micro-batch per data-parallel rank: NeMo needs a value for its
     micro-batch calculator at start-up, while :class:`~.policy.MegatronPolicy` passes the real
-    number of micro-batches to megatron's schedule on every call. No ``optim.sched``: the
-    learning-rate warm-up is the policy's (SPEC §8), so NeMo creates no scheduler.
+    number of micro-batches to megatron's schedule on every call. ``optim`` is plain ``adamw``
+    so that NeMo wraps the model in no data-parallel wrapper of its own; NeMo's optimizer is
+    never built (the actor skips Lightning's fit set-up): megatron's DDP and optimizer come from
+    the engine (:func:`~opefo_nemo.engines.megatron.build.wrap_for_training`).
     """
     recompute = (
         {
@@ -108,18 +108,12 @@ def model_overrides(
         "attention_dropout": 0.0,
         "ffn_dropout": 0.0,
         "data": {"data_cache_generation_only": False},
-        "optim": {
-            "name": "mcore_distributed_optim" if engine.use_distributed_optimizer else "adamw",
-            "lr": lr,
-            "weight_decay": engine.weight_decay,
-            "betas": [engine.adam_beta1, engine.adam_beta2],
-            "eps": engine.adam_eps,
-        },
+        "optim": {"name": "adamw", "lr": lr},
     }
 
 
 def trainer_settings(
-    engine: AlignerEngineConfig, *, devices: int, num_nodes: int
+    engine: MegatronEngineConfig, *, devices: int, num_nodes: int
 ) -> dict[str, Any]:
     """The ``trainer`` section for NeMo's ``MegatronTrainerBuilder`` (one process per GPU,
     launched by Slurm/torchrun; no Lightning logging or checkpointing: ours does both)."""
@@ -135,38 +129,6 @@ def trainer_settings(
         "enable_progress_bar": False,
         "gradient_clip_val": engine.grad_clip,
     }
-
-
-def policy_gap(engine: AlignerEngineConfig) -> str | None:
-    """Why the NeMo shell cannot train NeMo's model under ``engine`` yet, or ``None`` when it
-    can.
-
-    :class:`~.policy.MegatronPolicy` drives bf16 parameters with fp32 main weights and the
-    distributed optimizer when handed the chunk inside megatron's ``DistributedDataParallel``
-    and a ``MegatronOptimizer`` (:mod:`.optimizer_step`, tested on CPU).
-    :func:`~.actor.build_nemo_actor` does not hand those over yet: it unwraps the chunk
-    (:func:`~.actor.model_chunk`) and passes NeMo's optimizer wrapper
-    (``McoreDistributedOptimizer``, whose megatron optimizer is its ``mcore_optimizer``; for
-    ``megatron_amp_O2`` without it, NeMo's ``MainParamsOptimizerWrapper``), which the policy
-    cannot use. So both settings stay refused here until the shell passes the DDP-wrapped chunk
-    and a ``MegatronOptimizer`` (:func:`~.megatron_optimizer.build_megatron_optimizer`, or
-    NeMo's ``mcore_optimizer``).
-    """
-    reasons = []
-    if engine.use_distributed_optimizer:
-        reasons.append(
-            "engine.use_distributed_optimizer=true (megatron DDP + DistributedOptimizer)"
-        )
-    if engine.dtype != "float32":
-        reasons.append(f"engine.dtype={engine.dtype} (fp32 main weights in the optimizer)")
-    if not reasons:
-        return None
-    return (
-        f"{' and '.join(reasons)}: MegatronPolicy can step megatron's optimizer, but the NeMo "
-        "shell does not yet hand it megatron's DDP-wrapped model and a MegatronOptimizer (it "
-        "passes NeMo's optimizer wrapper); use engine.dtype=float32 "
-        "engine.use_distributed_optimizer=false meanwhile"
-    )
 
 
 #: NeMo model-config key → (Hugging Face ``config.json`` key, NeMo's default when the key is

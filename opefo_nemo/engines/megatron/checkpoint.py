@@ -28,9 +28,11 @@ the last). With tied embeddings at PP > 1 the last stage's copy of the word embe
 (``replica_id`` 1): it and its optimizer state are written once, from the first stage, and
 every stage holding a copy loads that one tensor.
 
-The optimizer is a plain ``torch.optim.Optimizer`` over this rank's parameters. Megatron's
-``DistributedOptimizer`` (state sharded over DP) has its own ``sharded_state_dict``; it is not
-handled here.
+The optimizer is a plain ``torch.optim.Optimizer`` over this rank's parameters
+(:func:`save_sharded` / :func:`load_sharded`), or a ``MegatronOptimizer``
+(:func:`save_megatron` / :func:`load_megatron`): megatron's own ``sharded_state_dict`` of its
+fp32 main weights and Adam moments in a format that reshards over DP, TP and PP like the weights
+(:func:`~.compat.optimizer_sharded_state`).
 
 Atomicity: everything is written into ``.<name>.partial`` beside ``directory`` and renamed into
 place by rank 0 after every rank has finished, so ``directory`` is either the old complete
@@ -63,6 +65,10 @@ from ...models.megatron_weights.checkpoint_files import (
     replace_directory,
     tensor_metadata,
 )
+from . import compat
+
+#: The manifest's ``optimizer_state`` for a checkpoint of megatron's optimizer.
+MEGATRON_OPTIMIZER = "megatron"
 
 
 def save_sharded(
@@ -80,13 +86,8 @@ def save_sharded(
 
     Bad input (a non-JSON-able ``extra``, optimizer parameters that are not the model's, or
     parameters at different steps) raises before anything is written."""
-    from megatron.core import dist_checkpointing
-
     directory = Path(directory)
-    try:
-        extra_json = json.loads(json.dumps(extra))
-    except TypeError as error:
-        raise TypeError(f"save_sharded: extra must be JSON-able ({error})") from error
+    extra_json = _json_able(extra)
     model_state = model.sharded_state_dict(prefix=prefix)
     state: dict[str, Any] = {"model": model_state}
     state_names: list[str] = []
@@ -95,6 +96,56 @@ def save_sharded(
         state["optimizer"] = _optimizer_sharded_state(
             optimizer, model_state, optimizer.state_dict()
         )
+    _write(directory, state, prefix, state_names if optimizer is not None else None, extra_json)
+
+
+def save_megatron(directory: Path, model: torch.nn.Module, optimizer: Any, extra: dict) -> None:
+    """Write ``model`` (the ``GPTModel`` inside megatron's DDP), the ``MegatronOptimizer``'s
+    state (module docstring) and the JSON-able ``extra`` to ``directory``. Collective."""
+    extra_json = _json_able(extra)
+    model_state = model.sharded_state_dict()
+    optimizer_state = compat.optimizer_sharded_state(optimizer, model_state, is_loading=False)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    _write(directory, state, "", MEGATRON_OPTIMIZER, extra_json)
+
+
+def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> dict:
+    """Restore what :func:`save_megatron` wrote into ``model`` and the ``MegatronOptimizer``;
+    returns ``extra``. Collective; the model is checked against the checkpoint first, as in
+    :func:`load_sharded`."""
+    from megatron.core import dist_checkpointing
+
+    directory = Path(directory)
+    manifest = read_manifest(directory)
+    if manifest["optimizer_state"] != MEGATRON_OPTIMIZER:
+        raise ValueError(
+            f"{directory} was not written with megatron's optimizer (engine=megatron / aligner)"
+        )
+    _check_model_matches(model.sharded_state_dict(), tensor_metadata(directory), "", directory)
+    model_state = model.sharded_state_dict()
+    optimizer_state = compat.optimizer_sharded_state(optimizer, model_state, is_loading=True)
+    state = {"model": model_state, "optimizer": optimizer_state}
+    loaded = dist_checkpointing.load(state, str(directory))
+    model.load_state_dict(loaded["model"], strict=True)
+    optimizer.load_state_dict(loaded["optimizer"])
+    return manifest["extra"]
+
+
+def _json_able(extra: dict) -> Any:
+    try:
+        return json.loads(json.dumps(extra))
+    except TypeError as error:
+        raise TypeError(f"checkpoint extra must be JSON-able ({error})") from error
+
+
+def _write(
+    directory: Path, state: dict[str, Any], prefix: str, optimizer_state: Any, extra: Any
+) -> None:
+    """``dist_checkpointing.save`` of ``state`` into a staging directory, the manifest beside
+    it, then the atomic rename (module docstring). Collective."""
+    from megatron.core import dist_checkpointing
+
+    directory = Path(directory)
     staging = directory.parent / f".{directory.name}.partial"
     if dist.get_rank() == 0:
         shutil.rmtree(staging, ignore_errors=True)
@@ -106,9 +157,9 @@ def save_sharded(
             "format": FORMAT,
             "version": VERSION,
             "model_prefix": prefix,
-            "optimizer_state": state_names if optimizer is not None else None,
+            "optimizer_state": optimizer_state,
             "world_size": dist.get_world_size(),
-            "extra": extra_json,
+            "extra": extra,
         }
         (staging / MANIFEST).write_text(json.dumps(manifest, indent=1))
         replace_directory(staging, directory)
@@ -140,6 +191,8 @@ def load_sharded(
         names = manifest["optimizer_state"]
         if names is None:
             raise ValueError(f"{directory} holds no optimizer state; load it with optimizer=None")
+        if names == MEGATRON_OPTIMIZER:
+            raise ValueError(f"{directory} holds megatron's optimizer state: use load_megatron")
         empty = _empty_optimizer_state(optimizer, names)
         state["optimizer"] = _optimizer_sharded_state(optimizer, model_state, empty)
     loaded = dist_checkpointing.load(state, str(directory))

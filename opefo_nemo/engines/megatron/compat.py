@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import functools
 import inspect
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -110,30 +110,51 @@ def tensor_parallel_problem(tensor_parallel: int, num_key_value_heads: int) -> s
     )
 
 
-def local_layer_spec(*, qk_layernorm: bool):
+def local_layer_spec(*, qk_layernorm: bool, norm: type | None = None):
     """megatron-core's local (Transformer-Engine-free) GPT layer spec with RMSNorm (every model
-    family the engine maps), ``qk_layernorm`` for Qwen3's q/k norms.
+    family the engine maps), ``qk_layernorm`` for Qwen3's q/k norms, and ``norm`` (when given)
+    in every norm slot (input, pre-MLP, q/k).
 
     0.16.1's ``get_gpt_layer_local_spec`` takes ``normalization="RMSNorm"`` and puts torch's
     norm (``WrappedTorchNorm``, RMSNorm from the config) in every norm slot. 0.11's has no such
     parameter: its slots hold apex's ``FusedLayerNorm`` when apex imports (the NeMo image),
-    which refuses anything but LayerNorm, and ``WrappedTorchNorm`` otherwise; there the
-    layer's norm slots (input, pre-MLP, q/k) are set to ``WrappedTorchNorm``."""
+    which refuses anything but LayerNorm, and ``WrappedTorchNorm`` otherwise; there the slots
+    are set to ``WrappedTorchNorm`` unless ``norm`` is given."""
     from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_local_spec
-
-    if _accepts(get_gpt_layer_local_spec, "normalization"):
-        return get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
     from megatron.core.transformer.identity_op import IdentityOp
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
-    def torch_norm(slot: object) -> object:
-        return slot if slot is IdentityOp else WrappedTorchNorm
+    if _accepts(get_gpt_layer_local_spec, "normalization"):
+        spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
+        if norm is None:
+            return spec
+    else:
+        spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm)
+    chosen = norm if norm is not None else WrappedTorchNorm
 
-    spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm)
+    def replace(slot: object) -> object:
+        return slot if slot is IdentityOp else chosen
+
     layer = spec.submodules
     attention = layer.self_attention.submodules
-    attention.q_layernorm = torch_norm(attention.q_layernorm)
-    attention.k_layernorm = torch_norm(attention.k_layernorm)
-    layer.input_layernorm = torch_norm(layer.input_layernorm)
-    layer.pre_mlp_layernorm = torch_norm(layer.pre_mlp_layernorm)
+    attention.q_layernorm = replace(attention.q_layernorm)
+    attention.k_layernorm = replace(attention.k_layernorm)
+    layer.input_layernorm = replace(layer.input_layernorm)
+    layer.pre_mlp_layernorm = replace(layer.pre_mlp_layernorm)
     return spec
+
+
+def optimizer_sharded_state(optimizer: Any, model_state: dict, is_loading: bool) -> dict:
+    """A ``MegatronOptimizer``'s ``sharded_state_dict`` for ``dist_checkpointing``.
+
+    0.16.1 chooses the distributed optimizer's format through ``metadata`` and no longer saves
+    its older default ``fully_sharded_model_space`` (flattened ranges are refused); its
+    ``fully_reshardable`` format cannot load into torch's AdamW (the per-parameter ``step`` the
+    CPU fallback keeps is missing from it), so the engine asks for ``dp_reshardable``: each
+    rank's flat optimizer buffers as they are, resumable at the same TP × PP layout (DP may
+    change). 0.11 has no ``metadata`` parameter; its default is ``fully_sharded_model_space``."""
+    method = optimizer.sharded_state_dict
+    if _accepts(method, "metadata") or _accepts(method, "kwargs"):
+        metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
+        return method(model_state, is_loading, metadata=metadata)
+    return method(model_state, is_loading)

@@ -3,8 +3,10 @@ from the engine config (the objects :class:`~.optimizer_step.MegatronOptimizerSt
 
 - :func:`wrap_in_ddp`: the model chunk in megatron's ``DistributedDataParallel`` with fp32
   gradient buffers (``grad_reduce_in_fp32``: bf16 parameters accumulate their gradients in fp32
-  ``main_grad``), no overlap of the reduction with the backward (it runs once, in
-  ``finalize_model_grads``), gradients averaged over DP (the ``1/D`` that
+  ``main_grad``); the reduction runs once in ``finalize_model_grads``, or, with
+  ``engine.overlap_grad_reduce``, bucket by bucket during the last micro-batch's backward (the
+  schedule holds it back for the earlier ones through the model config's ``no_sync_func``);
+  gradients averaged over DP (the ``1/D`` that
   :class:`~.loss_closure.MegatronScaling` undoes), and the parameter buffer the distributed
   optimizer needs when ``engine.use_distributed_optimizer``.
 - :func:`build_megatron_optimizer`: ``get_megatron_optimizer`` for Adam with the engine's β, ε,
@@ -22,23 +24,27 @@ import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 
-from ...config.train import AlignerEngineConfig
+from ...config.train import MegatronEngineConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def wrap_in_ddp(model: torch.nn.Module, engine: AlignerEngineConfig) -> DistributedDataParallel:
+def wrap_in_ddp(model: torch.nn.Module, engine: MegatronEngineConfig) -> DistributedDataParallel:
     """``model`` (a megatron ``GPTModel`` in ``engine.dtype``) inside megatron's DDP."""
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
-        overlap_grad_reduce=False,
+        overlap_grad_reduce=engine.overlap_grad_reduce,
         use_distributed_optimizer=engine.use_distributed_optimizer,
     )
-    return DistributedDataParallel(model.config, ddp_config, model)
+    wrapped = DistributedDataParallel(model.config, ddp_config, model)
+    if engine.overlap_grad_reduce:
+        model.config.no_sync_func = wrapped.no_sync
+        model.config.grad_sync_func = wrapped.start_grad_sync
+    return wrapped
 
 
 def build_megatron_optimizer(
-    model: DistributedDataParallel, engine: AlignerEngineConfig, lr: float
+    model: DistributedDataParallel, engine: MegatronEngineConfig, lr: float
 ) -> MegatronOptimizer:
     """megatron's Adam(W) over ``model``'s parameters (module docstring)."""
     config = OptimizerConfig(

@@ -33,7 +33,7 @@ import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.optimizer import MegatronOptimizer
 
-from ...config.train import AlignerEngineConfig
+from ...config.train import MegatronEngineConfig
 from ..schedule import warmup_factor
 from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
 
@@ -45,7 +45,7 @@ class TorchOptimizerStep:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer,
-        config: AlignerEngineConfig,
+        config: MegatronEngineConfig,
         dp_group: dist.ProcessGroup,
         model_parallel_group: dist.ProcessGroup,
     ) -> None:
@@ -104,7 +104,7 @@ class MegatronOptimizerStep:
         self,
         model: DistributedDataParallel,
         optimizer: MegatronOptimizer,
-        config: AlignerEngineConfig,
+        config: MegatronEngineConfig,
         dp_group: dist.ProcessGroup,
         model_parallel_group: dist.ProcessGroup,
     ) -> None:

@@ -46,14 +46,15 @@ The optimizer the caller hands in picks the path (:mod:`.optimizer_step`):
 - a ``MegatronOptimizer`` (:func:`~.megatron_optimizer.build_megatron_optimizer`) with the
   model wrapped in megatron's ``DistributedDataParallel``
   (:func:`~.megatron_optimizer.wrap_in_ddp`): bf16 parameters with fp32 main weights and
-  gradients, or fp32 ones; with or without the distributed optimizer. :meth:`save` /
-  :meth:`load` are not available on this path yet.
+  gradients, or fp32 ones; with or without the distributed optimizer (what ``engine=megatron``
+  and ``engine=aligner`` build, :mod:`.build`).
 
 Tied embeddings at PP > 1: the first stage's word embedding and the last stage's output layer
 must start bit-equal (checked at construction); their gradients are summed over megatron's
 embedding group after the DP reduction, on the torch path by
 :func:`~.gradients.sum_tied_embedding_grads`, on the megatron path by ``finalize_model_grads``
-(not tested at PP > 1). Not supported: virtual pipeline stages, sequence parallelism.
+(not tested at PP > 1). Sequence parallelism: sequences are padded to a multiple of TP
+(:attr:`_seq_multiple`), the padding masked. Not supported: virtual pipeline stages.
 """
 
 from __future__ import annotations
@@ -68,7 +69,7 @@ from megatron.core import parallel_state
 from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
-from ...config.train import AlignerEngineConfig
+from ...config.train import MegatronEngineConfig
 from ...models.megatron_weights.layout import MegatronLayout
 from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weights
 from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
@@ -76,7 +77,7 @@ from ...parallel import NonFiniteLogitsError, TokenStats, broadcast_from_last_st
 from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
 from . import compat
-from .checkpoint import load_sharded, save_sharded
+from .checkpoint import load_megatron, load_sharded, save_megatron, save_sharded
 from .loss_closure import LossFunction, MegatronScaling, VocabParallelLogits, stats_function
 from .optimizer_step import MegatronOptimizerStep, TorchOptimizerStep
 from .pipeline_batch import PipelineMicroBatches
@@ -88,7 +89,7 @@ _SCHEDULE = "lr_schedule"
 
 
 def build_adamw(
-    model: torch.nn.Module, config: AlignerEngineConfig, lr: float
+    model: torch.nn.Module, config: MegatronEngineConfig, lr: float
 ) -> torch.optim.AdamW:
     """AdamW over every trainable parameter of ``model`` with the engine's β, ε and weight decay
     (one group, as ``HFPolicy``)."""
@@ -114,7 +115,7 @@ class MegatronPolicy:
         self,
         model: torch.nn.Module,
         optimizer: torch.optim.Optimizer | MegatronOptimizer,
-        config: AlignerEngineConfig,
+        config: MegatronEngineConfig,
         *,
         layout: MegatronLayout,
         temperature: float,
@@ -200,6 +201,12 @@ class MegatronPolicy:
         return next(self.model.parameters()).device
 
     @property
+    def _seq_multiple(self) -> int:
+        """Sequence parallelism splits each sequence over the TP ranks: the schedule's sequence
+        length is padded to a multiple of TP (the padding is masked like any other)."""
+        return self.layout.tensor_parallel if self.config.sequence_parallel else 1
+
+    @property
     def lr(self) -> float:
         return self.updates.lr
 
@@ -220,7 +227,9 @@ class MegatronPolicy:
         local = torch.zeros((len(names), len(rows), batch.input_ids.shape[1] - 1))
         error: NonFiniteLogitsError | None = None
         if len(rows):
-            micros = PipelineMicroBatches.split(batch.select(rows), self.config.micro_batch_size)
+            micros = PipelineMicroBatches.split(
+                batch.select(rows), self.config.micro_batch_size, self._seq_multiple
+            )
 
             def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
                 return stats_function(item["targets"], self.logits, tabular)
@@ -283,10 +292,10 @@ class MegatronPolicy:
             return compute
 
         shard = [micro_batches[i] for i in mine]
+        width = max(int(m.input_ids.shape[1]) for m in shard)
+        multiple = self._seq_multiple
         micros = PipelineMicroBatches(
-            tuple(shard),
-            max(m.rows for m in shard),
-            max(int(m.input_ids.shape[1]) for m in shard),
+            tuple(shard), max(m.rows for m in shard), -(-width // multiple) * multiple
         )
         run_schedule(self.model, micros, make_fn, forward_only=False)
         if self.updates.reduce(failed):  # the same on every rank
@@ -354,27 +363,29 @@ class MegatronPolicy:
 
     def save(self, directory: Path) -> None:
         """Model, optimizer state and learning-rate schedule into ``directory``, a megatron
-        ``torch_dist`` checkpoint (:func:`~.checkpoint.save_sharded`; collective, every rank
-        writes its shards); the schedule's state travels in the checkpoint's JSON ``extra``.
-        Torch-optimizer path only."""
-        scheduler = self._torch_scheduler("save")
+        ``torch_dist`` checkpoint (:mod:`.checkpoint`; collective, every rank writes its
+        shards); the schedule's state travels in the checkpoint's JSON ``extra``."""
+        if isinstance(self.updates, MegatronOptimizerStep):
+            save_megatron(
+                directory, self.model.module, self.optimizer, {_SCHEDULE: self.updates.steps}
+            )
+            return
+        scheduler = self.updates.scheduler
         save_sharded(directory, self.model, self.optimizer, {_SCHEDULE: scheduler.state_dict()})
 
     def load(self, directory: Path) -> None:
-        """Restore what :meth:`save` wrote (collective; any TP × DP layout of the same model)."""
-        scheduler = self._torch_scheduler("load")
-        extra = load_sharded(directory, self.model, self.optimizer)
+        """Restore what :meth:`save` wrote (collective; any TP × PP × DP layout of the same
+        model)."""
+        if isinstance(self.updates, MegatronOptimizerStep):
+            extra = load_megatron(directory, self.model.module, self.optimizer)
+        else:
+            extra = load_sharded(directory, self.model, self.optimizer)
         if _SCHEDULE not in extra:
             raise ValueError(f"checkpoint {directory} holds no learning-rate schedule state")
-        scheduler.load_state_dict(extra[_SCHEDULE])
-
-    def _torch_scheduler(self, what: str) -> torch.optim.lr_scheduler.LRScheduler:
-        if not isinstance(self.updates, TorchOptimizerStep):
-            raise NotImplementedError(
-                f"MegatronPolicy.{what} with a MegatronOptimizer: checkpointing megatron's "
-                "optimizer state (main weights, distributed-optimizer shards) is not implemented"
-            )
-        return self.updates.scheduler
+        if isinstance(self.updates, MegatronOptimizerStep):
+            self.updates.steps = int(extra[_SCHEDULE])
+        else:
+            self.updates.scheduler.load_state_dict(extra[_SCHEDULE])
 
 
 def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:

@@ -1,0 +1,115 @@
+"""``engine=megatron``: the trainer's ``Policy`` from a Hugging Face checkpoint, on every rank.
+
+:func:`build_megatron_policy`, run by every rank of the job (after the default process group is
+joined, :class:`~opefo_nemo.trainer.ranks.LoopRanks`):
+
+1. ``parallel_state`` for ``engine.tensor_model_parallel_size × pipeline_model_parallel_size``
+   (DP = the rest of the world), with megatron's gloo data-parallel groups (the distributed
+   optimizer asks for them);
+2. on ``engine.device=cpu``, megatron-core's CUDA calls pointed at the CPU for the rest of the
+   process (:mod:`.cpu_execution`); on GPUs, megatron's model-parallel RNG seeded;
+3. this rank's pipeline stage of the ``GPTModel`` built from ``config.json``
+   (:func:`~.model_builder.build_gpt_model`), its TP shard of the safetensors streamed in
+   (:func:`~opefo_nemo.models.megatron_weights.hf_loading.load_stage_weights`);
+4. megatron's ``DistributedDataParallel`` and optimizer (:mod:`.megatron_optimizer`), then
+   :class:`~.policy.MegatronPolicy`.
+
+:func:`wrap_for_training` is steps 4 alone, shared with the NeMo-Aligner actor, whose model comes
+from a NeMo checkpoint instead.
+"""
+
+from __future__ import annotations
+
+import json
+from contextlib import ExitStack
+from pathlib import Path
+
+import torch
+from megatron.core import parallel_state
+
+from ...config.train import MegatronEngineConfig
+from ...models.megatron_weights.hf_loading import load_stage_weights
+from ...models.megatron_weights.layout import MegatronLayout
+from . import compat
+from .cpu_execution import megatron_on_cpu
+from .megatron_optimizer import build_megatron_optimizer, wrap_in_ddp
+from .model_builder import build_gpt_model, uses_transformer_engine
+from .policy import MegatronPolicy
+
+#: Seed of megatron's model-parallel RNG tracker (dropout is 0; the tracker must exist).
+MODEL_PARALLEL_SEED = 1234
+
+#: Process-lifetime CPU redirections of ``engine.device=cpu`` (entered once, never left).
+_CPU_EXECUTION = ExitStack()
+
+
+def layout_for(engine: MegatronEngineConfig, hf_config: dict) -> MegatronLayout:
+    """The Megatron layout of the Hugging Face model under ``engine``'s settings."""
+    return MegatronLayout.from_hf_config(
+        hf_config,
+        tensor_parallel=engine.tensor_model_parallel_size,
+        pipeline_parallel=engine.pipeline_model_parallel_size,
+        make_vocab_size_divisible_by=engine.make_vocab_size_divisible_by,
+        fused_layernorm=uses_transformer_engine(engine),
+    )
+
+
+def initialize_parallel_state(engine: MegatronEngineConfig) -> None:
+    """``parallel_state`` for the engine's TP × PP (module docstring, steps 1–2); a second call
+    with the same sizes keeps the groups, other sizes are an error."""
+    tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
+    if parallel_state.model_parallel_is_initialized():
+        have = (
+            parallel_state.get_tensor_model_parallel_world_size(),
+            parallel_state.get_pipeline_model_parallel_world_size(),
+        )
+        if have != (tp, pp):
+            raise RuntimeError(
+                f"parallel_state is already initialised for TP × PP = {have}, not {(tp, pp)}"
+            )
+    else:
+        compat.initialize_model_parallel(tp, pp, gloo_groups=True)
+    if engine.device == "cpu":
+        _CPU_EXECUTION.enter_context(megatron_on_cpu())
+    else:
+        from megatron.core import tensor_parallel
+
+        tensor_parallel.model_parallel_cuda_manual_seed(MODEL_PARALLEL_SEED)
+
+
+def wrap_for_training(
+    model: torch.nn.Module,
+    layout: MegatronLayout,
+    engine: MegatronEngineConfig,
+    *,
+    lr: float,
+    temperature: float,
+) -> MegatronPolicy:
+    """``model`` (this rank's megatron-core ``GPTModel``, weights loaded) in megatron's DDP with
+    megatron's optimizer, as the trainer's ``Policy``."""
+    ddp = wrap_in_ddp(model, engine)
+    optimizer = build_megatron_optimizer(ddp, engine, lr)
+    return MegatronPolicy(ddp, optimizer, engine, layout=layout, temperature=temperature)
+
+
+def build_megatron_policy(
+    model_dir: str | Path, engine: MegatronEngineConfig, *, lr: float, temperature: float
+) -> MegatronPolicy:
+    """The module docstring's four steps for the Hugging Face model at ``model_dir``."""
+    if engine.device == "cuda" and not torch.cuda.is_available():
+        raise RuntimeError(
+            "engine.device=cuda but this rank sees no GPU: run on GPU nodes, or set "
+            "engine.device=cpu (CPU ranks over gloo, for small models)"
+        )
+    model_dir = Path(model_dir)
+    hf_config = json.loads((model_dir / "config.json").read_text())
+    layout = layout_for(engine, hf_config)
+    initialize_parallel_state(engine)
+    stage = parallel_state.get_pipeline_model_parallel_rank()
+    model = build_gpt_model(layout, engine, hf_config, stage, source=str(model_dir))
+    if engine.device == "cuda":
+        model = model.cuda(torch.cuda.current_device())
+    load_stage_weights(
+        model, layout, model_dir, stage, parallel_state.get_tensor_model_parallel_rank()
+    )
+    return wrap_for_training(model, layout, engine, lr=lr, temperature=temperature)
