@@ -122,13 +122,55 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
             f"{directory} was not written with megatron's optimizer (engine=megatron / aligner)"
         )
     _check_model_matches(model.sharded_state_dict(), tensor_metadata(directory), "", directory)
+    _materialize_adam_state(optimizer)
     model_state = model.sharded_state_dict()
     optimizer_state = compat.optimizer_sharded_state(optimizer, model_state, is_loading=True)
     state = {"model": model_state, "optimizer": optimizer_state}
     loaded = dist_checkpointing.load(state, str(directory))
     model.load_state_dict(loaded["model"], strict=True)
     optimizer.load_state_dict(loaded["optimizer"])
+    _separate_adam_steps(optimizer)
     return manifest["extra"]
+
+
+def _materialize_adam_state(optimizer: Any) -> None:
+    """Give a fresh ``MegatronOptimizer`` whose inner optimizer is torch's AdamW (megatron's
+    fallback without Transformer Engine or apex) the per-parameter state it is loaded into.
+
+    megatron's distributed optimizer reads the inner optimizer's ``step`` of every parameter
+    when it builds the state dict to load into, and torch's AdamW has none before its first
+    step. One step at learning rate 0 with zero gradients creates it (zero moments, step 1)
+    without moving any weight; the load then overwrites all of it."""
+    for inner in _inner_torch_optimizers(optimizer):
+        if inner.state:
+            continue
+        saved = [group["lr"] for group in inner.param_groups]
+        params = [p for group in inner.param_groups for p in group["params"]]
+        for group in inner.param_groups:
+            group["lr"] = 0.0
+        for param in params:
+            param.grad = torch.zeros_like(param)
+        inner.step()
+        for group, lr in zip(inner.param_groups, saved, strict=True):
+            group["lr"] = lr
+        for param in params:
+            param.grad = None
+
+
+def _inner_torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:
+    inner = (o.optimizer for o in getattr(optimizer, "chained_optimizers", [optimizer]))
+    return [o for o in inner if isinstance(o, torch.optim.Optimizer)]
+
+
+def _separate_adam_steps(optimizer: Any) -> None:
+    """After a load, every parameter's ``step`` its own tensor again. megatron's distributed
+    optimizer hands torch's AdamW one shared ``step`` tensor for all parameters, which AdamW
+    increments in place once per parameter: the bias correction of the next step would use a
+    step count of (number of parameters) instead of 1 more."""
+    for inner in _inner_torch_optimizers(optimizer):
+        for state in inner.state.values():
+            if isinstance(state.get("step"), torch.Tensor):
+                state["step"] = state["step"].clone()
 
 
 def _json_able(extra: dict) -> Any:

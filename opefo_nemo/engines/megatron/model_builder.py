@@ -83,9 +83,10 @@ def check_supported(hf_config: Mapping[str, Any], source: str) -> None:
 
 
 def rope_theta(hf_config: Mapping[str, Any]) -> float:
-    """The rotary base: ``rope_theta`` (or ``rope_parameters.rope_theta``), default 10000."""
+    """The rotary base: ``rope_parameters.rope_theta`` (transformers ≥ 5 writes it there and
+    reads nothing else), else the older top-level ``rope_theta``, else 10000."""
     nested = (hf_config.get("rope_parameters") or {}).get("rope_theta")
-    return float(hf_config.get("rope_theta") or nested or 10000.0)
+    return float(nested or hf_config.get("rope_theta") or 10000.0)
 
 
 def transformer_config(

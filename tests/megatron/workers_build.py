@@ -1,0 +1,89 @@
+"""Rank functions of ``test_build.py``: ``engine=megatron``'s own builder
+(:func:`~opefo_nemo.engines.megatron.build.build_megatron_policy`, ``engine.device=cpu``) on
+real gloo ranks, spawned by ``tests.parallel.world``."""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import torch
+
+from opefo_nemo.config.method import load_method
+from opefo_nemo.config.train import MegatronEngineConfig
+from opefo_nemo.trainer.update import update_rollout_batch
+
+#: The rollout temperature the statistics are taken at (SPEC §1).
+TEMPERATURE = 0.7
+
+
+def _policy(hf_dir: str, settings: dict):
+    from opefo_nemo.engines.megatron.build import build_megatron_policy
+
+    engine = MegatronEngineConfig(device="cpu", make_vocab_size_divisible_by=8, **settings)
+    return build_megatron_policy(hf_dir, engine, lr=1e-3, temperature=TEMPERATURE)
+
+
+def _release() -> None:
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+
+
+def token_stats_of_built_engines(
+    rank: int, world_size: int, cases: list[tuple[str, dict]], batch, out: str
+) -> None:
+    """For each ``(hf_dir, engine settings)``: the built policy's ``token_stats`` of ``batch``;
+    rank 0 saves them as ``out/stats_<i>.pt``."""
+    warnings.filterwarnings("ignore")
+    for index, (hf_dir, settings) in enumerate(cases):
+        try:
+            stats = _policy(hf_dir, settings).token_stats(batch)
+            if rank == 0:
+                torch.save((stats.logprob, stats.entropy), Path(out) / f"stats_{index}.pt")
+        finally:
+            _release()
+
+
+def _weights(policy) -> dict[str, torch.Tensor]:
+    return {name: tensor.clone() for name, tensor in policy.named_weights()}
+
+
+def update_save_resume(
+    rank: int, world_size: int, hf_dir: str, settings: dict, batch, out: str
+) -> None:
+    """Two OPEFO updates of ``batch`` with a checkpoint after the first; a fresh policy loads it
+    and repeats the second. Rank 0 saves ``out/resume.pt``: the first step's metrics, the
+    weights after it, after loading, and after the second step on each path, and both second
+    steps' metrics."""
+    warnings.filterwarnings("ignore")
+    method = load_method("opefo", ["lr=1e-3"])
+    try:
+        policy = _policy(hf_dir, settings)
+        first = update_rollout_batch(policy, method, batch, 3, 0)
+        policy.advance_schedule()
+        policy.save(Path(out) / "checkpoint")
+        saved = _weights(policy)
+        second = update_rollout_batch(policy, method, batch, 3, 0)
+        straight = _weights(policy)
+        fresh = _policy(hf_dir, settings)
+        fresh.load(Path(out) / "checkpoint")
+        loaded = _weights(fresh)
+        resumed_second = update_rollout_batch(fresh, method, batch, 3, 0)
+        resumed = _weights(fresh)
+        if rank == 0:
+            torch.save(
+                {
+                    "first": first.metrics,
+                    "skipped": first.skipped_steps,
+                    "saved": saved,
+                    "loaded": loaded,
+                    "second": second.metrics,
+                    "resumed_second": resumed_second.metrics,
+                    "straight": straight,
+                    "resumed": resumed,
+                },
+                Path(out) / "resume.pt",
+            )
+    finally:
+        _release()
