@@ -1,4 +1,5 @@
-"""Verifiable math rewards (DAPO rule and math-verify) with per-item time limits.
+"""Verifiable math rewards with per-item time limits: the DAPO rule (`dapo`), the same
+extraction with a lenient normalisation (`answer`), and symbolic equivalence (`math_verify`).
 
 Public API: `score(response, ground_truth, verifier="dapo")` -> `RewardResult` (`score`,
 `answer`, `reason`); `score_batch(responses, ground_truths, ...)`; `RewardPool` for a long-lived
