@@ -3,8 +3,9 @@
 MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
 ``policy/`` directory. Benchmarks are the SPEC §7 sets under ``--data-dir`` (``<name>.jsonl``,
 avg@k with the paper's k) and/or ``--file NAME=PATH`` files. Sampling follows the paper:
-temperature 1.0, top-p 0.7, zero-shot (template ``raw``). The paper-style table is printed and
-written to ``--out`` as ``results.md`` and ``results.json``.
+temperature 1.0, top-p 0.7, zero-shot (template ``raw``). The paper-style table, naming the
+``--verifier`` that scored it, is printed and written to ``--out`` as ``results.md`` and
+``results.json``.
 """
 
 from __future__ import annotations
@@ -69,7 +70,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--template", default="raw", choices=TEMPLATES, help="prompt template (SPEC §7: raw)"
     )
-    parser.add_argument("--verifier", default="math_verify", choices=VERIFIERS)
+    parser.add_argument(
+        "--verifier",
+        default="math_verify",
+        choices=VERIFIERS,
+        help="how responses are scored, named in the table (default: math_verify)",
+    )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     parser.add_argument("--num-servers", type=int, default=1, help="vLLM servers (default: 1)")
     parser.add_argument(
@@ -168,7 +174,7 @@ def evaluate(
             ]
             scores[name] = score_benchmark(name, matrix)
             log.info("%s: avg@%d = %.3f", name, samples, scores[name].avg_at_k)
-    return write_report({args.name or str(args.model): scores}, args.out)
+    return write_report({args.name or str(args.model): scores}, args.out, verifier=args.verifier)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

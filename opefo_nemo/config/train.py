@@ -16,7 +16,7 @@ from ..core.objectives import MethodConfig
 from ..models.shape import ModelShape
 from .schema import build, one_of, require
 
-VERIFIERS = ("integer", "dapo", "math_verify")
+VERIFIERS = ("integer", "dapo", "answer", "math_verify")
 LONG_PROMPT_POLICIES = ("skip", "error")
 DTYPES = ("float32", "bfloat16")
 MEGATRON_DEVICES = ("cuda", "cpu")
@@ -207,6 +207,32 @@ class RewardSettings:
     verifier: str = "integer"
     timeout_s: float = 5.0
     workers: int = 0
+    incorrect_score: float | None = None
+    overlong_buffer: int = 0
+    overlong_penalty_factor: float = 1.0
+
+    def validate(self, max_new_tokens: int) -> None:
+        """Ranges and contradictions of the ``reward`` keys; errors name the key."""
+        one_of(self.verifier, VERIFIERS, "reward.verifier")
+        require(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
+        require(self.workers >= 0, "reward.workers", "must be >= 0")
+        require(
+            self.incorrect_score is None or self.incorrect_score < 1.0,
+            "reward.incorrect_score",
+            f"({self.incorrect_score}) must be below the correct score 1.0, or null",
+        )
+        require(self.overlong_buffer >= 0, "reward.overlong_buffer", "must be >= 0 (0 = off)")
+        require(
+            self.overlong_buffer < max_new_tokens,
+            "reward.overlong_buffer",
+            f"({self.overlong_buffer}) must be below rollout.max_new_tokens ({max_new_tokens})",
+        )
+        require(self.overlong_penalty_factor >= 0, "reward.overlong_penalty_factor", "must be >= 0")
+        require(
+            self.overlong_buffer > 0 or self.overlong_penalty_factor == 1.0,
+            "reward.overlong_penalty_factor",
+            "has no effect while reward.overlong_buffer is 0 (shaping off): set both or neither",
+        )
 
 
 @dataclass(frozen=True)
@@ -335,9 +361,7 @@ class TrainConfig:
             "must be a non-empty subset of '+-*'",
         )
         require(a.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
-        one_of(self.reward.verifier, VERIFIERS, "reward.verifier")
-        require(self.reward.timeout_s > 0, "reward.timeout_s", "must be > 0")
-        require(self.reward.workers >= 0, "reward.workers", "must be >= 0")
+        self.reward.validate(r.max_new_tokens)
         require(
             self.model.path != "", "model.path", "is empty: set model.path=<HF model directory>"
         )

@@ -3,6 +3,8 @@
 `benchmark_scores` turns per-benchmark correctness matrices into avg@k (and pass@k) values;
 `write_report` prints the table and saves it as markdown and JSON. Values are percentages
 with one decimal, like the paper; "Avg." is the unweighted mean over the benchmarks present.
+Given the verifier that scored the responses, every table names it (its scores are not
+comparable across verifiers: `dapo`, `answer` and `math_verify` accept different spellings).
 """
 
 from __future__ import annotations
@@ -56,12 +58,17 @@ def _percent(value: float | None) -> str:
     return "–" if value is None else f"{100 * value:.1f}"
 
 
-def render_markdown(rows: Mapping[str, Mapping[str, BenchmarkScore]]) -> str:
+def render_markdown(
+    rows: Mapping[str, Mapping[str, BenchmarkScore]], verifier: str | None = None
+) -> str:
     """The avg@k table (rows: models, columns: benchmarks + Avg.) and, for benchmarks with
-    enough samples, a pass@k table per benchmark."""
+    enough samples, a pass@k table per benchmark; with `verifier`, a line above the avg@k table
+    and each pass@k heading name it."""
     names = _ordered_names(rows)
+    scored_by = "" if verifier is None else f", verifier {verifier}"
     header = "| Method | " + " | ".join(_title(n) for n in names) + " | Avg. |"
-    lines = [header, "|" + " --- |" * (len(names) + 2)]
+    lines = [] if verifier is None else [f"avg@k, verifier {verifier}", ""]
+    lines += [header, "|" + " --- |" * (len(names) + 2)]
     for method, scores in rows.items():
         values = [scores[n].avg_at_k if n in scores else None for n in names]
         present = [v for v in values if v is not None]
@@ -72,7 +79,7 @@ def render_markdown(rows: Mapping[str, Mapping[str, BenchmarkScore]]) -> str:
         ks = sorted({k for s in rows.values() if name in s for k in s[name].pass_at_k})
         if not ks:
             continue
-        lines += ["", f"pass@k on {_title(name)}", ""]
+        lines += ["", f"pass@k on {_title(name)}{scored_by}", ""]
         lines.append("| Method | " + " | ".join(f"Pass@{k}" for k in ks) + " |")
         lines.append("|" + " --- |" * (len(ks) + 1))
         for method, scores in rows.items():
@@ -81,8 +88,11 @@ def render_markdown(rows: Mapping[str, Mapping[str, BenchmarkScore]]) -> str:
     return "\n".join(lines) + "\n"
 
 
-def report_json(rows: Mapping[str, Mapping[str, BenchmarkScore]]) -> dict:
-    """The same numbers as `render_markdown`, as plain JSON-ready data (fractions in [0, 1])."""
+def report_json(
+    rows: Mapping[str, Mapping[str, BenchmarkScore]], verifier: str | None = None
+) -> dict:
+    """The same numbers as `render_markdown`, as plain JSON-ready data (fractions in [0, 1]);
+    with `verifier`, each method's entry records it under "verifier"."""
     out = {}
     for method, scores in rows.items():
         entries = {name: asdict(score) for name, score in scores.items()}
@@ -91,18 +101,24 @@ def report_json(rows: Mapping[str, Mapping[str, BenchmarkScore]]) -> dict:
             "benchmarks": entries,
             "average": sum(values) / len(values) if values else None,
         }
+        if verifier is not None:
+            out[method]["verifier"] = verifier
     return out
 
 
 def write_report(
-    rows: Mapping[str, Mapping[str, BenchmarkScore]], out_dir: str | Path, stem: str = "results"
+    rows: Mapping[str, Mapping[str, BenchmarkScore]],
+    out_dir: str | Path,
+    stem: str = "results",
+    verifier: str | None = None,
 ) -> tuple[Path, Path]:
-    """Print the markdown table and save `<out_dir>/<stem>.md` and `<stem>.json`."""
+    """Print the markdown table and save `<out_dir>/<stem>.md` and `<stem>.json`; `verifier`
+    (the one that scored the responses) is named in both."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    markdown = render_markdown(rows)
+    markdown = render_markdown(rows, verifier)
     print(markdown, end="")
     md_path, json_path = out_dir / f"{stem}.md", out_dir / f"{stem}.json"
     md_path.write_text(markdown, encoding="utf-8")
-    json_path.write_text(json.dumps(report_json(rows), indent=2) + "\n", encoding="utf-8")
+    json_path.write_text(json.dumps(report_json(rows, verifier), indent=2) + "\n", encoding="utf-8")
     return md_path, json_path

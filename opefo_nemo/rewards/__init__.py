@@ -1,11 +1,13 @@
-"""Verifiable math rewards (DAPO rule and math-verify) with per-item time limits.
+"""Verifiable math rewards with per-item time limits: the DAPO rule (`dapo`), the same
+extraction with a lenient normalisation (`answer`), and symbolic equivalence (`math_verify`).
 
 Public API: `score(response, ground_truth, verifier="dapo")` -> `RewardResult` (`score`,
 `answer`, `reason`); `score_batch(responses, ground_truths, ...)`; `RewardPool` for a long-lived
-set of worker processes; `RewardConfig` for the scores, time limit and verifier options.
-See docs/rewards_data_eval.md.
+set of worker processes; `RewardConfig` for the scores, time limit and verifier options;
+`overlong_penalty` for DAPO's optional length shaping. See docs/rewards_data_eval.md.
 """
 
+from opefo_nemo.rewards.overlong import overlong_penalty
 from opefo_nemo.rewards.pool import RewardPool
 from opefo_nemo.rewards.result import REASONS, VERIFIERS, RewardConfig, RewardResult
 from opefo_nemo.rewards.scoring import score, score_batch
@@ -16,6 +18,7 @@ __all__ = [
     "RewardConfig",
     "RewardPool",
     "RewardResult",
+    "overlong_penalty",
     "score",
     "score_batch",
 ]

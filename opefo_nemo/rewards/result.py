@@ -9,9 +9,12 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
-VERIFIERS = ("dapo", "math_verify")
+VERIFIERS = ("dapo", "answer", "math_verify")
 
-Verifier = Literal["dapo", "math_verify"]
+Verifier = Literal["dapo", "answer", "math_verify"]
+
+INCORRECT_SCORES = {"dapo": -1.0, "answer": 0.0, "math_verify": 0.0}
+"""Each verifier's own score for a response that is not correct: the DAPO rule scores −1."""
 
 # Why a response got its score.
 CORRECT = "correct"
@@ -26,20 +29,23 @@ REASONS = (CORRECT, WRONG, NO_ANSWER, TIMEOUT, ERROR)
 class RewardConfig:
     """How responses are verified and scored.
 
-    verifier: "dapo" (normalise and compare exactly) or "math_verify" (symbolic equivalence).
+    verifier: "dapo" (the DAPO rule exactly, `dapo.py`), "answer" (the same extraction with a
+        lenient normalisation, `answer.py`) or "math_verify" (symbolic equivalence).
     correct_score / wrong_score / no_answer_score: reward for each outcome; a timeout or an
-        internal error scores `wrong_score`.
+        internal error scores `wrong_score`. `wrong_score=None` takes the verifier's own
+        (`INCORRECT_SCORES`: −1 for dapo, as the rule, 0 otherwise); `no_answer_score=None`
+        takes the wrong score.
     timeout_s: time limit per response, in seconds (extraction plus comparison).
-    strict_box: dapo only; read the last `\\boxed{}` in the final `strict_box_chars` characters
-        instead of the last `Answer:` line.
-    tail_chars: dapo only; only the final `tail_chars` characters of the response are read (the
-        DAPO rule uses 300); None reads the whole response.
+    strict_box: answer only; read the last `\\boxed{}` in the final `strict_box_chars`
+        characters instead of the last `Answer:` line.
+    tail_chars: dapo and answer; only the final `tail_chars` characters of the response are
+        read (the DAPO rule reads 300); None reads the whole response.
     """
 
     verifier: Verifier = "dapo"
     correct_score: float = 1.0
-    wrong_score: float = 0.0
-    no_answer_score: float = 0.0
+    wrong_score: float | None = None
+    no_answer_score: float | None = None
     timeout_s: float = 5.0
     strict_box: bool = False
     tail_chars: int | None = 300
@@ -49,6 +55,11 @@ class RewardConfig:
         if self.verifier not in VERIFIERS:
             raise ValueError(
                 f"RewardConfig.verifier must be one of {VERIFIERS}, got {self.verifier!r}"
+            )
+        if self.strict_box and self.verifier != "answer":
+            raise ValueError(
+                "RewardConfig.strict_box applies to verifier 'answer' only, "
+                f"got verifier {self.verifier!r}"
             )
         if not self.timeout_s > 0:
             raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s!r}")
@@ -61,14 +72,19 @@ class RewardConfig:
                 f"RewardConfig.strict_box_chars must be > 0, got {self.strict_box_chars!r}"
             )
 
+    @property
+    def incorrect_score(self) -> float:
+        """The score of a wrong answer, a timeout and an error (`wrong_score` resolved)."""
+        return INCORRECT_SCORES[self.verifier] if self.wrong_score is None else self.wrong_score
+
     def score_for(self, reason: str) -> float:
         """The scalar reward for an outcome in `REASONS`."""
         if reason == CORRECT:
             return self.correct_score
         if reason == NO_ANSWER:
-            return self.no_answer_score
+            return self.incorrect_score if self.no_answer_score is None else self.no_answer_score
         if reason in (WRONG, TIMEOUT, ERROR):
-            return self.wrong_score
+            return self.incorrect_score
         raise ValueError(f"unknown reward reason {reason!r}; expected one of {REASONS}")
 
 
@@ -77,7 +93,7 @@ class RewardResult:
     """The verdict on one response.
 
     score: the scalar reward (see `RewardConfig`).
-    answer: the answer extracted from the response, normalised (dapo) or as extracted
+    answer: the answer extracted from the response, normalised (dapo, answer) or as extracted
         (math_verify); None when no answer was found or the time limit was hit.
     reason: one of `REASONS`.
     """

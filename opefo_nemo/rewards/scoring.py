@@ -11,7 +11,8 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Sequence
 
-from opefo_nemo.rewards.dapo import extract_dapo_answer, normalize_answer
+from opefo_nemo.rewards.answer import extract_answer, normalize_answer
+from opefo_nemo.rewards.dapo import dapo_answer, dapo_correct
 from opefo_nemo.rewards.result import (
     CORRECT,
     ERROR,
@@ -45,7 +46,12 @@ def _check_ground_truth(ground_truth: object, where: str = "ground_truth") -> No
 def _verify(response: str, ground_truth: str, config: RewardConfig) -> tuple[str, str | None]:
     """(reason, answer) for one response; may raise on internal failure or time out."""
     if config.verifier == "dapo":
-        raw = extract_dapo_answer(
+        answer = dapo_answer(response, config.tail_chars)
+        if answer is None:
+            return NO_ANSWER, None
+        return (CORRECT if dapo_correct(answer, ground_truth) else WRONG), answer
+    if config.verifier == "answer":
+        raw = extract_answer(
             response, config.strict_box, config.tail_chars, config.strict_box_chars
         )
         answer = normalize_answer(raw) if raw is not None else ""
@@ -86,9 +92,9 @@ def score(
 ) -> RewardResult:
     """Score one response against its ground-truth answer.
 
-    verifier: "dapo" or "math_verify"; None keeps `config.verifier` ("dapo" by default).
-    `config` sets the scores for each outcome, the time limit and the dapo options
-    (default `RewardConfig()`).
+    verifier: "dapo", "answer" or "math_verify"; None keeps `config.verifier` ("dapo" by
+    default). `config` sets the scores for each outcome, the time limit and the extraction
+    options (default `RewardConfig()`: the DAPO rule, +1 / −1).
     Returns a `RewardResult` with `score`, `answer` and `reason`.
     """
     _check_ground_truth(ground_truth)

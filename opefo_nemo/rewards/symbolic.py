@@ -1,10 +1,20 @@
 """The `math_verify` verifier: symbolic equivalence with the math-verify package.
 
-The gold answer is parsed as `\\boxed{gold}` (LaTeX extraction). The response is first focused
-on its final answer: the content of its last `Answer:` line (wrapped in `$…$` so bare LaTeX
-parses), else its last `\\boxed{}`, else the whole response; that text is parsed with both LaTeX
-and plain-expression extraction. Focusing makes the last answer win and keeps math-verify from
-reading a bare number out of unparsed LaTeX (`3\\,\\sqrt{2}` read as 3).
+The gold answer is parsed as `\\boxed{gold}` (LaTeX extraction). The response is focused on its
+final answer, trying these texts in order and keeping the first that math-verify parses into an
+expression (LaTeX and plain-expression extraction) and that is not prose (a run of three or
+more letters outside a LaTeX command: math-verify reads `forty-two` as a product of symbols):
+
+1. the last `Answer:` line, cleaned (`1 000`, `1\\;000`, `1{,}000`, `1,\\!000` -> `1000`, then
+   `plain_answer`: its first math span, no markdown emphasis, trailing full stop, spacing
+   macros or trailing unit words), wrapped in `$…$` so bare LaTeX parses;
+2. the same line as written, wrapped in `$…$`;
+3. the last `\\boxed{}`;
+4. the whole response.
+
+Focusing makes the last answer win and keeps math-verify from reading a bare number out of
+unparsed LaTeX (`3\\,\\sqrt{2}` read as 3); the fallbacks score an answer line math-verify cannot
+read (`forty-two`) by what the rest of the response says.
 `verify(gold, prediction)` then compares numerically and symbolically (fractions vs decimals,
 reordered sums, intervals, sets). math-verify's own `signal.alarm` timeouts are switched off:
 the caller owns the time limit (`time_limit.py`, `pool.py`).
@@ -13,16 +23,21 @@ the caller owns the time limit (`time_limit.py`, `pool.py`).
 from __future__ import annotations
 
 import logging
+import re
 
 from math_verify import ExprExtractionConfig, LatexExtractionConfig, parse, verify
 
-from opefo_nemo.rewards.dapo import last_answer_line, last_boxed
+from opefo_nemo.rewards.answer import plain_answer
+from opefo_nemo.rewards.extract import last_answer_line, last_boxed
 
 # math-verify warns once per process that its own timeout is off; ours replaces it.
 logging.getLogger("math_verify").setLevel(logging.ERROR)
 
 _GOLD_EXTRACTION = (LatexExtractionConfig(),)
 _PREDICTION_EXTRACTION = (LatexExtractionConfig(), ExprExtractionConfig())
+_DIGIT_GROUP_SEPARATOR = re.compile(r"(?<=\d)(?:\s|\\[,;: ]|~|\{,\}|,\\!)(?=\d{3}(?!\d))")
+_LATEX_COMMAND = re.compile(r"\\[A-Za-z]+")
+_WORD = re.compile(r"[A-Za-z]{3,}")
 
 
 def _extracted_text(parsed: list) -> str | None:
@@ -33,15 +48,40 @@ def _extracted_text(parsed: list) -> str | None:
     return str(parsed[0]) if parsed else None
 
 
-def focus_final_answer(response: str) -> str:
-    """The part of `response` that holds its final answer (see the module docstring)."""
+def _has_expression(parsed: list) -> bool:
+    """Whether math-verify turned the text into an expression (not only echoed a string)."""
+    return any(not isinstance(item, str) for item in parsed)
+
+
+def _is_prose(text: str) -> bool:
+    """Whether `text` holds a word (three or more letters outside LaTeX commands)."""
+    return _WORD.search(_LATEX_COMMAND.sub("", text)) is not None
+
+
+def focus_candidates(response: str) -> list[str]:
+    """The texts tried, in order, as the response's final answer (see the module docstring)."""
+    candidates = []
     line = last_answer_line(response)
-    if line is not None and line.strip().strip("$").strip():
-        return "$" + line.strip().strip("$").strip() + "$"
+    if line is not None:
+        cleaned = plain_answer(_DIGIT_GROUP_SEPARATOR.sub("", line))
+        raw = line.strip().strip("$").strip()
+        candidates += ["$" + text + "$" for text in dict.fromkeys((cleaned, raw)) if text]
     boxed = last_boxed(response)
     if boxed is not None:
-        return "\\boxed{" + boxed + "}"
-    return response
+        candidates.append("\\boxed{" + boxed + "}")
+    candidates.append(response)
+    return candidates
+
+
+def parse_prediction(response: str) -> list:
+    """math-verify's parse of the first focus candidate that parses to an expression; else of
+    the whole response (possibly empty)."""
+    *focused, whole = focus_candidates(response)
+    for text in focused:
+        parsed = parse(text, list(_PREDICTION_EXTRACTION), parsing_timeout=None)
+        if _has_expression(parsed) and not _is_prose(text):
+            return parsed
+    return parse(whole, list(_PREDICTION_EXTRACTION), parsing_timeout=None)
 
 
 def verify_symbolic(response: str, ground_truth: str) -> tuple[bool | None, str | None, bool]:
@@ -51,8 +91,7 @@ def verify_symbolic(response: str, ground_truth: str) -> tuple[bool | None, str 
     in the response; gold_parsed is False when the gold answer itself could not be parsed.
     """
     gold = parse("\\boxed{" + ground_truth + "}", list(_GOLD_EXTRACTION), parsing_timeout=None)
-    focused = focus_final_answer(response)
-    prediction = parse(focused, list(_PREDICTION_EXTRACTION), parsing_timeout=None)
+    prediction = parse_prediction(response)
     answer = _extracted_text(prediction)
     if not prediction:
         return None, None, bool(gold)

@@ -55,11 +55,12 @@ def make_problems(
 def score_integer(
     response: str, ground_truth: str, config: RewardConfig | None = None
 ) -> RewardResult:
-    """Exact integer match of the whole (whitespace-stripped) response, scored by ``config``.
+    """Exact integer match of the whole (whitespace-stripped) response, scored by ``config``
+    (default: 1 for correct, 0 otherwise).
 
     A response that is not a single integer is ``no_answer``; a different integer is ``wrong``.
     """
-    config = config if config is not None else RewardConfig()
+    config = config if config is not None else RewardConfig(wrong_score=0.0)
     match = _INTEGER.match(response)
     if match is None:
         return RewardResult(config.score_for(NO_ANSWER), None, NO_ANSWER)

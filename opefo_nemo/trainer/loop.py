@@ -37,7 +37,7 @@ from .prompts import PromptCodec
 from .ranks import SINGLE_PROCESS, LoopRanks
 from .rollout_guard import GuardedRollout
 from .sampler import PromptSampler
-from .scoring import reason_metrics, score_responses
+from .scoring import overlong_penalties, reason_metrics, score_responses
 from .update import UpdateOutcome, realized_entropy_change, update_rollout_batch
 
 log = logging.getLogger(__name__)
@@ -132,7 +132,11 @@ class Trainer:
         responses = [self.codec.decode(c.token_ids) for c in completions]
         truths = [p.ground_truth for p in problems]
         results = self.ranks.on_main(lambda: score_responses(responses, truths, cfg.reward))
-        rewards = torch.tensor([r.score for r in results], dtype=torch.float32)
+        lengths = torch.tensor([len(c.token_ids) for c in completions])
+        penalties = overlong_penalties(lengths.tolist(), cfg.reward, cfg.rollout.max_new_tokens)
+        rewards = torch.tensor(
+            [r.score + p for r, p in zip(results, penalties, strict=True)], dtype=torch.float32
+        )
         group_ids = torch.tensor([c.prompt_index for c in completions])
         advantages = group_advantages(
             rewards, group_ids, cfg.advantage.normalize_std, cfg.advantage.leave_one_out
@@ -170,10 +174,11 @@ class Trainer:
         timings["time/weight_sync_s"] = time.perf_counter() - mark
 
         self.nan_guard.record(self.step, outcome.skipped_steps)
-        lengths = torch.tensor([len(c.token_ids) for c in completions])
         truncated = torch.tensor([c.finish_reason == "length" for c in completions])
         metrics.update(rollout_metrics(rollout_sums(rewards, lengths, truncated)))
         metrics.update(reason_metrics(results))
+        if cfg.reward.overlong_buffer:
+            metrics["reward/overlong_penalty"] = sum(penalties) / max(len(penalties), 1)
         metrics.update(timings)
         metrics["train/skipped_updates"] = float(outcome.skipped_steps)
         metrics["data/epoch"] = float(self.sampler.epoch)

@@ -1,8 +1,10 @@
-"""Responses → rewards, with failures scored 0 and counted, never raised (issue 6 errors).
+"""Responses → rewards, with failures scored like a wrong answer and counted, never raised.
 
-``integer`` is the embedded arithmetic task's exact-match verifier; ``dapo`` and ``math_verify``
-are :mod:`opefo_nemo.rewards`' (which already turn a crashing or slow item into an ``error`` or
-``timeout`` reason scored like a wrong answer).
+``integer`` is the embedded arithmetic task's exact-match verifier (1 / 0 unless
+``reward.incorrect_score`` says otherwise); ``dapo``, ``answer`` and ``math_verify`` are
+:mod:`opefo_nemo.rewards`' (which already turn a crashing or slow item into an ``error`` or
+``timeout`` reason scored like a wrong answer). :func:`overlong_penalties` adds DAPO's optional
+length shaping from the responses' token counts.
 """
 
 from __future__ import annotations
@@ -11,7 +13,7 @@ from collections import Counter
 from collections.abc import Sequence
 
 from ..config.train import RewardSettings
-from ..rewards import RewardConfig, RewardResult, score_batch
+from ..rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
 from ..rewards.result import ERROR
 from ..tasks.arithmetic import score_integer
 
@@ -21,9 +23,14 @@ def score_responses(
 ) -> list[RewardResult]:
     """One result per response, in order."""
     if settings.verifier != "integer":
-        config = RewardConfig(verifier=settings.verifier, timeout_s=settings.timeout_s)
+        config = RewardConfig(
+            verifier=settings.verifier,
+            timeout_s=settings.timeout_s,
+            wrong_score=settings.incorrect_score,
+        )
         return score_batch(responses, ground_truths, config=config, workers=settings.workers)
-    config = RewardConfig()
+    incorrect = 0.0 if settings.incorrect_score is None else settings.incorrect_score
+    config = RewardConfig(wrong_score=incorrect)
     results = []
     for response, truth in zip(responses, ground_truths, strict=True):
         try:
@@ -31,6 +38,19 @@ def score_responses(
         except Exception:
             results.append(RewardResult(config.score_for(ERROR), None, ERROR))
     return results
+
+
+def overlong_penalties(
+    lengths: Sequence[int], settings: RewardSettings, max_new_tokens: int
+) -> list[float]:
+    """The overlong penalty of each response (its token count), all 0.0 when the shaping is off
+    (``reward.overlong_buffer=0``); the maximum length is ``rollout.max_new_tokens``."""
+    return [
+        overlong_penalty(
+            length, max_new_tokens, settings.overlong_buffer, settings.overlong_penalty_factor
+        )
+        for length in lengths
+    ]
 
 
 def reason_metrics(results: Sequence[RewardResult]) -> dict[str, float]:

@@ -98,3 +98,15 @@ def test_report_table(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> Non
     assert data["GRPO"]["benchmarks"]["aime24"]["avg_at_k"] == pytest.approx(8 / 128)
     assert data["GRPO"]["benchmarks"]["aime24"]["pass_at_k"]["64"] == pytest.approx(0.5)
     assert data["OPEFO"]["average"] == pytest.approx(0.75)
+
+
+@pytest.mark.parametrize("verifier", ["dapo", "answer", "math_verify"])
+def test_report_names_the_verifier(tmp_path: Path, verifier: str) -> None:
+    aime = [[1] * 8 + [0] * 56, [0] * 64]
+    rows = {"GRPO": benchmark_scores({"aime24": aime, "math500": [[1], [0]]})}
+    md_path, json_path = write_report(rows, tmp_path, verifier=verifier)
+    lines = md_path.read_text().splitlines()
+    assert lines[0] == f"avg@k, verifier {verifier}"
+    assert lines[2] == "| Method | AIME24 | MATH500 | Avg. |"
+    assert f"pass@k on AIME24, verifier {verifier}" in lines
+    assert json.loads(json_path.read_text())["GRPO"]["verifier"] == verifier

@@ -10,7 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from opefo_nemo.rewards import RewardConfig, RewardPool, score_batch
-from tests.rewards.test_reward_cases import CASES
+from tests.rewards.cases import CASES
 
 PATHOLOGICAL = "$\\boxed{10^{10^{10}}}$"
 CONFIG = RewardConfig(verifier="math_verify", timeout_s=1.0)
@@ -23,8 +23,8 @@ def pool() -> Iterator[RewardPool]:
 
 
 def _batch() -> tuple[list[object], list[str]]:
-    responses: list[object] = [response for _, response, _, _, _ in CASES]
-    truths = [truth for _, _, truth, _, _ in CASES]
+    responses: list[object] = [case[1] for case in CASES]
+    truths = [case[2] for case in CASES]
     responses[5:5] = [PATHOLOGICAL, None]
     truths[5:5] = ["5", "3"]
     return responses, truths

@@ -81,6 +81,7 @@ def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_pa
     assert "arith" in text
     md = (tmp_path / "eval" / "results.md").read_text()
     assert f"{100 * from_trainer:.1f}" in md
+    assert md.splitlines()[0] == "avg@k, verifier integer"
 
 
 def test_opefo_train_compare_mode_writes_the_report(warm_model, tmp_path):
