@@ -1,17 +1,16 @@
-"""The aligner engine's training step on a GPU equals the ``hf`` engine's (issue 8, TP = 1).
+"""The Megatron engine's training step on a GPU equals the ``hf`` engine's (TP = 1).
 
-Written without a GPU; it first runs in a later session on the lent GPU machine
-(tests/gpu/README.md). Skipped without CUDA or megatron-core.
+Written without a GPU and not run on one yet (tests/gpu/README.md). Skipped without CUDA or
+megatron-core.
 
-NeMo's ``MegatronGPTModel`` is not built here (NeMo and Transformer Engine cannot be brought onto
-that machine within its limits: README.md), so this is the fallback the issue names: the same
-megatron-core ``GPTModel`` (local layer spec, fp32, rope), loss closure and schedule that the
-NeMo actor hands to ``MegatronPolicy``, on CUDA with megatron's own CUDA code paths (causal mask,
-rotary embedding, RNG tracker, memory buffer) and NCCL. On one recorded rollout batch and the same
-weights (a tiny random Qwen2 converted with ``hf_to_megatron``), against ``HFPolicy`` on the same
-GPU: the token statistics, the update's loss and metrics, every clipped gradient (Hugging Face
-names) and every weight after the AdamW step are equal; the logprobs the loss pass computes equal
-the token-stats pass's.
+NeMo's ``MegatronGPTModel`` is not built here (NeMo and Transformer Engine need the NeMo image:
+README.md): the megatron-core ``GPTModel`` (local layer spec, fp32, rope), loss closure and
+schedule that both engines hand to ``MegatronPolicy``, on CUDA with megatron's own CUDA code paths
+(causal mask, rotary embedding, RNG tracker, memory buffer) and NCCL. On one recorded rollout batch
+and the same weights (a tiny random Qwen2 converted with ``hf_to_megatron``), against ``HFPolicy``
+on the same GPU: the token statistics, the update's loss and metrics, every clipped gradient
+(Hugging Face names) and every weight after the AdamW step are equal; the logprobs the loss pass
+computes equal the token-stats pass's.
 """
 
 from __future__ import annotations

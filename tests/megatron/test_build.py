@@ -136,6 +136,11 @@ def test_built_engine_equals_transformers(families, batch, tmp_path):
     ids=["bf16-tp2-sp-distopt", "bf16-dp2-distopt"],
 )
 def test_bf16_distributed_optimizer_resumes_bit_exactly(families, batch, settings, tmp_path):
+    from opefo_nemo.engines.megatron import compat
+
+    problem = compat.distributed_optimizer_checkpoint_problem()
+    if problem is not None:
+        pytest.skip(problem)
     run_world(
         workers_build.update_save_resume,
         2,

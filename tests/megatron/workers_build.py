@@ -13,6 +13,8 @@ from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.trainer.update import update_rollout_batch
 
+from .torch_dist_writer import torch_dist_writer_on_this_torch
+
 #: The rollout temperature the statistics are taken at (SPEC §1).
 TEMPERATURE = 0.7
 
@@ -62,7 +64,8 @@ def update_save_resume(
         policy = _policy(hf_dir, settings)
         first = update_rollout_batch(policy, method, batch, 3, 0)
         policy.advance_schedule()
-        policy.save(Path(out) / "checkpoint")
+        with torch_dist_writer_on_this_torch():  # megatron-core 0.11's writer on torch 2.13
+            policy.save(Path(out) / "checkpoint")
         saved = _weights(policy)
         second = update_rollout_batch(policy, method, batch, 3, 0)
         straight = _weights(policy)

@@ -103,6 +103,7 @@ def save_megatron(directory: Path, model: torch.nn.Module, optimizer: Any, extra
     """Write ``model`` (the ``GPTModel`` inside megatron's DDP), the ``MegatronOptimizer``'s
     state (module docstring) and the JSON-able ``extra`` to ``directory``. Collective."""
     extra_json = _json_able(extra)
+    _refuse_unsupported(optimizer)
     model_state = model.sharded_state_dict()
     optimizer_state = compat.optimizer_sharded_state(optimizer, model_state, is_loading=False)
     state = {"model": model_state, "optimizer": optimizer_state}
@@ -121,6 +122,7 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
         raise ValueError(
             f"{directory} was not written with megatron's optimizer (engine=megatron / aligner)"
         )
+    _refuse_unsupported(optimizer)
     _check_model_matches(model.sharded_state_dict(), tensor_metadata(directory), "", directory)
     _materialize_adam_state(optimizer)
     model_state = model.sharded_state_dict()
@@ -128,7 +130,8 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
     state = {"model": model_state, "optimizer": optimizer_state}
     loaded = dist_checkpointing.load(state, str(directory))
     model.load_state_dict(loaded["model"], strict=True)
-    optimizer.load_state_dict(loaded["optimizer"])
+    with torch.no_grad():  # fp32 main weights are views of the (trainable) parameters
+        optimizer.load_state_dict(loaded["optimizer"])
     _separate_adam_steps(optimizer)
     return manifest["extra"]
 
@@ -155,6 +158,18 @@ def _materialize_adam_state(optimizer: Any) -> None:
             group["lr"] = lr
         for param in params:
             param.grad = None
+
+
+def _refuse_unsupported(optimizer: Any) -> None:
+    """A clear error before any collective where megatron-core cannot checkpoint ``optimizer``
+    (:func:`~.compat.distributed_optimizer_checkpoint_problem`)."""
+    from megatron.core.optimizer import DistributedOptimizer
+
+    parts = getattr(optimizer, "chained_optimizers", [optimizer])
+    if any(isinstance(part, DistributedOptimizer) for part in parts):
+        problem = compat.distributed_optimizer_checkpoint_problem()
+        if problem is not None:
+            raise NotImplementedError(f"checkpoint of megatron's optimizer: {problem}")
 
 
 def _inner_torch_optimizers(optimizer: Any) -> list[torch.optim.Optimizer]:

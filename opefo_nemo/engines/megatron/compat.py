@@ -158,3 +158,25 @@ def optimizer_sharded_state(optimizer: Any, model_state: dict, is_loading: bool)
         metadata = {"distrib_optim_sharding_type": "dp_reshardable"}
         return method(model_state, is_loading, metadata=metadata)
     return method(model_state, is_loading)
+
+
+def distributed_optimizer_checkpoint_problem() -> str | None:
+    """Why this megatron-core cannot checkpoint its distributed optimizer here, or ``None``.
+
+    Without apex or Transformer Engine megatron's optimizer is torch's AdamW, which keeps a
+    per-parameter ``step`` tensor. 0.11's distributed-optimizer formats all treat every
+    per-parameter state as a slice of the flat buffers and fail on it (in the NeMo image apex
+    and Transformer Engine are present, and its fused Adam keeps no such state); 0.16.1's
+    ``dp_reshardable`` format handles it."""
+    from megatron.core.optimizer import distrib_optimizer
+
+    if distrib_optimizer.HAVE_APEX_OR_TE or _accepts(
+        distrib_optimizer.DistributedOptimizer.sharded_state_dict, "metadata"
+    ):
+        return None
+    return (
+        "this megatron-core (no 'metadata' in DistributedOptimizer.sharded_state_dict: 0.11) "
+        "cannot checkpoint its distributed optimizer over torch's AdamW, its fallback without "
+        "apex or Transformer Engine (CPU ranks); set engine.use_distributed_optimizer=false "
+        "there, or install apex / Transformer Engine"
+    )

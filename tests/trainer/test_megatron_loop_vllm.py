@@ -1,9 +1,11 @@
-"""The aligner path end to end on CPU, NeMo's restore aside: the real ``Trainer`` on two gloo
-ranks driving ``MegatronPolicy`` over a real megatron-core ``GPTModel``, generating through a
-real ``ColocatedRollout`` (one vLLM CPU server for the group of ``engine.rollout_tp_size`` = 2
-ranks: rank 1 owns none and only walks the weight stream), in two layouts one after the other in
-the same world: TP 2 (each rank holds half of every layer and of the vocabulary) and DP 2 (each
-rank holds the whole model and gets half of the micro-batches).
+"""``engine=megatron`` end to end on CPU ranks (``engine.device=cpu``): the real ``Trainer`` on
+two gloo ranks driving the policy ``build_policy`` builds (a megatron-core ``GPTModel`` from the
+Hugging Face directory, megatron DDP and optimizer), generating through a real
+``ColocatedRollout`` (one vLLM CPU server for the group of ``engine.rollout_tp_size`` = 2 ranks:
+rank 1 owns none and only walks the weight stream), in two layouts one after the other in the same
+world: TP 2 with sequence parallelism (each rank holds half of every layer and of the vocabulary,
+and half of each sequence's norm activations) and DP 2 with the distributed optimizer (each rank
+holds the whole model, half of the micro-batches and half of the Adam state).
 
 Reference: the single-process ``hf`` run on the same warm-started tiny model, data and seeds,
 whose vLLM server (the same kind) is refitted from ``HFPolicy``. Per layout:
@@ -13,8 +15,9 @@ whose vLLM server (the same kind) is refitted from ``HFPolicy``. Per layout:
   only agree if ``MegatronPolicy.named_weights()`` (collective) refitted the server with the
   trained weights (:func:`test_initial_weights_are_told_apart` shows the check has teeth);
 - every step's metrics equal the reference's within fp32 round-off (:data:`METRIC_REL`);
-- the step-2 checkpoint (megatron ``torch_dist`` shards from both ranks, both ranks' RNG states)
-  resumed into a fresh policy and trainer repeats the uninterrupted run's step 3 exactly.
+- the step-2 checkpoint (megatron ``torch_dist`` shards of the weights and of megatron's
+  optimizer from both ranks, both ranks' RNG states) resumed into a fresh policy and trainer
+  repeats the uninterrupted run's step 3 exactly.
 """
 
 from __future__ import annotations
@@ -34,7 +37,7 @@ from tests.parallel.world import run_world
 from tests.trainer.conftest import run_overrides
 
 pytest.importorskip("megatron.core")
-from tests.trainer import workers_aligner_loop  # imports megatron-core helpers
+from tests.trainer import workers_megatron_loop  # imports megatron-core helpers
 
 pytestmark = pytest.mark.vllm
 
@@ -48,20 +51,29 @@ COMMON = (
     "engine.adam_eps=1e-4",
     "metrics.realized_every=2",
 )
-ALIGNER = (
-    "engine=aligner",
+MEGATRON = (
+    "engine=megatron",
     *COMMON,
+    "engine.device=cpu",
     "engine.dtype=float32",
-    "engine.transformer_engine=false",
     "engine.make_vocab_size_divisible_by=8",
     "engine.rollout_tp_size=2",
     "checkpoint.every=2",
 )
-#: The layouts on the two ranks. 16 responses a step: TP 2 in micro-batches of 4; DP 2 in
-#: micro-batches of 3 (six, the last of one response; three per data-parallel rank).
+#: The layouts on the two ranks. 16 responses a step: TP 2 × sequence parallel in micro-batches
+#: of 4; DP 2 with the distributed optimizer in micro-batches of 3 (six, the last of one
+#: response; three per data-parallel rank).
 LAYOUTS = {
-    "tp2": ("engine.tensor_model_parallel_size=2", "engine.micro_batch_size=4"),
-    "dp2": ("engine.tensor_model_parallel_size=1", "engine.micro_batch_size=3"),
+    "tp2_sp": (
+        "engine.tensor_model_parallel_size=2",
+        "engine.sequence_parallel=true",
+        "engine.micro_batch_size=4",
+    ),
+    "dp2_distopt": (
+        "engine.tensor_model_parallel_size=1",
+        "engine.use_distributed_optimizer=true",
+        "engine.micro_batch_size=3",
+    ),
 }
 #: Metrics: fp32 round-off of different reduction orders (TP-split matmuls, vocab-parallel
 #: softmax sums, micro-batches against one batch of 16, DP gradient average) carried through
@@ -76,19 +88,19 @@ SERVER_START = {"group_timeout": datetime.timedelta(seconds=300), "deadline_s": 
 @pytest.fixture(scope="module")
 def runs(warm_model, shared_rollout, tmp_path_factory):
     """The reference's metrics and ``generate`` calls, and the layouts' output folders."""
-    root = tmp_path_factory.mktemp("aligner_loop")
+    root = tmp_path_factory.mktemp("megatron_loop")
     config, config_dict = compose(run_overrides(warm_model, root / "single", COMMON))
     reference = build_trainer(config, config_dict, root / "single", shared_rollout)
-    reference.rollout = workers_aligner_loop.RecordingRollout(reference.rollout)
+    reference.rollout = workers_megatron_loop.RecordingRollout(reference.rollout)
     assert reference.run() == "done"
     calls = json.loads(json.dumps(reference.rollout.calls))  # as the ranks report them
     assert len(calls) == 3
 
     layouts = {
-        name: run_overrides(warm_model, root / name, [*ALIGNER, *settings])
+        name: run_overrides(warm_model, root / name, [*MEGATRON, *settings])
         for name, settings in LAYOUTS.items()
     }
-    run_world(workers_aligner_loop.run_and_resume, 2, layouts, str(root), **SERVER_START)
+    run_world(workers_megatron_loop.run_and_resume, 2, layouts, str(root), **SERVER_START)
     return read_metrics(root / "single" / "metrics.jsonl"), calls, root
 
 
