@@ -13,7 +13,9 @@
 - bf16 parameters with fp32 main weights, distributed optimizer, TP 2 × sequence parallel, and
   DP 2 × distributed optimizer: an OPEFO update, a checkpoint, a fresh policy loaded from it:
   the loaded weights are the saved ones bit for bit, and the next update from the checkpoint
-  equals the uninterrupted one bit for bit (weights and metrics).
+  equals the uninterrupted one bit for bit (weights and metrics); ``opefo-export``'s function
+  turns the checkpoint (megatron's optimizer state beside the weights) into a Hugging Face
+  directory that ``transformers`` loads with exactly the saved weights.
 """
 
 from __future__ import annotations
@@ -23,14 +25,15 @@ import json
 import pytest
 import torch
 
+from opefo_nemo.models.megatron_weights.export import export_sharded
 from tests.parallel.world import run_world
 
 from .tiny import hf_model, random_batch
 
 pytest.importorskip("megatron.core")
-pytest.importorskip("transformers")
+transformers = pytest.importorskip("transformers")
 
-from . import workers_build  # imports megatron-core helpers
+from . import workers_build  # noqa: E402  (imports megatron-core helpers)
 
 ROWS, VOCAB = 6, 100
 FP32_EPS = torch.finfo(torch.float32).eps
@@ -158,3 +161,10 @@ def test_bf16_distributed_optimizer_resumes_bit_exactly(families, batch, setting
         assert torch.equal(result["loaded"][name], tensor), name
         assert torch.equal(result["resumed"][name], result["straight"][name]), name
     assert json.dumps(result["resumed_second"]) == json.dumps(result["second"])
+    exported = export_sharded(
+        tmp_path / "checkpoint", families["qwen2_small"], tmp_path / "exported"
+    )
+    model = transformers.AutoModelForCausalLM.from_pretrained(exported, dtype=torch.bfloat16)
+    state = model.state_dict()
+    for name, tensor in result["saved"].items():
+        assert torch.equal(state[name], tensor), name
