@@ -25,9 +25,9 @@ import sys
 from collections.abc import Sequence
 from typing import Any
 
-from ..engines.megatron import compat
+from ..engines.startup import startup_problems
 from ..launch import GIB, Problem, all_problems, plan_memory
-from ..launch.checks import SINGLE_PROCESS_ENGINES, colocated_placement, layout_of
+from ..launch.checks import colocated_placement, layout_of
 from ..launch.from_config import plan_from_config
 from ..launch.plan import LaunchPlan
 from ..launch.table import memory_table
@@ -86,24 +86,17 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
     return data, []
 
 
-def validation_problems(config: dict[str, Any]) -> list[Problem]:
-    """The trainer's own start-up validation, as a problem instead of an exception."""
+def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Problem]:
+    """The trainer's own start-up validation and start-up rules
+    (:func:`~opefo_nemo.engines.startup.startup_problems`, which ``trainer.setup.build_policy``
+    raises), as problems instead of exceptions."""
     from ..config.train import TrainConfig
 
     try:
-        TrainConfig.from_mapping(config)
+        validated = TrainConfig.from_mapping(config)
     except ValueError as error:
         return [Problem("config", str(error))]
-    return []
-
-
-def megatron_core_problems(plan: LaunchPlan) -> list[Problem]:
-    """What the megatron-core the engine runs on cannot build: the trainer's start-up rule
-    (``trainer.setup.build_policy``), for a megatron-core engine on a readable model."""
-    if plan.engine in SINGLE_PROCESS_ENGINES or plan.shape is None:
-        return []
-    problem = compat.tensor_parallel_problem(plan.tensor_parallel, plan.shape.num_key_value_heads)
-    return [] if problem is None else [Problem("layout", problem)]
+    return [Problem("layout", line) for line in startup_problems(validated.engine, plan.shape)]
 
 
 def preflight(
@@ -124,9 +117,8 @@ def preflight(
         except ValueError as error:
             problems.append(Problem("config", str(error)))
         else:
-            problems += validation_problems(config)
+            problems += validation_problems(config, plan)
             problems += all_problems(plan)
-            problems += megatron_core_problems(plan)
             lines.append(
                 f"engine {plan.engine}: {plan.prompts_per_step} prompts × "
                 f"{plan.responses_per_prompt} responses, micro-batch {plan.micro_batch_size}, "

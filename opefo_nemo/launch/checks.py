@@ -7,7 +7,6 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..models.shape import padded_vocab_size
 from .layout import ParallelLayout
 from .memory import GIB, MemoryEstimate, estimate_memory
 from .placement import ColocatedPlacement, PlacementError, vllm_tensor_parallel_problems
@@ -139,28 +138,6 @@ def check_batch(plan: LaunchPlan) -> list[Problem]:
     return []
 
 
-def check_vocab(plan: LaunchPlan) -> list[Problem]:
-    """The checkpoint's vocabulary must need no Megatron padding at this TP (SPEC §1: padded
-    columns would have to be masked and cut on every weight transfer)."""
-    if plan.shape is None:
-        return []
-    vocab = plan.shape.vocab_size
-    divisible_by = plan.memory.make_vocab_size_divisible_by
-    padded = padded_vocab_size(vocab, divisible_by, plan.tensor_parallel)
-    if padded == vocab:
-        return []
-    return [
-        Problem(
-            "vocab",
-            f"vocab_size {vocab} is not divisible by make_vocab_size_divisible_by "
-            f"{divisible_by} × tensor parallel {plan.tensor_parallel} = "
-            f"{divisible_by * plan.tensor_parallel}; Megatron would pad it to {padded} rows "
-            "and the checkpoint's embedding would not load as is: lower "
-            "make_vocab_size_divisible_by",
-        )
-    ]
-
-
 def _readable_file_or_dir(path: Path) -> bool:
     return os.access(path, os.R_OK) and (path.is_file() or os.access(path, os.X_OK))
 
@@ -279,7 +256,6 @@ def plan_problems(plan: LaunchPlan) -> list[Problem]:
     return [
         *check_layout(plan),
         *check_batch(plan),
-        *check_vocab(plan),
         *check_rollout(plan),
         *check_paths(plan),
         *check_memory(plan),
@@ -287,6 +263,6 @@ def plan_problems(plan: LaunchPlan) -> list[Problem]:
 
 
 def all_problems(plan: LaunchPlan) -> list[Problem]:
-    """Every check's problems, in a fixed order: engine, layout, batch, vocab, rollout, paths,
+    """Every check's problems, in a fixed order: engine, layout, batch, rollout, paths,
     memory."""
     return [*check_engine(plan), *plan_problems(plan)]

@@ -22,8 +22,8 @@ from torch import Tensor
 from ..config.train import DataConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
-from ..engines.megatron import compat
 from ..engines.protocols import Policy
+from ..engines.startup import startup_problems
 from ..launch.placement import ColocatedPlacement
 from ..models.shape import ModelShape
 from ..models.tiny import TinyModelSpec, build_tiny_model
@@ -193,16 +193,12 @@ def start_colocated_rollout(
 
 
 def build_policy(config: TrainConfig, path: Path) -> Policy:
-    """The training engine ``engine.name`` selects, on the model at ``path``. A megatron-core
-    engine first refuses a layout the installed megatron-core cannot build
-    (:func:`~opefo_nemo.engines.megatron.compat.tensor_parallel_problem`)."""
-    if config.engine.name != "hf" and (path / "config.json").is_file():
-        problem = compat.tensor_parallel_problem(
-            config.engine.tensor_model_parallel_size,
-            ModelShape.from_model_dir(path).num_key_value_heads,
-        )
-        if problem is not None:
-            raise RankLayoutError(problem)
+    """The training engine ``engine.name`` selects, on the model at ``path``, after the start-up
+    rules preflight reports too (:func:`~opefo_nemo.engines.startup.startup_problems`)."""
+    shape = ModelShape.from_model_dir(path) if (path / "config.json").is_file() else None
+    problems = startup_problems(config.engine, shape)
+    if problems:
+        raise RankLayoutError("; ".join(problems))
     if config.engine.name == "megatron":
         from ..engines.megatron.build import build_megatron_policy
 

@@ -70,7 +70,7 @@ def test_heads_and_layers_must_split(plan):
         dataclasses.replace(plan, world_size=24, tensor_parallel=8, pipeline_parallel=3)
     )
     messages = [p.message for p in problems if p.topic == "layout"]
-    assert [p.topic for p in problems] == ["layout"] * 2 + ["vocab"]  # 152064 % (128 × 8)
+    assert [p.topic for p in problems] == ["layout"] * 2
     assert any("num_attention_heads = 28" in m for m in messages)  # 28 % 8
     assert any("num_layers = 28" in m for m in messages)  # 28 % 3
     assert len(messages) == 2  # TP 8 is a multiple of the 4 key/value heads: allowed
@@ -127,16 +127,6 @@ def test_batch_divisibility(plan):
     assert _topics(dataclasses.replace(plan, updates_per_rollout=8, micro_batch_size=2)) == []
 
 
-def test_vocab_divisibility(plan):
-    # Qwen3's 151936 = 128 × 1187 is not a multiple of 128 × 2.
-    qwen3_vocab = dataclasses.replace(QWEN25_7B, vocab_size=151936)
-    problems = plan_problems(dataclasses.replace(plan, shape=qwen3_vocab))
-    assert [p.topic for p in problems] == ["vocab"]
-    assert "pad it to 152064" in problems[0].message
-    memory = dataclasses.replace(plan.memory, make_vocab_size_divisible_by=64)
-    assert plan_problems(dataclasses.replace(plan, shape=qwen3_vocab, memory=memory)) == []
-
-
 def test_unreadable_paths(plan, tmp_path):
     empty_model = tmp_path / "empty"
     empty_model.mkdir()
@@ -191,11 +181,11 @@ def test_every_problem_is_reported_at_once(plan, tmp_path):
         data_paths=(str(tmp_path / "missing.jsonl"),),
     )
     topics = [problem.topic for problem in all_problems(everything)]
-    assert topics == ["engine", "layout", "batch", "vocab", "paths"]
+    assert topics == ["engine", "layout", "batch", "paths"]
     # Memory is checked once the layout is valid.
     fits_nowhere = dataclasses.replace(everything, world_size=32, gpu_memory_bytes=10 * GIB)
     topics = [problem.topic for problem in all_problems(fits_nowhere)]
-    assert topics == ["engine", "batch", "vocab", "paths", "memory"]
+    assert topics == ["engine", "batch", "paths", "memory"]
 
 
 def test_single_process_engine_needs_one_task(plan):

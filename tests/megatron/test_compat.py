@@ -121,3 +121,27 @@ def test_embedding_group_is_the_first_and_last_stage(tmp_path):
     run_world(workers_compat.embedding_group_sums, 3, str(tmp_path))
     sums = [json.loads((tmp_path / f"{rank}.json").read_text()) for rank in range(3)]
     assert sums == [2.0, None, 2.0]
+
+
+def test_cpu_ranks_with_the_distributed_optimizer_follow_the_checkpoint_rule(tmp_path, capsys):
+    """Preflight and the trainer's start-up refuse CPU ranks with the distributed optimizer
+    exactly where this megatron-core cannot checkpoint it (0.11 over torch's AdamW), naming the
+    key; elsewhere both accept it."""
+    model = _tiny_model_dir(tmp_path)
+    overrides = [
+        "engine=megatron",
+        "engine.device=cpu",
+        "engine.use_distributed_optimizer=true",
+        "model=local",
+        f"model.path={model}",
+        f"run.output_dir={tmp_path / 'run'}",
+    ]
+    status = preflight_main(["--world-size", "1", *overrides])
+    out = capsys.readouterr().out
+    problem = compat.distributed_optimizer_checkpoint_problem()
+    refused = "engine.use_distributed_optimizer with engine.device=cpu" in out
+    assert refused == (problem is not None), out
+    assert status == (1 if refused else 0), out
+    if refused:
+        with pytest.raises(RankLayoutError, match=r"engine\.use_distributed_optimizer"):
+            build_policy(compose(overrides)[0], model)
