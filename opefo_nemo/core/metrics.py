@@ -30,7 +30,7 @@ def flow_metrics(
     }
 
 
-def loss_metrics(sums: Mapping[str, Tensor], n_tokens: int) -> dict[str, float]:
+def loss_metrics(sums: Mapping[str, Tensor | float], n_tokens: int) -> dict[str, float]:
     """Loss and clipping metrics from the summed ``LossOutput.sums`` (SPEC §6)."""
     return {
         "loss": float(sums["loss"]) / n_tokens,

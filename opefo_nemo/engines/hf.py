@@ -96,31 +96,36 @@ class HFPolicy:
         return TokenStats(*out)
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
-        """Accumulate every micro-batch's gradient, clip, step; skip the step if anything is NaN."""
+        """Accumulate every micro-batch's gradient and metric sums, clip, step; skip the step if
+        anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
+        checked once, after the last backward."""
         self.optimizer.zero_grad(set_to_none=True)
-        finite = True
+        sums: dict[str, Tensor] = {}
+        nonfinite = torch.zeros((), device=self.device)
         for index, micro in enumerate(micro_batches):
             try:
                 stats = self._stats(micro, tabular=False)
             except NonFiniteLogitsError:
-                finite = False
+                nonfinite += 1
                 break
-            loss = loss_fn(
-                index, TokenStats(*(None if t is None else t.cpu() for t in _fields(stats)))
-            )
-            if not bool(torch.isfinite(loss.detach())):
-                finite = False
-                break
-            loss.backward()
+            out = loss_fn(index, stats)
+            nonfinite += (~torch.isfinite(out.loss.detach())).float()
+            sums = {k: sums.get(k, 0) + v.detach() for k, v in out.sums.items()}
+            out.loss.backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
-        if not finite or not math.isfinite(grad_norm):
+        if bool(nonfinite > 0) or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return UpdateResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
         self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
-        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False)
+        return UpdateResult(
+            grad_norm=grad_norm,
+            lr=self.lr,
+            skipped=False,
+            sums={k: float(v) for k, v in sums.items()},
+        )
 
     def advance_schedule(self) -> None:
         self.scheduler.step()

@@ -1,6 +1,6 @@
 """What the trainer needs from a training engine (ARCHITECTURE.md, Protocols).
 
-Every engine (``hf``, ``aligner``) implements :class:`Policy`; the loop in
+Every engine (``hf``, ``megatron``, ``aligner``) implements :class:`Policy`; the loop in
 :mod:`opefo_nemo.trainer.loop` drives them only through it, so they are interchangeable. It lives
 here, beside the engines, because imports point down the layer list: the trainer uses it, the
 engines implement it.
@@ -9,32 +9,44 @@ engines implement it.
 from __future__ import annotations
 
 from collections.abc import Callable, Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Protocol, runtime_checkable
 
+import torch
 from torch import Tensor
 
+from ..core.objectives import LossOutput
 from ..parallel import TokenStats
 from .batch import TrainBatch
 
-LossFn = Callable[[int, TokenStats], Tensor]
-"""``loss_fn(micro_index, stats_with_grad) -> 0-d loss share`` of one micro-batch (phase 3)."""
+LossFn = Callable[[int, TokenStats], LossOutput]
+"""``loss_fn(micro_index, stats_with_grad) -> LossOutput``: the 0-d loss share of one
+micro-batch (phase 3) and its metric sums (keys from ``LOSS_SUMS``)."""
 
 
 @dataclass(frozen=True)
 class UpdateResult:
     """Outcome of one optimizer step: the pre-clip global gradient norm, the learning rate used,
-    and whether the step was skipped because the loss or the gradient was not finite."""
+    whether the step was skipped because the loss or the gradient was not finite, and the
+    ``LossOutput.sums`` of every micro-batch of the step added up (over all ranks; empty when
+    skipped)."""
 
     grad_norm: float
     lr: float
     skipped: bool
+    sums: dict[str, float] = field(default_factory=dict)
 
 
 @runtime_checkable
 class Policy(Protocol):
     """The trained model. Token statistics use the rollout's sampling temperature (SPEC §1)."""
+
+    @property
+    def device(self) -> torch.device:
+        """Where ``loss_fn`` receives its statistics: the trainer moves the step's per-token
+        tensors there once, before :meth:`train_step`."""
+        ...
 
     def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
         """Phase 1: per-token statistics ``[B, T − 1]`` of ``batch``, forward only, no grad."""
@@ -42,8 +54,9 @@ class Policy(Protocol):
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
         """One optimizer step: for each micro-batch ``i`` a forward with gradient, then
-        ``loss_fn(i, stats).backward()`` (the loss is already a share of the global token mean,
-        so gradients just accumulate); then clipping and the optimizer step."""
+        ``loss_fn(i, stats).loss.backward()`` (the loss is already a share of the global token
+        mean, so gradients just accumulate); then clipping and the optimizer step. The returned
+        ``sums`` add up every micro-batch's ``LossOutput.sums``."""
         ...
 
     def advance_schedule(self) -> None:

@@ -1,17 +1,14 @@
 """Tensor/data/pipeline-parallel pieces on torch.distributed and megatron-core groups.
 
 - ``token_stats``: fused, chunked vocab-parallel per-token statistics with autograd (SPEC §1).
-- ``DataParallelReducer``: core's ``BatchReducer`` over the data-parallel group (SPEC §3, §5).
 - ``broadcast_from_last_stage``: per-token statistics from the last pipeline stage to the others.
 """
 
 from opefo_nemo.parallel.pipeline import broadcast_from_last_stage
-from opefo_nemo.parallel.reduction import DataParallelReducer
 from opefo_nemo.parallel.token_stats import NonFiniteLogitsError, TokenStats, token_stats
 from opefo_nemo.parallel.vocab_stats import ShardWidthError
 
 __all__ = [
-    "DataParallelReducer",
     "NonFiniteLogitsError",
     "ShardWidthError",
     "TokenStats",

@@ -16,6 +16,7 @@ statistics of the optimizer-step batch, which is the mini-batch (SPEC §3, §5).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -23,8 +24,16 @@ import torch
 from torch import Tensor
 
 from ..core import SingleProcessReducer
-from ..core.metrics import add_sums, loss_metrics
-from ..core.objectives import MethodConfig, TokenChunk, get_objective, policy_loss, prepare
+from ..core.metrics import loss_metrics
+from ..core.objectives import (
+    Coefficients,
+    LossOutput,
+    MethodConfig,
+    TokenChunk,
+    get_objective,
+    policy_loss,
+    prepare,
+)
 from ..engines.batch import TrainBatch
 from ..engines.protocols import Policy
 from ..parallel import TokenStats
@@ -76,6 +85,25 @@ def mean_entropy(micro_batches: Sequence[TrainBatch], stats: Sequence[TokenStats
     return total / count
 
 
+def _on_device(
+    device: torch.device, micro: TrainBatch, coefficients: Coefficients, old: Tensor | None
+) -> tuple[Tensor, Tensor, Coefficients, Tensor | None]:
+    """What the loss of one micro-batch reads besides the statistics, on the policy's device
+    (one copy per step, before the engine's schedule runs)."""
+
+    def move(tensor: Tensor) -> Tensor:
+        return tensor.to(device, non_blocking=True)
+
+    fields = dataclasses.fields(coefficients)
+    moved = Coefficients(*(move(getattr(coefficients, f.name)) for f in fields))
+    return (
+        move(micro.advantages),
+        move(micro.response_mask),
+        moved,
+        None if old is None else move(old),
+    )
+
+
 def optimizer_step(
     policy: Policy,
     method: MethodConfig,
@@ -104,27 +132,30 @@ def optimizer_step(
         for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
     ]
     prepared = prepare(method, chunks, SingleProcessReducer(), seed=seed)
-    sums: dict[str, Tensor] = {}
+    inputs = [
+        _on_device(policy.device, m, c, None if old_logprob is None else old_logprob[i])
+        for i, (m, c) in enumerate(zip(micro_batches, prepared.coefficients, strict=True))
+    ]
 
-    def loss_fn(index: int, with_grad: TokenStats) -> Tensor:
-        nonlocal sums
-        micro = micro_batches[index]
-        out = policy_loss(
+    def loss_fn(index: int, with_grad: TokenStats) -> LossOutput:
+        advantages, mask, coefficients, old = inputs[index]
+        return policy_loss(
             method,
             with_grad.logprob,
-            micro.advantages,
-            micro.response_mask,
-            prepared.coefficients[index],
+            advantages,
+            mask,
+            coefficients,
             prepared.n_tokens,
-            old_logprob=None if old_logprob is None else old_logprob[index],
+            old_logprob=old,
             entropy=with_grad.entropy if objective.entropy_grad else None,
         )
-        sums = add_sums(sums, out.sums)
-        return out.loss
 
     result = policy.train_step(micro_batches, loss_fn)
     metrics = dict(prepared.metrics)
     if not result.skipped:
+        sums = {
+            name: torch.tensor(value, dtype=torch.float64) for name, value in result.sums.items()
+        }
         metrics.update(loss_metrics(sums, prepared.n_tokens))
     metrics.update({"grad/norm": result.grad_norm, "lr": result.lr})
     return metrics, result.skipped

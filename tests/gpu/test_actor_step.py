@@ -29,6 +29,7 @@ pytest.importorskip("transformers")
 # Imported after the skips: megatron-core is not in every environment.
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import EngineConfig, MegatronEngineConfig
+from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_named_weights
 from opefo_nemo.trainer.update import update_rollout_batch
@@ -162,7 +163,7 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
     def recording_loss(index, with_grad):
         seen[index] = with_grad.logprob.detach()
         mask = micros[index].response_mask
-        return -(with_grad.logprob * mask).sum() / batch.n_response_tokens
+        return LossOutput(-(with_grad.logprob * mask).sum() / batch.n_response_tokens, {})
 
     policy.train_step(micros, recording_loss)
     assert sorted(seen) == list(range(len(micros)))

@@ -9,9 +9,11 @@ import warnings
 from pathlib import Path
 
 import torch
+import torch.distributed as dist
 
 from opefo_nemo.config.method import load_method
 from opefo_nemo.config.train import MegatronEngineConfig
+from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import (
@@ -143,10 +145,14 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
     def loss_fn(index, with_grad):
         recorded[index] = with_grad.logprob.detach().clone()
         mask = micros[index].response_mask
-        return -(with_grad.logprob * mask).sum() / batch.n_response_tokens
+        return LossOutput(-(with_grad.logprob * mask).sum() / batch.n_response_tokens, {})
 
     second = policy.train_step(micros, loss_fn)
-    assert sorted(recorded) == list(range(len(micros)))
+    # loss_fn runs on the last pipeline stage of each data-parallel rank, for that rank's own
+    # micro-batches: together they are every micro-batch of the step
+    seen: list = [None] * dist.get_world_size()
+    dist.all_gather_object(seen, sorted(recorded))
+    assert sorted({i for indices in seen for i in indices}) == list(range(len(micros)))
     for index, logprob in recorded.items():
         mask = micros[index].response_mask
         # equal up to fp32 round-off: the two passes pad to different [rows, T] shapes
@@ -171,7 +177,7 @@ def _skips_everywhere(policy, micros) -> None:
 
     def loss_fn(index, with_grad):
         loss = -(with_grad.logprob * micros[index].response_mask).sum()
-        return loss + math.inf if index == 0 else loss
+        return LossOutput(loss + math.inf if index == 0 else loss, {})
 
     result = policy.train_step(micros, loss_fn)
     assert result.skipped and math.isnan(result.grad_norm)

@@ -1,4 +1,5 @@
-"""Global-batch reductions over real gloo groups: prepare() is the same whatever the layout."""
+"""Over real gloo groups: prepare() of vocab-parallel statistics is the same whatever the TP
+layout; the pipeline broadcast reaches every stage."""
 
 from __future__ import annotations
 
@@ -10,5 +11,5 @@ def test_prepare_is_layout_independent() -> None:
     run_world(workers.prepare_is_layout_independent, 4)
 
 
-def test_reducer_and_broadcast() -> None:
-    run_world(workers.reducer_and_broadcast, 4)
+def test_broadcast_from_the_last_stage() -> None:
+    run_world(workers.broadcast_reaches_every_stage, 4)

@@ -1,4 +1,4 @@
-"""Rank functions for the global-batch tests: DataParallelReducer, prepare() across layouts,
+"""Rank functions for the global-batch tests: prepare() across TP layouts,
 broadcast_from_last_stage (run by tests/parallel/world.py)."""
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ import torch.distributed as dist
 
 from opefo_nemo.core.objectives import MethodConfig, TokenChunk, prepare
 from opefo_nemo.core.reduction import SingleProcessReducer
-from opefo_nemo.parallel import DataParallelReducer, broadcast_from_last_stage, token_stats
+from opefo_nemo.parallel import broadcast_from_last_stage, token_stats
 from tests.parallel.collectives import count_collectives
 from tests.parallel.world import GROUP_TIMEOUT
 
@@ -66,23 +66,22 @@ def _config(name: str) -> MethodConfig:
         return MethodConfig.from_mapping(METHODS[name])
 
 
-def _layout_groups(tp: int, dp: int, rank: int):
-    """Megatron's order tp-dp: TP groups of consecutive ranks, DP groups strided by TP."""
-    tp_group = dp_group = None
-    for j in range(dp):
-        ranks = [j * tp + i for i in range(tp)]
+def _tensor_parallel_group(tp: int, rank: int):
+    """TP groups of consecutive ranks (megatron's order); ``None`` outside the first ``tp``
+    ranks' groups is fine: every rank builds every group."""
+    mine = None
+    for start in range(0, 4, tp):
+        ranks = list(range(start, start + tp))
         group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
-        tp_group = group if rank in ranks else tp_group
-    for i in range(tp):
-        ranks = [i + tp * j for j in range(dp)]
-        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
-        dp_group = group if rank in ranks else dp_group
-    return tp_group, dp_group
+        mine = group if rank in ranks else mine
+    return mine
 
 
 def prepare_is_layout_independent(rank: int, world_size: int) -> None:
     """λ*, the global sums, the token count, the weights and the Clip-Cov / KL-Cov selections of
-    prepare() equal the single-process ones for TP ∈ {1,2,4} × DP ∈ {1,2} and 1 or 3 micro-batches.
+    prepare() from vocab-parallel statistics equal the single-process ones for TP ∈ {1,2,4} and
+    1 or 3 micro-batches (every rank holds the whole batch's statistics, as the engines give
+    them to the trainer).
     """
     batch = shared_rollout()
     full = token_stats(batch["logits"], batch["targets"], tabular=True)
@@ -95,18 +94,15 @@ def prepare_is_layout_independent(rank: int, world_size: int) -> None:
     for name in ("clip_cov", "kl_cov"):
         picked = int(references[name].coefficients[0].selected.sum())
         assert picked >= 3, f"{name} selects {picked} tokens: the check would be vacuous"
-    for tp, dp in ((1, 1), (2, 1), (4, 1), (1, 2), (2, 2)):
-        tp_group, dp_group = _layout_groups(tp, dp, rank)
-        if rank >= tp * dp:
-            continue
-        tp_rank, dp_rank = rank % tp, rank // tp
+    for tp in (1, 2, 4):
+        tp_group = _tensor_parallel_group(tp, rank)
+        tp_rank = rank % tp
         padded = -(-VOCAB // (4 * tp)) * 4 * tp
         logits = torch.cat([batch["logits"], torch.zeros(SEQS, SEQ_LEN, padded - VOCAB)], -1)
         width = padded // tp
         shard = logits[..., tp_rank * width : (tp_rank + 1) * width]
-        my_rows = torch.arange(SEQS).chunk(dp)[dp_rank]
         for micro in (1, 3):
-            row_sets = my_rows.chunk(micro)
+            row_sets = torch.arange(SEQS).chunk(micro)
             stats = [
                 token_stats(
                     shard[rows],
@@ -124,13 +120,9 @@ def prepare_is_layout_independent(rank: int, world_size: int) -> None:
                     _chunk(batch, rows, s, olds) for rows, s in zip(row_sets, stats, strict=True)
                 ]
                 with count_collectives() as calls:
-                    got = prepare(config, chunks, DataParallelReducer(dp_group), seed=5)
-                where = f"TP={tp} DP={dp} micro={micro} {name}"
-                if dp > 1:
-                    expected = {"all_reduce:SUM": 1}
-                    if config.name in ("clip_cov", "kl_cov"):
-                        expected["all_gather"] = 1
-                    assert dict(calls) == expected, (where, dict(calls))
+                    got = prepare(config, chunks, SingleProcessReducer(), seed=5)
+                where = f"TP={tp} micro={micro} {name}"
+                assert not calls, (where, dict(calls))  # prepare itself communicates nothing
                 assert got.n_tokens == ref.n_tokens, where
                 assert abs(got.lambda_star - ref.lambda_star) <= 1e-6 * max(
                     1.0, abs(ref.lambda_star)
@@ -148,39 +140,6 @@ def prepare_is_layout_independent(rank: int, world_size: int) -> None:
                         coef.weight, ref_coef.weight[rows], rtol=1e-6, atol=1e-6, msg=where
                     )
     dist.barrier()
-
-
-def reducer_matches_single_process(rank: int, world_size: int) -> None:
-    """sum and top_k over a 4-rank group equal SingleProcessReducer on the union, with tied scores,
-    a rank without candidates, k beyond the number of candidates and no candidates at all."""
-    reducer = DataParallelReducer(None)
-    gen = torch.Generator().manual_seed(3)
-    values = torch.randn(world_size, 3, dtype=torch.float64, generator=gen)
-    mine = {name: values[rank, i] for i, name in enumerate(("a", "b", "c"))}
-    with count_collectives() as calls:
-        total = reducer.sum(mine)
-    assert dict(calls) == {"all_reduce:SUM": 1}
-    assert list(total) == ["a", "b", "c"]
-    torch.testing.assert_close(torch.stack(list(total.values())), values.sum(0), rtol=0, atol=1e-12)
-
-    keys = torch.randperm(40, generator=gen).to(torch.int64) * 3 + 11
-    scores = torch.randint(0, 5, (40,), generator=gen).double()  # many ties
-    owner = keys % 3  # ranks 0..2 hold candidates, rank 3 none
-    local = owner == rank
-    for k in (1, 4, 13, 40, 55):
-        expected = SingleProcessReducer().top_k(scores, keys, k)
-        with count_collectives() as calls:
-            got = reducer.top_k(scores[local], keys[local], k)
-        assert dict(calls) == {"all_gather": 1}
-        assert got == expected, (k, got, expected)
-    none = torch.empty(0, dtype=torch.float64)
-    assert reducer.top_k(none, none.long(), 3) is None
-    dist.barrier()
-
-
-def reducer_and_broadcast(rank: int, world_size: int) -> None:
-    reducer_matches_single_process(rank, world_size)
-    broadcast_reaches_every_stage(rank, world_size)
 
 
 def broadcast_reaches_every_stage(rank: int, world_size: int) -> None:

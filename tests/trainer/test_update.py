@@ -10,6 +10,7 @@ import torch
 
 from opefo_nemo.config import load_method
 from opefo_nemo.config.train import EngineConfig
+from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
@@ -128,11 +129,15 @@ def test_non_finite_loss_skips_the_step_and_keeps_the_weights(model_dir):
     before = {n: p.detach().clone() for n, p in policy.model.named_parameters()}
     prompts, responses, adv = random_rollout()
     micros = build_batch(prompts, responses, adv, pad_id=0).split(3)
-    result = policy.train_step(micros, lambda i, stats: stats.logprob.sum() * float("nan"))
+    result = policy.train_step(
+        micros, lambda i, stats: LossOutput(stats.logprob.sum() * float("nan"), {})
+    )
     assert result.skipped and math.isnan(result.grad_norm)
     for name, param in policy.model.named_parameters():
         assert torch.equal(param.detach(), before[name]), name
-    assert not policy.train_step(micros, lambda i, stats: -stats.logprob.sum()).skipped
+    assert not policy.train_step(
+        micros, lambda i, stats: LossOutput(-stats.logprob.sum(), {})
+    ).skipped
     changed = any(
         not torch.equal(p.detach(), before[n]) for n, p in policy.model.named_parameters()
     )

@@ -6,12 +6,13 @@ Phase 3 (engine, per micro-batch): :func:`policy_loss` → loss share and metric
 """
 
 from .config import ClipCovConfig, EntropyFlowConfig, KLCovConfig, MethodConfig
-from .loss import LossOutput, policy_loss
+from .loss import LOSS_SUMS, LossOutput, policy_loss
 from .prepare import Prepared, prepare
 from .registry import Objective, get_objective, register_objective, registered_objectives
 from .tokens import Coefficients, LossInputs, TokenChunk
 
 __all__ = [
+    "LOSS_SUMS",
     "ClipCovConfig",
     "Coefficients",
     "EntropyFlowConfig",

@@ -18,6 +18,9 @@ from .config import MethodConfig
 from .registry import get_objective
 from .tokens import Coefficients, LossInputs
 
+#: The keys of :attr:`LossOutput.sums`, in this order (engines reduce them as one vector).
+LOSS_SUMS = ("loss", "clip_upper", "clip_lower", "dh_upper", "dh_lower", "selected")
+
 
 @dataclass(frozen=True)
 class LossOutput:

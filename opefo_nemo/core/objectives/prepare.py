@@ -15,7 +15,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..entropy_flow import delta_entropy, flow_sums, lambda_star, side_weights
+from ..entropy_flow import balance, delta_entropy, flow_sums, lambda_star, side_weights
 from ..metrics import add_sums, flow_metrics
 from ..reduction import BatchReducer, local_top_k, select
 from .config import MethodConfig
@@ -66,14 +66,15 @@ def prepare(
     """Per-token coefficients for every chunk of this rank, from sums over the whole batch.
 
     ``chunks``: all of this rank's chunks of the optimizer-step batch (possibly empty of valid
-    tokens, never of chunks). ``reducer``: :class:`~opefo_nemo.core.reduction.SingleProcessReducer`
-    when this process holds the whole batch, ``parallel.DataParallelReducer`` across ranks.
+    tokens, never of chunks). ``reducer``: a ``BatchReducer``; the engines give every rank the
+    whole batch's statistics, so the trainer passes
+    :class:`~opefo_nemo.core.reduction.SingleProcessReducer`.
     ``seed``: the Clip-Cov random subset's seed (vary it per step).
     """
     if not isinstance(reducer, BatchReducer):
         raise TypeError(
             "prepare needs a BatchReducer: SingleProcessReducer() when this process holds the "
-            "whole batch, parallel.DataParallelReducer(group) across data-parallel ranks"
+            "whole batch's statistics"
         )
     if isinstance(chunks, TokenChunk) or not chunks:
         raise TypeError("prepare takes a non-empty sequence of TokenChunk (all of this rank's)")
@@ -93,14 +94,12 @@ def prepare(
         raise ValueError("the optimizer-step batch has no valid response token (mask is all False)")
 
     lam_star = lambda_star(sums["flow_pos"], sums["flow_neg"])
-    _, w_pos, w_neg = side_weights(
-        sums["flow_pos"], sums["flow_neg"], objective.balance, flow.static_lambda
-    )
-    weights = []
-    for chunk, delta_h in zip(chunks, delta_hs, strict=True):
-        weight = torch.ones_like(delta_h)
-        weight = torch.where(chunk.mask & (delta_h > 0), w_pos.float(), weight)
-        weights.append(torch.where(chunk.mask & (delta_h < 0), w_neg.float(), weight))
+    side_sums = (sums["flow_pos"], sums["flow_neg"])
+    _, w_pos, w_neg = side_weights(*side_sums, objective.balance, flow.static_lambda)
+    weights = [
+        balance(delta_h, chunk.mask, *side_sums, objective.balance, flow.static_lambda)[0]
+        for chunk, delta_h in zip(chunks, delta_hs, strict=True)
+    ]
 
     selected = [torch.zeros_like(c.mask) for c in chunks]
     if objective.selection is not None:

@@ -15,7 +15,8 @@ only sums, and ``finalize_model_grads`` divides by the schedule's token count, w
 
 SPEC §5 wants ``∇ Σ_t mask_t ℓ_t / N_global`` summed over micro-batches and ranks. Each
 micro-batch's :func:`~opefo_nemo.core.objectives.policy_loss` is already its share ``Σ ℓ_t /
-N_global``, so :func:`loss_function` returns it multiplied by :attr:`MegatronScaling.factor`
+N_global``, so the loss pass (``policy.MegatronPolicy.train_step``) returns it multiplied by
+:attr:`MegatronScaling.factor`
 ``= num_microbatches × dp_size`` (``× 1`` for the DP part with ``calculate_per_token_loss``):
 megatron's two averages cancel and the final gradient is the full-batch gradient, for any
 micro-batch size and data-parallel size. Sequence parallelism does not enter: the output layer
@@ -27,9 +28,9 @@ produces them (``sequence_first=True``) or ``[batch, seq, V/TP]`` as ``GPTModel.
 them without labels (a transposed copy it makes itself). The per-token tensors of the batch are
 ``[batch, seq]``; for sequence-first logits the *targets* are transposed (a small int64 copy),
 never the logits: ``token_stats`` flattens them to ``[tokens, V/TP]``, which for a transposed
-logits view would copy the whole tensor. For the same reason the per-token tensors cover all
-``T`` input positions (:func:`per_position`: the last position predicts nothing and is masked)
-instead of slicing the logits to ``T − 1``.
+logits view would copy the whole tensor. For the same reason the statistics cover all ``T``
+input positions (the last predicts nothing) and are sliced to the ``T − 1`` predicted ones
+afterwards, instead of slicing the logits.
 """
 
 from __future__ import annotations
@@ -41,9 +42,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...core.objectives import Coefficients, MethodConfig, get_objective, policy_loss
 from ...parallel import TokenStats, token_stats
-from ..batch import TrainBatch
 
 LossFunction = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
 """What ``forward_step_func`` returns beside the model output: ``fn(logits) -> (loss, reduced)``."""
@@ -107,78 +106,6 @@ class VocabParallelLogits:
 
 def _fields(stats: TokenStats) -> tuple[Tensor | None, ...]:
     return (stats.logprob, stats.entropy, stats.sum_p2, stats.sum_p2_logp)
-
-
-@dataclass(frozen=True)
-class LossMicroBatch:
-    """The per-token tensors of one micro-batch that the loss needs, all ``[batch, seq]``:
-    ``targets`` (int64), response ``mask``, ``advantages``, the phase-2 ``coefficients`` from the
-    whole step's ``prepare``, and ``old_logprob`` (``None`` in strict on-policy mode)."""
-
-    targets: Tensor
-    mask: Tensor
-    advantages: Tensor
-    coefficients: Coefficients
-    old_logprob: Tensor | None = None
-
-
-def per_position(tensor: Tensor, fill: float | bool | int = 0) -> Tensor:
-    """A ``TrainBatch`` per-token tensor ``[b, T − 1]`` extended to the model's ``T`` positions
-    with ``fill`` in the last column (that position predicts no token)."""
-    pad = torch.full_like(tensor[:, :1], fill)
-    return torch.cat([tensor, pad], dim=1)
-
-
-def loss_micro_batch(
-    batch: TrainBatch, coefficients: Coefficients, old_logprob: Tensor | None = None
-) -> LossMicroBatch:
-    """The :class:`LossMicroBatch` of a ``TrainBatch`` micro-batch and its phase-2
-    ``coefficients`` (all ``[b, T − 1]``), extended to ``[b, T]`` by :func:`per_position`."""
-    return LossMicroBatch(
-        targets=per_position(batch.targets),
-        mask=per_position(batch.response_mask, False),
-        advantages=per_position(batch.advantages),
-        coefficients=Coefficients(
-            delta_h=per_position(coefficients.delta_h),
-            weight=per_position(coefficients.weight, 1.0),
-            selected=per_position(coefficients.selected, False),
-        ),
-        old_logprob=None if old_logprob is None else per_position(old_logprob),
-    )
-
-
-def loss_function(
-    method: MethodConfig,
-    micro: LossMicroBatch,
-    n_tokens: int,
-    scaling: MegatronScaling,
-    logits_spec: VocabParallelLogits,
-) -> LossFunction:
-    """The loss function of one micro-batch for megatron-core's schedule (phase 3).
-
-    ``n_tokens``: the global response-token count of the optimizer-step batch (``prepare``'s).
-    Returns ``fn(logits) -> (policy_loss share × scaling.factor, reduced)`` where ``reduced``
-    holds the unscaled metric sums of :func:`policy_loss` (0-d float64, add them over
-    micro-batches and DP ranks) and ``logprob`` (``[batch, seq]``, detached).
-    """
-    objective = get_objective(method.name)
-
-    def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-        stats = logits_spec.stats(logits, micro.targets)
-        out = policy_loss(
-            method,
-            stats.logprob,
-            micro.advantages,
-            micro.mask,
-            micro.coefficients,
-            n_tokens,
-            old_logprob=micro.old_logprob,
-            entropy=stats.entropy if objective.entropy_grad else None,
-        )
-        reduced = {**out.sums, "logprob": stats.logprob.detach()}
-        return out.loss * scaling.factor, reduced
-
-    return compute
 
 
 def stats_function(

@@ -2,9 +2,10 @@
 megatron's schedule has run the backward of a step's micro-batches (SPEC §5, §8).
 
 Both expose the same four operations, which ``train_step`` calls in this order: ``zero_grad()``
-before the schedule; ``reduce(failed)`` after it (gradients averaged over data parallel; returns
-whether any rank of the job failed: a non-finite loss or logits, or a non-finite gradient, so
-that every rank skips the step together); ``step()`` (clip to ``config.grad_clip``, the
+before the schedule; ``reduce(failed)`` after it (``failed``: a device scalar, > 0 when this rank
+saw a non-finite loss or logits; gradients averaged over data parallel; returns whether any rank
+of the job failed: a non-finite loss or logits, or a non-finite gradient, so that every rank
+skips the step together); ``step()`` (clip to ``config.grad_clip``, the
 optimizer's update at the warm-up learning rate; returns ``‖g‖₂`` before clipping);
 ``advance()`` (the next rollout step's learning rate, ``lr · min(1, (s + 1) / warmup_steps)``).
 
@@ -32,6 +33,7 @@ import torch
 import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.optimizer import MegatronOptimizer
+from torch import Tensor
 
 from ...config.train import MegatronEngineConfig
 from ..schedule import warmup_factor
@@ -76,8 +78,8 @@ class TorchOptimizerStep:
     def zero_grad(self) -> None:
         self.optimizer.zero_grad(set_to_none=True)
 
-    def reduce(self, failed: bool) -> bool:
-        failed = average_over_data_parallel(self.params, self.dp_group, failed)
+    def reduce(self, failed: Tensor) -> bool:
+        failed = average_over_data_parallel(self.params, self.dp_group, bool(failed > 0))
         self._norm, failed = global_grad_norm(self.params, self.model_parallel_group, failed)
         return failed or not math.isfinite(self._norm)
 
@@ -133,14 +135,17 @@ class MegatronOptimizerStep:
         self.model.zero_grad_buffer()
         self.optimizer.zero_grad()
 
-    def reduce(self, failed: bool) -> bool:
+    def reduce(self, failed: Tensor) -> bool:
         """``finalize_model_grads`` (the DDP's reduction, and megatron's first/last-stage
-        embedding all-reduce), then one flag over DP and model parallel: this rank failed or
-        holds a non-finite ``main_grad`` (after a reduce-scatter, a rank's unreduced part is
-        its own gradient: a non-finite sum anywhere has a non-finite term on some rank)."""
+        embedding all-reduce), then one flag over DP and model parallel: this rank failed
+        (``failed > 0``, a device scalar) or holds a non-finite ``main_grad`` (after a
+        reduce-scatter, a rank's unreduced part is its own gradient: a non-finite sum anywhere
+        has a non-finite term on some rank). The flag stays on the device until the one
+        host read at the end."""
         finalize_model_grads([self.model])
-        bad = failed or not all(bool(torch.isfinite(p.main_grad).all()) for p in self.params)
-        flag = torch.tensor([float(bad)], device=self.params[0].device)
+        nonfinite = [(~torch.isfinite(p.main_grad)).any().reshape(1) for p in self.params]
+        flag = torch.cat([failed.reshape(1).float(), *(n.float() for n in nonfinite)]).amax()
+        flag = flag.reshape(1)
         for group in self.groups:
             if dist.get_world_size(group) > 1:
                 dist.all_reduce(flag, op=dist.ReduceOp.MAX, group=group)

@@ -12,16 +12,14 @@ shard's rows are not a multiple of the micro-batch size, all-masked rows in the 
 Padding is masked out of the loss and dropped from the statistics.
 
 Each stage's iterator yields one dict per micro-batch with only the keys that stage uses
-(:func:`stage_keys`): the first stage ``input_ids``, ``position_ids``; the last stage ``targets``
-and, in the loss pass, ``mask``, ``advantages``, the coefficients ``delta_h``, ``weight``,
-``selected`` from the whole step's ``prepare`` (ARCHITECTURE.md phase 2), optionally
-``old_logprob``, and ``n_tokens`` (the global token count, 0-d int64, SPEC §5); a middle stage an
-empty dict. Per-token tensors cover all ``seq_length`` positions (``loss_closure.per_position``).
+(:meth:`PipelineMicroBatches.stats_items`, both passes): the first stage ``input_ids``,
+``position_ids``; the last stage ``targets``; a middle stage an empty dict. The loss pass needs
+nothing else per micro-batch: the trainer's loss closure holds the step's coefficients on the
+device (``policy.MegatronPolicy.train_step``).
 
 Token-stats pass (phase 1): the last stage's ``stats_function`` outputs, one ``[mbs, T]`` dict per
 micro-batch, are stacked and broadcast over the pipeline group
-(:meth:`PipelineMicroBatches.gather_stats`), so every stage can build the same
-:class:`~opefo_nemo.core.objectives.TokenChunk` list and run the same ``prepare``.
+(:meth:`PipelineMicroBatches.gather_stats`), so every stage returns the same statistics.
 """
 
 from __future__ import annotations
@@ -33,34 +31,16 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...core.objectives import Coefficients, MethodConfig, TokenChunk
 from ...parallel.pipeline import broadcast_from_last_stage, is_last_stage
 from ..batch import TrainBatch
-from .loss_closure import (
-    LossFunction,
-    LossMicroBatch,
-    MegatronScaling,
-    VocabParallelLogits,
-    loss_function,
-)
+from .loss_closure import LossFunction
 
 FIRST_STAGE_KEYS = ("input_ids", "position_ids")
 """What the first stage's model reads: int64 ``[mbs, T]`` each."""
 STATS_KEYS = ("targets",)
 """What the last stage's token-stats function reads: int64 ``[mbs, T]``."""
-LOSS_KEYS = ("targets", "mask", "advantages", "delta_h", "weight", "selected", "n_tokens")
-"""What the last stage's loss function reads (plus ``old_logprob`` when given)."""
 STATS_NAMES = ("logprob", "entropy")
 TABULAR_NAMES = ("sum_p2", "sum_p2_logp")
-
-
-def stage_keys(first: bool, last: bool, loss: bool) -> tuple[str, ...]:
-    """The keys one stage's micro-batch dicts carry (module docstring); ``loss``: the loss pass
-    (``old_logprob`` comes on top when given)."""
-    keys = FIRST_STAGE_KEYS if first else ()
-    if last:
-        keys += tuple(k for k in (LOSS_KEYS if loss else STATS_KEYS) if k not in keys)
-    return keys
 
 
 @dataclass(frozen=True)
@@ -129,43 +109,6 @@ class PipelineMicroBatches:
             items.append(item)
         return items
 
-    def loss_items(
-        self,
-        coefficients: Sequence[Coefficients],
-        n_tokens: int,
-        first: bool,
-        last: bool,
-        old_logprob: Sequence[Tensor] | None = None,
-    ) -> list[dict[str, Tensor]]:
-        """One dict per micro-batch for this stage's loss pass. ``coefficients``: ``prepare``'s,
-        one per micro-batch (``[r_i, T_i − 1]``, the :meth:`token_chunks` order); ``n_tokens``:
-        its global count; ``old_logprob``: per micro-batch, as :meth:`unpad` returns it."""
-        if len(coefficients) != self.num_microbatches:
-            raise ValueError(
-                f"{len(coefficients)} coefficient chunks for {self.num_microbatches} micro-batches"
-            )
-        if old_logprob is not None and len(old_logprob) != self.num_microbatches:
-            raise ValueError(
-                f"{len(old_logprob)} old_logprob chunks for {self.num_microbatches} micro-batches"
-            )
-        items = []
-        for i, (micro, coeff) in enumerate(zip(self.micros, coefficients, strict=True)):
-            item = self._first_stage(micro) if first else {}
-            if last:
-                item.update(
-                    targets=self._fit(micro.targets, 0),
-                    mask=self._fit(micro.response_mask, False),
-                    advantages=self._fit(micro.advantages, 0.0),
-                    delta_h=self._fit(coeff.delta_h, 0.0),
-                    weight=self._fit(coeff.weight, 1.0),
-                    selected=self._fit(coeff.selected, False),
-                    n_tokens=torch.tensor(n_tokens, dtype=torch.int64),
-                )
-                if old_logprob is not None:
-                    item["old_logprob"] = self._fit(old_logprob[i], 0.0)
-            items.append(item)
-        return items
-
     def gather_stats(
         self,
         outputs: Sequence[Mapping[str, Tensor]],
@@ -213,22 +156,6 @@ class PipelineMicroBatches:
             out.append(tensor[start : start + rows, :width])
         return out
 
-    def token_chunks(self, stats: Mapping[str, Tensor]) -> list[TokenChunk]:
-        """``prepare``'s input from :meth:`gather_stats`'s output, one chunk per micro-batch."""
-        per_micro = {name: self.unpad(value) for name, value in stats.items()}
-        return [
-            TokenChunk(
-                logprob=per_micro["logprob"][i],
-                entropy=per_micro["entropy"][i],
-                advantages=micro.advantages,
-                mask=micro.response_mask,
-                token_ids=micro.token_ids,
-                sum_p2=per_micro["sum_p2"][i] if "sum_p2" in per_micro else None,
-                sum_p2_logp=per_micro["sum_p2_logp"][i] if "sum_p2_logp" in per_micro else None,
-            )
-            for i, micro in enumerate(self.micros)
-        ]
-
 
 ForwardStep = Callable[[object, torch.nn.Module], tuple[Tensor, LossFunction | None]]
 """megatron's ``forward_step_func(data_iterator, model) -> (output, fn)``."""
@@ -243,7 +170,7 @@ def forward_step_func(
     ``model(input_ids, position_ids, None)`` (``None`` inputs on later stages: ``GPTModel`` then
     reads the previous stage's activations); causal attention, no mask. On the ``last`` stage the
     function is ``make_fn(item)`` (e.g. ``stats_function`` of ``item["targets"]``, or
-    :func:`item_loss_function`); elsewhere ``None`` (the schedule never calls it there).
+    the policy's loss pass); elsewhere ``None`` (the schedule never calls it there).
     """
 
     def forward_step(data_iterator, model: torch.nn.Module):
@@ -253,26 +180,3 @@ def forward_step_func(
         return output, make_fn(item) if last else None
 
     return forward_step
-
-
-def item_loss_function(
-    method: MethodConfig,
-    item: Mapping[str, Tensor],
-    scaling: MegatronScaling,
-    logits_spec: VocabParallelLogits,
-) -> LossFunction:
-    """:func:`~.loss_closure.loss_function` of one last-stage loss-pass dict
-    (:meth:`PipelineMicroBatches.loss_items`)."""
-    missing = [key for key in LOSS_KEYS if key not in item]
-    if missing:
-        raise KeyError(f"loss-pass micro-batch lacks {missing}: is this the last stage's item?")
-    micro = LossMicroBatch(
-        targets=item["targets"],
-        mask=item["mask"],
-        advantages=item["advantages"],
-        coefficients=Coefficients(
-            delta_h=item["delta_h"], weight=item["weight"], selected=item["selected"]
-        ),
-        old_logprob=item.get("old_logprob"),
-    )
-    return loss_function(method, micro, int(item["n_tokens"]), scaling, logits_spec)

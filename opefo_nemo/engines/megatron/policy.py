@@ -17,19 +17,19 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   ``M/D`` through the schedule with gradient; the last stage's loss function is the trainer's
   ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D, D).factor``, which undoes megatron's
   ``1/num_microbatches`` and DDP's ``1/D`` (the trainer's closure holds ``prepare``'s
-  coefficients on every rank, so nothing but tokens and targets travels with the micro-batches).
+  coefficients on every rank, already on the device, so nothing but tokens and targets travels
+  with the micro-batches).
   Then the gradients' DP reduction, the global norm over TP and PP, clipping to
   ``config.grad_clip`` and the optimizer step, by one of the two paths of
   :mod:`.optimizer_step` (below). A non-finite loss or logits on any rank, or a non-finite
   gradient, skips the step on every rank (gradients dropped, ``UpdateResult(nan, lr,
   skipped=True)``), as ``HFPolicy`` does.
-- Metric sums: the trainer's ``loss_fn`` adds each micro-batch's metric sums to its own
-  accumulator as a side effect (``trainer/update.py`` ``optimizer_step``). Only the last stage of
-  a DP rank calls it, and only for its own micro-batches, so after the backward the loss-pass
-  statistics (detached ``logprob`` and ``entropy``) are broadcast from the last stage and
-  all-gathered over DP, and every rank calls ``loss_fn`` once more, without gradient and
-  discarding the loss, for each micro-batch it did not compute: every rank's sums then cover all
-  ``M`` micro-batches, as on one device (added in a different order: float64 round-off).
+- Metric sums: ``loss_fn`` returns each micro-batch's ``LossOutput``; the last stage adds its
+  ``sums`` into one float64 device vector (``LOSS_SUMS`` order), which is all-reduced over the
+  pipeline (the other stages hold zeros) and data-parallel groups after the backward: every
+  rank's ``UpdateResult.sums`` cover all ``M`` micro-batches (added in another order than on one
+  device: float64 round-off). Nothing is read back to the host per micro-batch: the statistics
+  stay on the device and the loss's finiteness is a device flag read once, in the reduction.
 - Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (SPEC §8), the
   schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
 - :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
@@ -60,7 +60,7 @@ embedding group after the DP reduction, on the torch path by
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator, Mapping, Sequence
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 
 import torch
@@ -70,10 +70,11 @@ from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
 from ...config.train import MegatronEngineConfig
+from ...core.objectives import LOSS_SUMS
 from ...models.megatron_weights.layout import MegatronLayout
 from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weights
 from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
-from ...parallel import NonFiniteLogitsError, TokenStats, broadcast_from_last_stage
+from ...parallel import NonFiniteLogitsError, TokenStats
 from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
 from . import compat
@@ -81,7 +82,7 @@ from .checkpoint import load_megatron, load_sharded, save_megatron, save_sharded
 from .loss_closure import LossFunction, MegatronScaling, VocabParallelLogits, stats_function
 from .optimizer_step import MegatronOptimizerStep, TorchOptimizerStep
 from .pipeline_batch import PipelineMicroBatches
-from .schedule_driver import balanced_rows, gather_flat, gather_rows, per_rank, run_schedule
+from .schedule_driver import balanced_rows, gather_rows, per_rank, run_schedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
@@ -180,7 +181,7 @@ class MegatronPolicy:
         equal). One all-reduce of ``E_first − E_last`` over the embedding group, then the
         verdict over the pipeline so that every stage raises together."""
         group = compat.embedding_group()
-        unequal = torch.zeros(1, device=self._device)
+        unequal = torch.zeros(1, device=self.device)
         if group is not None:
             first = parallel_state.is_pipeline_first_stage()
             model = getattr(self.model, "module", self.model)  # megatron's DDP wraps it
@@ -197,7 +198,8 @@ class MegatronPolicy:
             )
 
     @property
-    def _device(self) -> torch.device:
+    def device(self) -> torch.device:
+        """This rank's training device (where ``loss_fn`` receives its statistics)."""
         return next(self.model.parameters()).device
 
     @property
@@ -241,7 +243,7 @@ class MegatronPolicy:
                 shape = (micros.micro_batch_size, micros.seq_length)
                 nan = torch.full(shape, math.nan)
                 outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
-            stats = micros.gather_stats(outputs, self.pp_group, self._device, tabular)
+            stats = micros.gather_stats(outputs, self.pp_group, self.device, tabular)
             per_micro = {name: micros.unpad(stats[name]) for name in names}
             start = 0
             for i, micro in enumerate(micros.micros):
@@ -259,15 +261,17 @@ class MegatronPolicy:
         return TokenStats(*full, *([None] * (len(_STATS) - len(names))))
 
     def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
-        """Phase 3: one optimizer step over all ``micro_batches`` of the step (module docstring)."""
+        """Phase 3: one optimizer step over all ``micro_batches`` of the step (module docstring).
+
+        The statistics reach ``loss_fn`` on the rank's device (the trainer has moved the step's
+        coefficients there); the loss's finiteness and metric sums accumulate on the device and
+        are read once, after the backward."""
         size, rank = self._dp
-        blocks = per_rank(len(micro_batches), size)
-        mine = blocks(rank)
+        mine = per_rank(len(micro_batches), size)(rank)
         scaling = MegatronScaling(len(mine), size)
         self.updates.zero_grad()
-        seen: dict[int, TokenStats] = {}
-        failed = False
-
+        failed = torch.zeros((), device=self.device)
+        sums = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
         order = iter(mine)
 
         def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
@@ -275,19 +279,18 @@ class MegatronPolicy:
             rows, width = micro_batches[index].targets.shape
 
             def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
-                nonlocal failed
+                nonlocal failed, sums
                 try:
                     stats = self.logits.stats(logits, item["targets"])
                 except NonFiniteLogitsError:
-                    failed = True
+                    failed = failed + 1
                     return logits.sum() * 0.0, {}
-                with_grad = TokenStats(
-                    stats.logprob[:rows, :width].cpu(), stats.entropy[:rows, :width].cpu()
+                out = loss_fn(
+                    index, TokenStats(stats.logprob[:rows, :width], stats.entropy[:rows, :width])
                 )
-                loss = loss_fn(index, with_grad)
-                failed = failed or not bool(torch.isfinite(loss.detach()))
-                seen[index] = TokenStats(with_grad.logprob.detach(), with_grad.entropy.detach())
-                return loss.to(logits.device) * scaling.factor, {}
+                failed = failed + (~torch.isfinite(out.loss.detach())).float()
+                sums = sums + _sum_vector(out.sums, sums)
+                return out.loss * scaling.factor, {}
 
             return compute
 
@@ -301,48 +304,17 @@ class MegatronPolicy:
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
             return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
-        if size > 1 or self.layout.pipeline_parallel > 1:
-            self._replay(micro_batches, blocks, seen, loss_fn)
+        totals = self._reduce_sums(sums)
         grad_norm = self.updates.step()
-        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False)
+        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
 
-    @torch.no_grad()
-    def _replay(
-        self,
-        micro_batches: Sequence[TrainBatch],
-        blocks: Callable[[int], range],
-        seen: dict[int, TokenStats],
-        loss_fn: LossFn,
-    ) -> None:
-        """``loss_fn`` on the micro-batches whose loss this rank did not compute (module
-        docstring, metric sums): the other DP ranks', and on stages before the last its own.
-        Their loss-pass ``logprob ‖ entropy``, flattened in micro-batch order, is broadcast from
-        the last pipeline stage, then all-gathered over DP."""
-        size, rank = self._dp
-        last = parallel_state.is_pipeline_last_stage()
-        sizes = [2 * sum(micro_batches[i].targets.numel() for i in blocks(r)) for r in range(size)]
-        if last:
-            own = torch.cat(
-                [
-                    torch.cat([seen[i].logprob.reshape(-1), seen[i].entropy.reshape(-1)])
-                    for i in blocks(rank)
-                ]
-            )
-        else:
-            own = torch.empty(sizes[rank])
-        own = broadcast_from_last_stage({"seen": own}, self.pp_group)["seen"]
-        parts = gather_flat(own, sizes, self.dp_group) if size > 1 else [own]
-        for other, flat in enumerate(parts):
-            if other == rank and last:
-                continue
-            offset = 0
-            for index in blocks(other):
-                shape = micro_batches[index].targets.shape
-                count = micro_batches[index].targets.numel()
-                logprob = flat[offset : offset + count].view(shape)
-                entropy = flat[offset + count : offset + 2 * count].view(shape)
-                loss_fn(index, TokenStats(logprob, entropy))
-                offset += 2 * count
+    def _reduce_sums(self, sums: Tensor) -> dict[str, float]:
+        """This rank's metric sums (non-zero on the last pipeline stage only) added over the
+        pipeline and data-parallel groups: every rank returns the step's totals."""
+        for group in (self.pp_group, self.dp_group):
+            if dist.get_world_size(group) > 1:
+                dist.all_reduce(sums, group=group)
+        return dict(zip(LOSS_SUMS, sums.tolist(), strict=True))
 
     def advance_schedule(self) -> None:
         self.updates.advance()
@@ -357,7 +329,7 @@ class MegatronPolicy:
             self.tp_group,
             self.pp_group,
             _DTYPES[self.config.dtype],
-            device=self._device,
+            device=self.device,
         )
         yield from hf_named_weights(self.layout, fetch)
 
@@ -386,6 +358,17 @@ class MegatronPolicy:
             self.updates.steps = int(extra[_SCHEDULE])
         else:
             self.updates.scheduler.load_state_dict(extra[_SCHEDULE])
+
+
+def _sum_vector(part: Mapping[str, Tensor], like: Tensor) -> Tensor:
+    """``LossOutput.sums`` as a vector in :data:`LOSS_SUMS` order (absent keys 0)."""
+    unknown = set(part) - set(LOSS_SUMS)
+    if unknown:
+        raise ValueError(f"loss sums {sorted(unknown)} are not among {LOSS_SUMS}")
+    zero = like.new_zeros(())
+    return torch.stack(
+        [part[k].detach().reshape(()).to(like) if k in part else zero for k in LOSS_SUMS]
+    )
 
 
 def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:

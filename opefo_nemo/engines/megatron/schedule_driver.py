@@ -9,13 +9,13 @@ per-row results between data-parallel ranks.
   prefix). ``make_fn(item)`` gives the last stage's loss/stats function of an item, in
   micro-batch order. Returns the schedule's per-micro-batch ``reduced`` mappings (last stage).
 - :func:`balanced_rows`: the rows of a forward-only pass that a data-parallel rank computes.
-- :func:`gather_rows`, :func:`gather_flat`: per-rank results of every data-parallel rank.
+- :func:`gather_rows`: per-rank results of every data-parallel rank.
 - :func:`per_rank`: which micro-batches of an optimizer step each data-parallel rank trains on.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 
 import torch
 import torch.distributed as dist
@@ -52,8 +52,8 @@ def run_schedule(
 def balanced_rows(rows: int, size: int, rank: int) -> range:
     """Contiguous rows ``⌊r·B/D⌋ … ⌊(r+1)·B/D⌋ − 1`` of ``B`` for rank ``r`` of ``D``.
 
-    Equal to :func:`~.data_parallel.shard_rows` when ``D`` divides ``B``; otherwise the shares
-    differ by at most one row (some may be empty). A forward-only pass needs no equal shares:
+    Equal shares when ``D`` divides ``B``; otherwise the shares differ by at most one row (some
+    may be empty). A forward-only pass needs no equal shares:
     no gradient is reduced and each data-parallel rank runs its own schedule.
     """
     return range(rank * rows // size, (rank + 1) * rows // size)
@@ -75,16 +75,6 @@ def gather_rows(local: Tensor, rows: int, group: dist.ProcessGroup) -> Tensor:
     return torch.cat(
         [part[:, : len(share)] for part, share in zip(parts, shares, strict=True)], dim=1
     )
-
-
-def gather_flat(local: Tensor, sizes: Sequence[int], group: dist.ProcessGroup) -> list[Tensor]:
-    """Every rank's 1-d ``local`` (rank ``r``'s has ``sizes[r]`` elements), in rank order."""
-    largest = max(sizes)
-    padded = local.new_zeros(largest)
-    padded[: local.numel()] = local
-    parts = [torch.empty_like(padded) for _ in sizes]
-    dist.all_gather(parts, padded, group=group)
-    return [part[:n] for part, n in zip(parts, sizes, strict=True)]
 
 
 def per_rank(count: int, size: int) -> Callable[[int], range]:
