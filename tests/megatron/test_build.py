@@ -10,6 +10,8 @@
   implementations of the same bf16 arithmetic, in different orders). The random N(0, 1) weights
   of the fp32 checks make a chaotic model whose bf16 forward is off by nats; this one takes
   weights of scale 0.1, where bf16 is meaningful.
+- Activation recomputation on or off: the same update, bit for bit.
+- Activation recomputation on or off (TP 2, Qwen3): the same update, bit for bit.
 - bf16 parameters with fp32 main weights, distributed optimizer, TP 2 × sequence parallel, and
   DP 2 × distributed optimizer: an OPEFO update, a checkpoint, a fresh policy loaded from it:
   the loaded weights are the saved ones bit for bit, and the next update from the checkpoint
@@ -168,3 +170,16 @@ def test_bf16_distributed_optimizer_resumes_bit_exactly(families, batch, setting
     state = model.state_dict()
     for name, tensor in result["saved"].items():
         assert torch.equal(state[name], tensor), name
+
+
+def test_activation_recomputation_changes_nothing(families, batch, tmp_path):
+    """Full recomputation reruns the same forward in the backward: the same update, bit for bit
+    (fp32, CPU, deterministic kernels), with fewer activations kept."""
+    run_world(
+        workers_build.recompute_changes_nothing, 2, str(families["qwen3"]), batch, str(tmp_path)
+    )
+    (plain_metrics, plain), (recomputed_metrics, recomputed) = torch.load(tmp_path / "recompute.pt")
+    assert plain_metrics["grad/norm"] > 0
+    assert recomputed_metrics == plain_metrics
+    for name, tensor in plain.items():
+        assert torch.equal(recomputed[name], tensor), name

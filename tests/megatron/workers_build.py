@@ -90,3 +90,22 @@ def update_save_resume(
             )
     finally:
         _release()
+
+
+def recompute_changes_nothing(rank: int, world_size: int, hf_dir: str, batch, out: str) -> None:
+    """One OPEFO update with activation recomputation off, then on (fresh policies from the same
+    checkpoint); rank 0 saves both runs' metrics and weights as ``out/recompute.pt``."""
+    warnings.filterwarnings("ignore")
+    method = load_method("opefo", ["lr=1e-3"])
+    runs = []
+    for recompute in (False, True):
+        settings = {"dtype": "float32", "transformer_engine": False, "warmup_steps": 1}
+        settings.update(tensor_model_parallel_size=2, recompute_activations=recompute)
+        try:
+            policy = _policy(hf_dir, settings)
+            outcome = update_rollout_batch(policy, method, batch, 3, 0)
+            runs.append((outcome.metrics, _weights(policy)))
+        finally:
+            _release()
+    if rank == 0:
+        torch.save(runs, Path(out) / "recompute.pt")

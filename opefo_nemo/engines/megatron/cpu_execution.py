@@ -28,12 +28,18 @@ and the megatron-core lines (0.16.1; 0.11 reads the same unless said) it serves:
   ``Float16OptimizerWithFloat16Params``, ``optimizer/distrib_optimizer.py``,
   ``optimizer/clip_grads.py``). ``Tensor.type(dtype)`` (a conversion) is untouched.
 
+- ``get_default_causal_mask`` (``transformer/utils.py``, imported by ``fusions/fused_softmax.py``)
+  builds the mask on the CPU. It is the one ``device="cuda"`` call that activation
+  recomputation runs again inside the backward, where no ``TorchFunctionMode`` is active (a mode
+  is suspended while its own handler runs, here around ``torch.autograd.backward``).
+
 Without Transformer Engine or apex, megatron's optimizer is ``torch.optim.AdamW`` and its norm and
 scaling ``megatron.core.utils``' multi-tensor fallbacks: plain torch.
 """
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 from contextlib import contextmanager
 
@@ -46,6 +52,13 @@ _CUDA_TYPE_NAMES = {
     "torch.BFloat16Tensor": "torch.cuda.BFloat16Tensor",
     "torch.HalfTensor": "torch.cuda.HalfTensor",
 }
+
+
+@functools.lru_cache(maxsize=32)
+def _causal_mask(sq: int) -> torch.Tensor:
+    """megatron's default causal mask ``[sq, sq]`` (True above the diagonal), on the CPU."""
+    return torch.triu(torch.ones(sq, sq), diagonal=1).bool()
+
 
 #: Non-empty while a :func:`megatron_on_cpu` block is active (re-entry changes nothing).
 _ACTIVE: list[bool] = []
@@ -73,7 +86,9 @@ def megatron_on_cpu() -> Iterator[None]:
     """The module docstring's redirections for the ``with`` block; everything is restored at its
     end. Enter it after ``parallel_state.initialize_model_parallel``. Re-entrant: an inner block
     inside an outer one changes nothing."""
+    from megatron.core.fusions import fused_softmax
     from megatron.core.tensor_parallel import random
+    from megatron.core.transformer import utils
 
     if _ACTIVE:
         yield
@@ -85,7 +100,10 @@ def megatron_on_cpu() -> Iterator[None]:
         torch.cuda.synchronize,
         random._get_cuda_rng_state,
         random._set_cuda_rng_state,
+        utils.get_default_causal_mask,
+        fused_softmax.get_default_causal_mask,
     )
+    utils.get_default_causal_mask = fused_softmax.get_default_causal_mask = _causal_mask
     torch.Tensor.cuda = lambda self, *args, **kwargs: self
     torch.cuda.current_device = lambda: "cpu"
     torch.cuda.synchronize = lambda *args, **kwargs: None
@@ -106,4 +124,6 @@ def megatron_on_cpu() -> Iterator[None]:
             torch.cuda.synchronize,
             random._get_cuda_rng_state,
             random._set_cuda_rng_state,
+            utils.get_default_causal_mask,
+            fused_softmax.get_default_causal_mask,
         ) = saved
