@@ -1,11 +1,18 @@
 """Time and peak memory of the per-token statistics (SPEC §1) on one vocabulary shard.
 
-Compares ``opefo_nemo.parallel.token_stats`` (fused, chunked, recompute in backward) with
-(a) the naive full-vocabulary fp32 ``log_softmax`` and (b) the softmax-materialising recipe with
-three all-reduces (max, Σexp, Σp·z) that verl uses for its entropy, written here in plain torch.
-All three compute ``logprob`` and ``entropy`` of ``softmax(logits / T)`` in fp32; "fwd+bwd" also
-back-propagates ``Σ logprob + Σ entropy``. One process holds one shard ``[tokens, V/TP]``
-(``group=None``), so the figures are compute and memory, without communication.
+Compares ``opefo_nemo.parallel.token_stats`` (fused, chunked, recompute in backward; ``ours`` is
+its torch kernel, ``triton`` its Triton kernel) with (a) the naive full-vocabulary fp32
+``log_softmax`` and (b) the softmax-materialising recipe with three all-reduces (max, Σexp, Σp·z)
+that verl uses for its entropy, written here in plain torch. All compute ``logprob`` and
+``entropy`` of ``softmax(logits / T)`` in fp32; "fwd+bwd" also back-propagates
+``Σ logprob + Σ entropy``. One process holds one shard ``[tokens, V/TP]`` (``group=None``), so
+the figures are compute and memory, without communication.
+
+With the output layer (``--hidden h``): ``fused_linear`` is ``linear_token_stats`` (hidden states
+``[tokens, h]`` and weight shard ``[V/TP, h]``, logits never stored), ``unfused_linear`` the
+projection ``hidden @ weightᵀ`` followed by ``token_stats``'s torch kernel; their throughput is
+given in TFLOP/s of the nominal matmul work (``2·tokens·V/TP·h`` forward, three times that for
+fwd+bwd).
 
 Each (method, mode) runs in a fresh subprocess so that its peak memory is its own: on CPU the
 growth of the resident-set high-water mark beyond the inputs, on CUDA ``max_memory_allocated``
@@ -15,12 +22,20 @@ CUDA a measured device copy as the reference.
     python benchmarks/vocab_stats.py                 # CPU default: 1024 tokens × 152064 / TP 4
     python benchmarks/vocab_stats.py --full          # 8192 tokens × 152064 / TP (slow on CPU)
     python benchmarks/vocab_stats.py --device cuda --full
+    python benchmarks/vocab_stats.py --device cuda --full --methods ours triton fused_linear \
+        unfused_linear --hidden 3584
+    python benchmarks/vocab_stats.py --methods triton fused_linear --tokens 16 --vocab 512 \
+        --tp 1 --hidden 64 --dtype float32 --repeat 1   # CPU: Triton's interpreter, tiny shapes
+
+The Triton methods need CUDA, or on CPU Triton's interpreter, which the script turns on
+(``TRITON_INTERPRET=1``) for them: slow, for checking that they run, not for timing.
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import resource
 import statistics
 import subprocess
@@ -31,7 +46,9 @@ import torch
 
 from opefo_nemo.parallel import token_stats
 
-METHODS = ("ours", "naive", "three_allreduce")
+LOGITS_METHODS = ("ours", "naive", "three_allreduce", "triton")
+LINEAR_METHODS = ("fused_linear", "unfused_linear")
+TRITON_METHODS = ("triton", "fused_linear")
 MODES = ("fwd", "fwd+bwd")
 
 
@@ -56,7 +73,28 @@ def three_allreduce(logits: torch.Tensor, targets: torch.Tensor, temperature: fl
 
 
 def ours(logits: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size):
-    stats = token_stats(logits, targets, temperature=temperature, chunk_size=chunk_size)
+    stats = token_stats(
+        logits, targets, temperature=temperature, chunk_size=chunk_size, kernel="torch"
+    )
+    return stats.logprob, stats.entropy
+
+
+def triton(logits: torch.Tensor, targets: torch.Tensor, temperature: float, chunk_size):
+    stats = token_stats(
+        logits, targets, temperature=temperature, chunk_size=chunk_size, kernel="triton"
+    )
+    return stats.logprob, stats.entropy
+
+
+def fused_linear(hidden, weight, targets, temperature: float):
+    from opefo_nemo.parallel.linear_stats import linear_token_stats
+
+    stats = linear_token_stats(hidden, weight, targets, temperature=temperature)
+    return stats.logprob, stats.entropy
+
+
+def unfused_linear(hidden, weight, targets, temperature: float):
+    stats = token_stats(hidden @ weight.T, targets, temperature=temperature, kernel="torch")
     return stats.logprob, stats.entropy
 
 
@@ -76,20 +114,30 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
     torch.manual_seed(0)
     dtype = getattr(torch, args.dtype)
     width = args.vocab // args.tp
-    logits = torch.randn(args.tokens, width, device=args.device, dtype=dtype).mul_(3)
     targets = torch.randint(0, width, (args.tokens,), device=args.device)
     backward = args.mode == "fwd+bwd"
-    leaf = logits.requires_grad_(backward)
+    if args.method in LINEAR_METHODS:
+        hidden = torch.randn(args.tokens, args.hidden, device=args.device, dtype=dtype)
+        weight = torch.randn(width, args.hidden, device=args.device, dtype=dtype)
+        leaves = [hidden.requires_grad_(backward), weight.mul_(3 / args.hidden**0.5)]
+        leaves[1].requires_grad_(backward)
+    else:
+        logits = torch.randn(args.tokens, width, device=args.device, dtype=dtype).mul_(3)
+        leaves = [logits.requires_grad_(backward)]
+    method = globals()[args.method]
 
     def step() -> None:
         with torch.set_grad_enabled(backward):
-            if args.method == "ours":
-                logprob, entropy = ours(leaf, targets, args.temperature, args.chunk_size)
+            if args.method in LINEAR_METHODS:
+                logprob, entropy = method(*leaves, targets, args.temperature)
+            elif args.method in ("ours", "triton"):
+                logprob, entropy = method(*leaves, targets, args.temperature, args.chunk_size)
             else:
-                logprob, entropy = globals()[args.method](leaf, targets, args.temperature)
+                logprob, entropy = method(*leaves, targets, args.temperature)
             if backward:
                 (logprob.sum() + entropy.sum()).backward()
-                leaf.grad = None
+                for leaf in leaves:
+                    leaf.grad = None
 
     _sync(args.device)
     if args.device == "cuda":
@@ -132,12 +180,22 @@ def main() -> None:
     parser.add_argument("--temperature", type=float, default=1.0, help="sampling temperature")
     parser.add_argument("--chunk-size", type=int, default=None, help="tokens per chunk (ours)")
     parser.add_argument(
+        "--hidden", type=int, default=3584, help="hidden size h of the output-layer methods"
+    )
+    parser.add_argument(
+        "--methods",
+        nargs="+",
+        choices=LOGITS_METHODS + LINEAR_METHODS,
+        default=None,
+        help="methods to run (default: ours and the baselines; on cuda also triton)",
+    )
+    parser.add_argument(
         "--repeat", type=int, default=3, help="timed runs per method (median reported)"
     )
     parser.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda"
     )
-    parser.add_argument("--method", choices=METHODS, help=argparse.SUPPRESS)
+    parser.add_argument("--method", choices=LOGITS_METHODS + LINEAR_METHODS, help=argparse.SUPPRESS)
     parser.add_argument("--mode", choices=MODES, help=argparse.SUPPRESS)
     args = parser.parse_args()
     if args.full:
@@ -157,27 +215,49 @@ def main() -> None:
     reference = copy_bandwidth(args.device, read_bytes) if args.device == "cuda" else None
     if reference:
         print(f"device copy bandwidth: {reference / 1e9:.0f} GB/s")
+    methods = args.methods or [m for m in LOGITS_METHODS if m != "triton" or args.device == "cuda"]
+    results = run_all(args, methods)
+    print(
+        f"{'mode':8} {'method':16} {'time ms':>9} {'peak MiB':>9} {'rate':>13} "
+        f"{'time/first':>10} {'mem/first':>9}"
+    )
+    for (method, mode), r in results.items():
+        first = results[methods[0], mode]
+        if method in LINEAR_METHODS:
+            work = 2 * args.tokens * width * args.hidden * (3 if mode == "fwd+bwd" else 1)
+            rate, note = f"{work / r['seconds'] / 1e12:7.2f} TFLOP/s", ""
+        else:
+            speed = read_bytes / r["seconds"]
+            rate = f"{speed / 1e9:7.2f} GB/s   "
+            note = f"  ({speed / reference:.0%} of copy)" if reference else ""
+        print(
+            f"{mode:8} {method:16} {r['seconds'] * 1e3:9.1f} {r['peak_bytes'] / 2**20:9.1f} "
+            f"{rate:>13} {r['seconds'] / first['seconds']:10.2f} "
+            f"{r['peak_bytes'] / max(first['peak_bytes'], 1):9.2f}" + note
+        )
+
+
+def run_all(args: argparse.Namespace, methods: list[str]) -> dict[tuple[str, str], dict]:
+    """Each (method, mode) in a fresh subprocess (its own peak memory); Triton methods on CPU run
+    in Triton's interpreter."""
     forwarded = [a for a in sys.argv[1:] if a != "--full"]
+    if "--methods" in forwarded:
+        start = forwarded.index("--methods")
+        end = start + 1
+        while end < len(forwarded) and not forwarded[end].startswith("--"):
+            end += 1
+        del forwarded[start:end]
     extra = ["--tokens", str(args.tokens), "--tp", str(args.tp), "--device", args.device]
     results: dict[tuple[str, str], dict[str, float]] = {}
     for mode in MODES:
-        for method in METHODS:
+        for method in methods:
+            env = dict(os.environ)
+            if method in TRITON_METHODS and args.device == "cpu":
+                env["TRITON_INTERPRET"] = "1"
             cmd = [sys.executable, __file__, *forwarded, *extra, "--method", method, "--mode", mode]
-            out = subprocess.run(cmd, check=True, capture_output=True, text=True).stdout
+            out = subprocess.run(cmd, check=True, capture_output=True, text=True, env=env).stdout
             results[method, mode] = json.loads(out.strip().splitlines()[-1])
-    print(
-        f"{'mode':8} {'method':16} {'time ms':>9} {'peak MiB':>9} {'GB/s':>7} "
-        f"{'time/ours':>9} {'mem/ours':>9}"
-    )
-    for (method, mode), r in results.items():
-        mine = results["ours", mode]
-        rate = read_bytes / r["seconds"] / 1e9
-        print(
-            f"{mode:8} {method:16} {r['seconds'] * 1e3:9.1f} {r['peak_bytes'] / 2**20:9.1f} "
-            f"{rate:7.2f} {r['seconds'] / mine['seconds']:9.2f} "
-            f"{r['peak_bytes'] / max(mine['peak_bytes'], 1):9.2f}"
-            + (f"  ({rate * 1e9 / reference:.0%} of copy)" if reference else "")
-        )
+    return results
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from ..core.objectives import MethodConfig
+from ..kernels import STATS_KERNELS
 from ..models.shape import ModelShape
 from .schema import build, one_of, require
 
@@ -69,6 +70,7 @@ class OptimizerConfig:
     adam_beta2: float = 0.999
     adam_eps: float = 1e-8
     stats_chunk_tokens: int | None = None
+    stats_kernel: str = "auto"
 
 
 @dataclass(frozen=True)
@@ -129,6 +131,12 @@ class MegatronEngineConfig(OptimizerConfig):
             "engine.sequence_parallel",
             "needs engine.tensor_model_parallel_size > 1 (it splits activations over the TP group)",
         )
+        require(
+            self.stats_kernel == "auto",
+            "engine.stats_kernel",
+            f"={self.stats_kernel}: engine=megatron computes the statistics with the auto choice "
+            "(triton on CUDA when it imports, else torch); only engine=hf can force one",
+        )
         _validate_optimizer(self)
 
     def validate_model(self, shape: ModelShape, source: str) -> None:
@@ -165,6 +173,12 @@ def _validate_optimizer(e: EngineConfig | MegatronEngineConfig) -> None:
         e.stats_chunk_tokens is None or e.stats_chunk_tokens >= 1,
         "engine.stats_chunk_tokens",
         "must be >= 1 or null",
+    )
+    one_of(e.stats_kernel, STATS_KERNELS, "engine.stats_kernel")
+    require(
+        e.stats_kernel != "triton" or e.device.startswith("cuda"),
+        "engine.stats_kernel",
+        f"=triton needs engine.device=cuda, not {e.device} (auto picks torch there)",
     )
 
 

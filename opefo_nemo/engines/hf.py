@@ -1,8 +1,9 @@
 """``hf``: the trainer's ``Policy`` protocol on a Hugging Face causal LM, on one device.
 
 Model and tokenizer come from a local directory (nothing is downloaded). Both phases of a step use
-``parallel.token_stats`` with TP = 1 and the rollout's sampling temperature (SPEC §1), so the
-policy that is differentiated is the temperature-scaled one that generated the rollout.
+``parallel.token_stats`` with TP = 1, the rollout's sampling temperature (SPEC §1) and the kernel
+of ``engine.stats_kernel``, so the policy that is differentiated is the temperature-scaled one
+that generated the rollout.
 Optimizer: AdamW; learning rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``
 (linear warm-up over the first ``warmup_steps`` rollout steps, SPEC §8); gradient clipping by
 global norm. Gradients accumulate over micro-batches: each micro-batch's loss is already its share
@@ -75,6 +76,7 @@ class HFPolicy:
             temperature=self.temperature,
             tabular=tabular,
             chunk_size=self.config.stats_chunk_tokens,
+            kernel=self.config.stats_kernel,
         )
 
     @torch.no_grad()

@@ -1,20 +1,24 @@
 """``token_stats``: fused, chunked, vocab-parallel per-token statistics with autograd (SPEC §1).
 
 The public entry point the trainer, the engines and outside checks call. The chunk math lives in
-``vocab_stats``; this module checks the input, loops over token chunks, wires autograd and turns
+``vocab_stats`` (torch) and ``triton_stats`` (the Triton kernels, ``kernel="triton"``); this module
+checks the input, picks the implementation, loops over token chunks, wires autograd and turns
 non-finite results into errors.
 """
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from opefo_nemo.kernels import resolve_stats_kernel
+from opefo_nemo.parallel import vocab_stats
 from opefo_nemo.parallel.groups import VocabShard
-from opefo_nemo.parallel.vocab_stats import ChunkStats, chunk_backward, chunk_forward
+from opefo_nemo.parallel.vocab_stats import ChunkStats
 
 #: Default chunk: as many tokens as fit this many bytes of fp32 ``[tokens, V/TP]`` working buffer.
 DEFAULT_CHUNK_BYTES = 256 * 2**20
@@ -46,6 +50,18 @@ class _Plan:
     group: dist.ProcessGroup | None
     tabular: bool
     chunk_size: int
+    chunk_forward: Callable[..., ChunkStats]  # vocab_stats.chunk_forward's signature
+    chunk_backward_into: Callable[..., None]  # vocab_stats.chunk_backward_into's signature
+
+
+def _chunk_steps(kernel: str) -> tuple[Callable[..., ChunkStats], Callable[..., None]]:
+    """The ``(chunk_forward, chunk_backward_into)`` of a resolved kernel (``torch``/``triton``);
+    Triton is imported only here, when it is chosen."""
+    if kernel == "torch":
+        return vocab_stats.chunk_forward, vocab_stats.chunk_backward_into
+    from opefo_nemo.parallel import triton_stats
+
+    return triton_stats.chunk_forward, triton_stats.chunk_backward_into
 
 
 def _forward(logits: Tensor, targets: Tensor, plan: _Plan) -> tuple[ChunkStats, ...]:
@@ -54,7 +70,7 @@ def _forward(logits: Tensor, targets: Tensor, plan: _Plan) -> tuple[ChunkStats, 
     for start in range(0, logits.shape[0], plan.chunk_size):
         rows = slice(start, start + plan.chunk_size)
         chunks.append(
-            chunk_forward(
+            plan.chunk_forward(
                 logits[rows],
                 targets[rows],
                 plan.shard,
@@ -102,10 +118,11 @@ class _VocabParallelTokenStats(torch.autograd.Function):
             return None, None, None
         logits, targets, row_max, log_sum_exp, entropy = ctx.saved_tensors
         plan: _Plan = ctx.plan
-        grad = torch.zeros_like(logits)
+        grad = torch.empty_like(logits)
         for start in range(0, logits.shape[0], plan.chunk_size):
             rows = slice(start, start + plan.chunk_size)
-            grad[rows, : plan.shard.valid] = chunk_backward(
+            plan.chunk_backward_into(
+                grad[rows],
                 logits[rows],
                 targets[rows],
                 plan.shard,
@@ -119,7 +136,7 @@ class _VocabParallelTokenStats(torch.autograd.Function):
         return grad, None, None
 
 
-def _check_targets(targets: Tensor, vocab_size: int) -> None:
+def check_targets(targets: Tensor, vocab_size: int) -> None:
     if targets.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"targets must be int64 vocabulary ids, got {targets.dtype}")
     bad = (targets < 0) | (targets >= vocab_size)
@@ -131,7 +148,7 @@ def _check_targets(targets: Tensor, vocab_size: int) -> None:
         )
 
 
-def _check_finite(stats: TokenStats, local_bad: Tensor, shard: VocabShard) -> None:
+def check_finite(stats: TokenStats, local_bad: Tensor, shard: VocabShard) -> None:
     """Raise if any token's statistics are NaN: from the per-token outputs, not the logits."""
     bad = torch.isnan(stats.logprob) | ~torch.isfinite(stats.entropy)
     if not bool(bad.any()):
@@ -155,6 +172,7 @@ def token_stats(
     vocab_size: int | None = None,
     tabular: bool = False,
     chunk_size: int | None = None,
+    kernel: str = "auto",
 ) -> TokenStats:
     """Per-token ``logprob``, ``entropy`` (and with ``tabular`` Σπ², Σπ² log π) of ``targets``.
 
@@ -169,7 +187,11 @@ def token_stats(
         vocab_size: the true vocabulary size; columns with global index ``>= vocab_size`` are
             padding and excluded. Default: no padding (``V/TP × TP``).
         tabular: also return ``sum_p2`` and ``sum_p2_logp`` (no gradient).
-        chunk_size: tokens per chunk; default fits ``DEFAULT_CHUNK_BYTES`` of fp32 working buffer.
+        chunk_size: tokens per chunk; default: for ``torch`` as many as fit
+            ``DEFAULT_CHUNK_BYTES`` of fp32 working buffer, for ``triton`` (which has none) all.
+        kernel: ``torch``, ``triton`` (CUDA tensors; CPU ones under ``TRITON_INTERPRET=1``) or
+            ``auto`` (``triton`` on CUDA when it imports, else ``torch``): the same statistics,
+            collectives and gradients (docs/kernels.md).
 
     Communication per chunk: one all-reduce MAX and one all-reduce SUM of a packed tensor; the
     vocabulary is never gathered. With grad enabled and ``logits.requires_grad`` the result is
@@ -177,7 +199,8 @@ def token_stats(
 
     Raises:
         ValueError: a target outside ``[0, vocab_size)``, a bad shape, ``vocab_size`` larger than
-            the sharded vocabulary, or shards of different widths across the group.
+            the sharded vocabulary, shards of different widths across the group, or a
+            ``kernel`` that cannot run here.
         NonFiniteLogitsError: NaN or +inf logits (on every rank of the group, naming the count).
     """
     if logits.dim() not in (2, 3) or tuple(targets.shape) != tuple(logits.shape[:-1]):
@@ -191,13 +214,15 @@ def token_stats(
         raise ValueError(f"temperature must be > 0, got {temperature}")
     width = logits.shape[-1]
     shard = VocabShard.of(width, group, vocab_size)
-    _check_targets(targets, shard.vocab_size)
+    check_targets(targets, shard.vocab_size)
+    resolved = resolve_stats_kernel(kernel, logits.is_cuda)
+    flat_logits = logits.reshape(-1, width)
     if chunk_size is None:
-        chunk_size = max(1, DEFAULT_CHUNK_BYTES // (4 * max(width, 1)))
+        budget = DEFAULT_CHUNK_BYTES // (4 * max(width, 1))
+        chunk_size = max(1, budget if resolved == "torch" else flat_logits.shape[0])
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    plan = _Plan(shard, 1.0 / temperature, group, tabular, chunk_size)
-    flat_logits = logits.reshape(-1, width)
+    plan = _Plan(shard, 1.0 / temperature, group, tabular, chunk_size, *_chunk_steps(resolved))
     flat_targets = targets.reshape(-1).long()
     if torch.is_grad_enabled() and logits.requires_grad:
         outs = _VocabParallelTokenStats.apply(flat_logits, flat_targets, plan)
@@ -220,5 +245,5 @@ def token_stats(
         sum_p2=None if extra[0] is None else extra[0].reshape(shape),
         sum_p2_logp=None if extra[1] is None else extra[1].reshape(shape),
     )
-    _check_finite(stats, local_bad, shard)
+    check_finite(stats, local_bad, shard)
     return stats

@@ -1,4 +1,6 @@
-"""Chunk kernels of the vocab-parallel token statistics (SPEC §1), in plain torch.
+"""Chunk kernels of the vocab-parallel token statistics (SPEC §1), in plain torch, and the
+collective steps every implementation shares (:func:`global_row_max`, :func:`reduce_and_finish`;
+the Triton one is ``triton_stats.py``).
 
 Notation for one token row: ``z`` the raw logits of the whole vocabulary, ``T`` the temperature,
 ``m = max_a z_a``, ``d_a = (z_a - m) / T`` (so ``max_a d_a = 0``), ``e_a = exp(d_a)``,
@@ -53,7 +55,7 @@ class ShardWidthError(ValueError):
     """The vocabulary shards of a TP group do not all have the same width."""
 
 
-def _target_in_shard(targets: Tensor, shard: VocabShard) -> tuple[Tensor, Tensor]:
+def target_in_shard(targets: Tensor, shard: VocabShard) -> tuple[Tensor, Tensor]:
     """``(owned [c] bool, local column [c] clamped into the shard)`` of global ``targets``."""
     local = targets - shard.start
     owned = (local >= 0) & (local < shard.valid)
@@ -75,23 +77,28 @@ def _all_reduce(t: Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None) -
         dist.all_reduce(t, op=op, group=group)
 
 
-def _global_row_max(
-    logits: Tensor, shard: VocabShard, group: dist.ProcessGroup | None, check_widths: bool
-) -> tuple[Tensor, Tensor]:
-    """One all-reduce MAX: ``(global row max m [c] fp32, this shard holds NaN/+inf [c] bool)``.
+def local_row_max(logits: Tensor, shard: VocabShard) -> tuple[Tensor, Tensor]:
+    """``(max of this shard's real columns [c] fp32, they hold NaN/+inf [c] bool)``;
+    ``logits`` ``[c, valid]``, a shard without real columns gives ``−inf``."""
+    if shard.valid > 0:
+        local_max = logits.amax(dim=1).float()
+    else:
+        local_max = torch.full((logits.shape[0],), float("-inf"), device=logits.device)
+    return local_max, torch.isnan(local_max) | (local_max == float("inf"))
+
+
+def global_row_max(
+    local_max: Tensor, shard: VocabShard, group: dist.ProcessGroup | None, check_widths: bool
+) -> Tensor:
+    """One all-reduce MAX of the shards' row maxima ``[c]`` fp32: the global row max ``m``.
 
     With ``check_widths`` the packet also carries ``(width, -width)`` so that every rank learns the
     largest and smallest shard width of the group and all fail together if they differ.
     """
-    rows = logits.shape[0]
-    if shard.valid > 0:
-        local_max = logits.amax(dim=1).float()
-    else:
-        local_max = torch.full((rows,), float("-inf"), device=logits.device)
-    local_bad = torch.isnan(local_max) | (local_max == float("inf"))
+    rows = local_max.shape[0]
     if check_widths:
         widths = torch.tensor([shard.width, -shard.width], dtype=torch.float32)
-        packet = torch.cat([local_max, widths.to(logits.device)])
+        packet = torch.cat([local_max, widths.to(local_max.device)])
         _all_reduce(packet, dist.ReduceOp.MAX, group)
         widest, narrowest = int(packet[rows]), -int(packet[rows + 1])
         if widest != narrowest:
@@ -100,47 +107,22 @@ def _global_row_max(
                 f"({narrowest} to {widest} columns); the (padded) vocabulary must be divisible by "
                 f"TP={shard.world}"
             )
-        return packet[:rows], local_bad
+        return packet[:rows]
+    local_max = local_max.clone()
     _all_reduce(local_max, dist.ReduceOp.MAX, group)
-    return local_max, local_bad
+    return local_max
 
 
-def chunk_forward(
-    logits: Tensor,
-    targets: Tensor,
-    shard: VocabShard,
-    inv_t: float,
+def reduce_and_finish(
+    partial: list[Tensor],
+    row_max: Tensor,
+    local_bad: Tensor,
     group: dist.ProcessGroup | None,
     tabular: bool,
-    check_widths: bool,
 ) -> ChunkStats:
-    """Statistics of one chunk: ``logits`` ``[c, width]`` (any float dtype), ``targets`` ``[c]``.
-
-    Collective over ``group``: one all-reduce MAX, then one all-reduce SUM of ``[c, 3]``
-    (``[c, 5]`` with ``tabular``) fp32 partial sums.
-    """
-    logits = logits[:, : shard.valid]
-    row_max, local_bad = _global_row_max(logits, shard, group, check_widths)
-    d = _shifted(logits, row_max, inv_t)
-    owned, local = _target_in_shard(targets, shard)
-    if shard.valid > 0:
-        d_target = torch.where(owned, d.gather(1, local[:, None]).squeeze(1), 0.0)
-    else:
-        d_target = torch.zeros_like(row_max)
-    if tabular:
-        e = torch.exp(d)
-        e_d = torch.special.xlogy(e, e, out=d)
-        partial = [
-            e.sum(1),
-            e_d.sum(1),
-            d_target,
-            torch.einsum("ij,ij->i", e, e),
-            torch.einsum("ij,ij->i", e, e_d),
-        ]
-    else:
-        e = d.exp_()
-        sum_e = e.sum(1)
-        partial = [sum_e, e.xlogy_(e).sum(1), d_target]
+    """One all-reduce SUM of the packed partial sums ``[S0, Σ e·d, d_y, (Σ e², Σ e²·d)]``
+    (each ``[c]`` fp32, relative to the global ``row_max``), then the statistics of the module
+    docstring."""
     sums = torch.stack(partial, dim=1)
     _all_reduce(sums, dist.ReduceOp.SUM, group)
     s0, s_ed, d_y = sums[:, 0], sums[:, 1], sums[:, 2]
@@ -160,7 +142,48 @@ def chunk_forward(
     )
 
 
-def chunk_backward(
+def chunk_forward(
+    logits: Tensor,
+    targets: Tensor,
+    shard: VocabShard,
+    inv_t: float,
+    group: dist.ProcessGroup | None,
+    tabular: bool,
+    check_widths: bool,
+) -> ChunkStats:
+    """Statistics of one chunk: ``logits`` ``[c, width]`` (any float dtype), ``targets`` ``[c]``.
+
+    Collective over ``group``: one all-reduce MAX, then one all-reduce SUM of ``[c, 3]``
+    (``[c, 5]`` with ``tabular``) fp32 partial sums.
+    """
+    logits = logits[:, : shard.valid]
+    local_max, local_bad = local_row_max(logits, shard)
+    row_max = global_row_max(local_max, shard, group, check_widths)
+    d = _shifted(logits, row_max, inv_t)
+    owned, local = target_in_shard(targets, shard)
+    if shard.valid > 0:
+        d_target = torch.where(owned, d.gather(1, local[:, None]).squeeze(1), 0.0)
+    else:
+        d_target = torch.zeros_like(row_max)
+    if tabular:
+        e = torch.exp(d)
+        e_d = torch.special.xlogy(e, e, out=d)
+        partial = [
+            e.sum(1),
+            e_d.sum(1),
+            d_target,
+            torch.einsum("ij,ij->i", e, e),
+            torch.einsum("ij,ij->i", e, e_d),
+        ]
+    else:
+        e = d.exp_()
+        sum_e = e.sum(1)
+        partial = [sum_e, e.xlogy_(e).sum(1), d_target]
+    return reduce_and_finish(partial, row_max, local_bad, group, tabular)
+
+
+def chunk_backward_into(
+    out: Tensor,
     logits: Tensor,
     targets: Tensor,
     shard: VocabShard,
@@ -170,8 +193,9 @@ def chunk_backward(
     entropy: Tensor,
     grad_logprob: Tensor | None,
     grad_entropy: Tensor | None,
-) -> Tensor:
-    """Gradient w.r.t. this shard's real columns ``[c, valid]`` fp32, recomputed from ``logits``.
+) -> None:
+    """Write the gradient w.r.t. ``logits`` ``[c, width]`` into ``out`` (same shape, the logits'
+    dtype; padded columns 0), recomputed from ``logits`` in one fp32 ``[c, valid]`` buffer.
 
     ``(g_l onehot(y) - p (g_l + g_H (log p + H))) / T`` with ``p`` rebuilt from the saved global
     row max and ``log S0``; ``grad_logprob``/``grad_entropy`` ``[c]`` or ``None`` (zero).
@@ -188,8 +212,9 @@ def chunk_backward(
         grad = torch.special.xlogy(p, p, out=log_p).mul_(grad_entropy[:, None])
         grad.addcmul_(p, coef[:, None]).neg_()
     if grad_logprob is not None and shard.valid > 0:
-        owned, local = _target_in_shard(targets, shard)
+        owned, local = target_in_shard(targets, shard)
         grad.scatter_add_(1, local[:, None], torch.where(owned, grad_logprob, 0.0)[:, None])
     if inv_t != 1.0:
         grad.mul_(inv_t)
-    return grad
+    out[:, : shard.valid] = grad
+    out[:, shard.valid :] = 0

@@ -16,6 +16,13 @@ def test_defaults_compose_to_the_embedded_task():
     assert data["run"]["output_dir"] == "outputs/opefo"
 
 
+def test_stats_kernel_choices():
+    assert compose([])[0].engine.stats_kernel == "auto"
+    assert compose(["engine.stats_kernel=torch"])[0].engine.stats_kernel == "torch"
+    forced = compose(["engine.device=cuda", "engine.stats_kernel=triton"])[0].engine
+    assert forced.stats_kernel == "triton"
+
+
 def test_group_and_value_overrides():
     config, _ = compose(["method=grpo", "trainer.max_steps=7", "++rollout.temperature=0.8"])
     assert config.method.name == "grpo" and config.method.updates_per_rollout == 8
@@ -47,6 +54,8 @@ def test_every_method_file_composes(name):
         (["data.long_prompt=truncate"], "data.long_prompt"),
         (["method.lr=-1"], "method.lr"),
         (["++method.foo=1"], "method.foo"),
+        (["engine.stats_kernel=fused"], "engine.stats_kernel"),
+        (["engine.stats_kernel=triton"], "engine.stats_kernel"),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):

@@ -77,13 +77,15 @@ class MegatronScaling:
 class VocabParallelLogits:
     """How to read this model's logits: the TP group they are split over (``None``: TP 1), the
     true vocabulary size (padded columns excluded, SPEC §1), the sampling temperature, the
-    token-stats chunk (``None``: default) and the layout (``sequence_first``: ``[s, b, V/TP]``)."""
+    token-stats chunk (``None``: default), the layout (``sequence_first``: ``[s, b, V/TP]``) and
+    the ``token_stats`` kernel (``auto``: Triton on CUDA when it imports, else torch)."""
 
     tp_group: dist.ProcessGroup | None
     vocab_size: int
     temperature: float = 1.0
     chunk_size: int | None = None
     sequence_first: bool = False
+    kernel: str = "auto"
 
     def stats(self, logits: Tensor, targets: Tensor, tabular: bool = False) -> TokenStats:
         """Per-token statistics ``[batch, seq]`` of ``targets`` (``[batch, seq]`` int64)."""
@@ -98,6 +100,7 @@ class VocabParallelLogits:
             vocab_size=self.vocab_size,
             tabular=tabular,
             chunk_size=self.chunk_size,
+            kernel=self.kernel,
         )
         if not self.sequence_first:
             return stats

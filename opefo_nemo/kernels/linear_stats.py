@@ -1,0 +1,372 @@
+"""Triton kernels for the token statistics straight from hidden states and the output weight.
+
+The logits of one vocabulary shard are ``z = X Wᵀ`` with hidden states ``X`` ``[tokens, h]`` and
+the weight shard ``W`` ``[width, h]`` (megatron's vocab-parallel output layer: rank ``r`` holds
+rows ``[r·width, (r+1)·width)`` of the padded vocabulary). Each tile
+``z[BLOCK_N rows, BLOCK_V columns]`` is accumulated in fp32 registers over ``h`` in steps of
+``BLOCK_K`` and used at once; the ``[tokens, width]`` logits never reach memory.
+
+- :func:`linear_partials` (forward): programs over row blocks sweep the shard's real columns,
+  folding each tile into the running max and sums of :mod:`.partials` and picking the target's
+  logit; one matmul's worth of work.
+- :func:`linear_grads` (backward): the tile of ``∂L/∂z`` (``kernels.tiles.grad_tile``) is rebuilt
+  from the global row statistics; ``∂L/∂X = (∂L/∂z) W`` by programs over row blocks and
+  ``∂L/∂W = (∂L/∂z)ᵀ X`` by programs over vocabulary blocks, each owning its output rows, so the
+  result is deterministic (no atomics) at the price of recomputing ``z`` in both: about four
+  matmuls of ``[tokens, h] × [h, width]`` against the unfused path's three. The two outputs are
+  accumulated in fp32 buffers ``[tokens, h]`` and ``[width, h]`` and returned in the inputs'
+  dtypes; padded weight rows get 0.
+
+Precision: products in the input dtype (bf16/fp16 on tensor cores, fp32 as IEEE fp32, never
+TF32), accumulation in fp32. ``∂L/∂z`` is rounded to the input dtype before its two matmuls, as
+the unfused path's gradient of bf16 logits is.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .partials import ShardPartials
+from .select import triton_interpreted
+from .tiles import count_bad, dot_acc, grad_tile, merge_tile
+
+
+@dataclass(frozen=True)
+class LinearBlocks:
+    """Tile sizes (powers of two, each ≥ 16 for ``tl.dot``) and warps per program."""
+
+    n: int = 64
+    v: int = 128
+    k: int = 64
+    num_warps: int = 8
+
+
+@triton.jit
+def _logit_tile(
+    x_ptr,
+    w_ptr,
+    rows,
+    cols,
+    row_ok,
+    col_ok,
+    hidden,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``X[rows] W[cols]ᵀ`` ``[BLOCK_N, BLOCK_V]`` fp32 (``X``, ``W`` row-major, ``h`` wide)."""
+    ks = tl.arange(0, BLOCK_K)
+    acc = tl.zeros((rows.shape[0], cols.shape[0]), tl.float32)
+    for k0 in range(0, hidden, BLOCK_K):
+        k = k0 + ks
+        k_ok = k < hidden
+        x = tl.load(
+            x_ptr + rows[:, None] * hidden + k[None, :],
+            mask=row_ok[:, None] & k_ok[None, :],
+            other=0.0,
+        )
+        w = tl.load(
+            w_ptr + cols[None, :] * hidden + k[:, None],
+            mask=col_ok[None, :] & k_ok[:, None],
+            other=0.0,
+        )
+        acc = dot_acc(x, w, acc, PRECISION, UPCAST)
+    return acc
+
+
+@triton.jit
+def _forward_kernel(
+    x_ptr,
+    w_ptr,
+    target_ptr,
+    max_ptr,
+    sums_ptr,
+    target_logit_ptr,
+    bad_ptr,
+    tokens,
+    valid,
+    hidden,
+    inv_t,
+    TABULAR: tl.constexpr,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < tokens
+    target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
+    m = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+    s0 = tl.zeros((BLOCK_N,), tl.float32)
+    s1 = tl.zeros((BLOCK_N,), tl.float32)
+    s2 = tl.zeros((BLOCK_N,), tl.float32)
+    s3 = tl.zeros((BLOCK_N,), tl.float32)
+    z_y = tl.zeros((BLOCK_N,), tl.float32)
+    bad = tl.zeros((BLOCK_N,), tl.int32)
+    for v0 in range(0, valid, BLOCK_V):
+        cols = (v0 + tl.arange(0, BLOCK_V)).to(tl.int64)
+        col_ok = cols < valid
+        z = _logit_tile(
+            x_ptr, w_ptr, rows, cols, row_ok, col_ok, hidden, PRECISION, UPCAST, BLOCK_K
+        )
+        z = tl.where(row_ok[:, None] & col_ok[None, :], z, float("-inf"))
+        m, s0, s1, s2, s3 = merge_tile(z, m, s0, s1, s2, s3, inv_t, TABULAR)
+        bad += count_bad(z)
+        z_y += tl.sum(tl.where(cols[None, :] == target[:, None], z, 0.0), axis=1)
+    tl.store(max_ptr + rows, m, mask=row_ok)
+    tl.store(sums_ptr + rows * 4, s0, mask=row_ok)
+    tl.store(sums_ptr + rows * 4 + 1, s1, mask=row_ok)
+    tl.store(sums_ptr + rows * 4 + 2, s2, mask=row_ok)
+    tl.store(sums_ptr + rows * 4 + 3, s3, mask=row_ok)
+    tl.store(target_logit_ptr + rows, z_y, mask=row_ok)
+    tl.store(bad_ptr + rows, bad, mask=row_ok)
+
+
+@triton.jit
+def _grad_logit_tile(
+    x_ptr,
+    w_ptr,
+    target_ptr,
+    row_stats_ptr,
+    rows,
+    cols,
+    row_ok,
+    col_ok,
+    hidden,
+    inv_t,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``∂L/∂z`` of the tile, fp32 ``[BLOCK_N, BLOCK_V]``, 0 outside real rows and columns."""
+    target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
+    m = tl.load(row_stats_ptr + rows * 5, mask=row_ok, other=0.0)
+    log_s0 = tl.load(row_stats_ptr + rows * 5 + 1, mask=row_ok, other=0.0)
+    entropy = tl.load(row_stats_ptr + rows * 5 + 2, mask=row_ok, other=0.0)
+    g_l = tl.load(row_stats_ptr + rows * 5 + 3, mask=row_ok, other=0.0)
+    g_h = tl.load(row_stats_ptr + rows * 5 + 4, mask=row_ok, other=0.0)
+    real = row_ok[:, None] & col_ok[None, :]
+    z = _logit_tile(x_ptr, w_ptr, rows, cols, row_ok, col_ok, hidden, PRECISION, UPCAST, BLOCK_K)
+    z = tl.where(real, z, float("-inf"))
+    grad = grad_tile(z, cols, target, m, log_s0, entropy, g_l, g_h, inv_t)
+    return tl.where(real, grad, 0.0)
+
+
+@triton.jit
+def _grad_hidden_kernel(
+    x_ptr,
+    w_ptr,
+    target_ptr,
+    row_stats_ptr,
+    dx_ptr,
+    tokens,
+    valid,
+    hidden,
+    inv_t,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``dX[rows] += Σ_tiles (∂L/∂z) W[cols]`` into the fp32 buffer ``dx`` ``[tokens, h]``."""
+    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < tokens
+    ks = tl.arange(0, BLOCK_K)
+    for v0 in range(0, valid, BLOCK_V):
+        cols = (v0 + tl.arange(0, BLOCK_V)).to(tl.int64)
+        col_ok = cols < valid
+        dz = _grad_logit_tile(
+            x_ptr,
+            w_ptr,
+            target_ptr,
+            row_stats_ptr,
+            rows,
+            cols,
+            row_ok,
+            col_ok,
+            hidden,
+            inv_t,
+            PRECISION,
+            UPCAST,
+            BLOCK_K,
+        )
+        dz = dz.to(w_ptr.dtype.element_ty)
+        for k0 in range(0, hidden, BLOCK_K):
+            k = k0 + ks
+            k_ok = k < hidden
+            w = tl.load(
+                w_ptr + cols[:, None] * hidden + k[None, :],
+                mask=col_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            out = dx_ptr + rows[:, None] * hidden + k[None, :]
+            out_ok = row_ok[:, None] & k_ok[None, :]
+            acc = tl.load(out, mask=out_ok, other=0.0)
+            acc = dot_acc(dz, w, acc, PRECISION, UPCAST)
+            tl.store(out, acc, mask=out_ok)
+
+
+@triton.jit
+def _grad_weight_kernel(
+    x_ptr,
+    w_ptr,
+    target_ptr,
+    row_stats_ptr,
+    dw_ptr,
+    tokens,
+    valid,
+    hidden,
+    inv_t,
+    PRECISION: tl.constexpr,
+    UPCAST: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+    BLOCK_K: tl.constexpr,
+):
+    """``dW[cols] += Σ_row blocks (∂L/∂z)ᵀ X[rows]`` into the fp32 buffer ``dw`` ``[width, h]``."""
+    cols = (tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
+    col_ok = cols < valid
+    ks = tl.arange(0, BLOCK_K)
+    for n0 in range(0, tokens, BLOCK_N):
+        rows = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
+        row_ok = rows < tokens
+        dz = _grad_logit_tile(
+            x_ptr,
+            w_ptr,
+            target_ptr,
+            row_stats_ptr,
+            rows,
+            cols,
+            row_ok,
+            col_ok,
+            hidden,
+            inv_t,
+            PRECISION,
+            UPCAST,
+            BLOCK_K,
+        )
+        dz_t = tl.trans(dz.to(x_ptr.dtype.element_ty))
+        for k0 in range(0, hidden, BLOCK_K):
+            k = k0 + ks
+            k_ok = k < hidden
+            x = tl.load(
+                x_ptr + rows[:, None] * hidden + k[None, :],
+                mask=row_ok[:, None] & k_ok[None, :],
+                other=0.0,
+            )
+            out = dw_ptr + cols[:, None] * hidden + k[None, :]
+            out_ok = col_ok[:, None] & k_ok[None, :]
+            acc = tl.load(out, mask=out_ok, other=0.0)
+            acc = dot_acc(dz_t, x, acc, PRECISION, UPCAST)
+            tl.store(out, acc, mask=out_ok)
+
+
+def _check(hidden: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, dict[str, object]]:
+    """Row-major ``hidden`` ``[tokens, h]`` and ``weight`` ``[width, h]`` of one dtype, and the
+    matmul constants: IEEE fp32 products for fp32 (not TF32; ``tf32`` is Triton's default and
+    has no effect on bf16/fp16), fp32 products for bf16 under the interpreter."""
+    if hidden.dim() != 2 or weight.dim() != 2 or hidden.shape[1] != weight.shape[1]:
+        raise ValueError(
+            f"expected hidden [tokens, h] and weight [width, h], got {tuple(hidden.shape)} and "
+            f"{tuple(weight.shape)}"
+        )
+    if hidden.dtype != weight.dtype:
+        raise TypeError(f"hidden is {hidden.dtype} but weight is {weight.dtype}")
+    fp32 = hidden.dtype == torch.float32
+    const = {
+        "PRECISION": "ieee" if fp32 else "tf32",
+        "UPCAST": hidden.dtype == torch.bfloat16 and triton_interpreted(),
+    }
+    return hidden.contiguous(), weight.contiguous(), const
+
+
+def linear_partials(
+    hidden: Tensor,
+    weight: Tensor,
+    local_target: Tensor,
+    valid: int,
+    inv_t: float,
+    tabular: bool,
+    blocks: LinearBlocks = LinearBlocks(),
+) -> ShardPartials:
+    """:class:`ShardPartials` of the logits ``hidden @ weight[:valid]ᵀ`` without forming them.
+
+    ``local_target`` ``[tokens]`` int64: the target's row of ``weight``, −1 where another shard
+    owns it. ``inv_t`` = 1/T. ``S2``, ``S3`` only with ``tabular``.
+    """
+    hidden, weight, matmul = _check(hidden, weight)
+    tokens, h = hidden.shape
+    kw = {"device": hidden.device, "dtype": torch.float32}
+    local_max, target_logit = torch.empty(tokens, **kw), torch.empty(tokens, **kw)
+    sums = torch.zeros(tokens, 4, **kw)
+    bad = torch.zeros(tokens, dtype=torch.int32, device=hidden.device)
+    if tokens > 0:
+        _forward_kernel[(triton.cdiv(tokens, blocks.n),)](
+            hidden,
+            weight,
+            local_target.contiguous(),
+            local_max,
+            sums,
+            target_logit,
+            bad,
+            tokens,
+            valid,
+            h,
+            float(inv_t),
+            TABULAR=tabular,
+            **matmul,
+            BLOCK_N=blocks.n,
+            BLOCK_V=blocks.v,
+            BLOCK_K=blocks.k,
+            num_warps=blocks.num_warps,
+        )
+    return ShardPartials(local_max, sums, target_logit, bad > 0)
+
+
+def linear_grads(
+    hidden: Tensor,
+    weight: Tensor,
+    local_target: Tensor,
+    valid: int,
+    inv_t: float,
+    row_stats: Tensor,
+    need_hidden: bool,
+    need_weight: bool,
+    blocks: LinearBlocks = LinearBlocks(),
+) -> tuple[Tensor | None, Tensor | None]:
+    """``(∂L/∂hidden [tokens, h], ∂L/∂weight [width, h])`` in the inputs' dtype (``None`` where
+    not needed); ``row_stats`` ``[tokens, 5]`` fp32 ``[m, log S0, H, g_l, g_H]`` as for
+    ``logits_stats.shard_logits_grad``. ``∂L/∂hidden`` is this shard's share (summed over the
+    tensor-parallel group by the caller's layer)."""
+    hidden, weight, matmul = _check(hidden, weight)
+    tokens, h = hidden.shape
+    width = weight.shape[0]
+    args = (hidden, weight, local_target.contiguous(), row_stats.contiguous())
+    const = {
+        **matmul,
+        "BLOCK_N": blocks.n,
+        "BLOCK_V": blocks.v,
+        "BLOCK_K": blocks.k,
+        "num_warps": blocks.num_warps,
+    }
+    grad_hidden = grad_weight = None
+    if need_hidden:
+        dx = torch.zeros(tokens, h, dtype=torch.float32, device=hidden.device)
+        if tokens > 0 and valid > 0:
+            grid = (triton.cdiv(tokens, blocks.n),)
+            _grad_hidden_kernel[grid](*args, dx, tokens, valid, h, float(inv_t), **const)
+        grad_hidden = dx.to(hidden.dtype)
+    if need_weight:
+        dw = torch.zeros(width, h, dtype=torch.float32, device=hidden.device)
+        if tokens > 0 and valid > 0:
+            grid = (triton.cdiv(valid, blocks.v),)
+            _grad_weight_kernel[grid](*args, dw, tokens, valid, h, float(inv_t), **const)
+        grad_weight = dw.to(weight.dtype)
+    return grad_hidden, grad_weight

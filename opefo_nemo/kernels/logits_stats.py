@@ -1,0 +1,209 @@
+"""Triton kernels for the token statistics of one vocabulary shard of logits ``[tokens, width]``.
+
+Forward (:func:`shard_partials`): one program per ``block_n`` token rows reads the shard's real
+columns once, tile by tile, into the running max and sums of :mod:`.partials` (bf16/fp16/fp32
+in, fp32 out); the target's raw logit is loaded on the rank that owns it. Nothing of size
+``[tokens, width]`` is written.
+
+Backward (:func:`shard_logits_grad`): one more read of the shard gives the gradient
+``(g_l onehot(y) − p (g_l + g_H (log p + H))) / T`` with ``p`` rebuilt from the global row max,
+``log S0`` and ``H``, written once in the logits' dtype (padded columns 0). No fp32 copy of the
+shard exists at any point.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+from torch import Tensor
+
+from .partials import ShardPartials
+from .tiles import count_bad, grad_tile, merge_tile
+
+#: Widest vocabulary tile a program holds (fp32 registers per row).
+MAX_BLOCK_V = 4096
+
+
+@triton.jit
+def _partials_kernel(
+    logits_ptr,
+    stride_row,
+    target_ptr,
+    max_ptr,
+    sums_ptr,
+    target_logit_ptr,
+    bad_ptr,
+    tokens,
+    valid,
+    inv_t,
+    TABULAR: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < tokens
+    cols = tl.arange(0, BLOCK_V)
+    m = tl.full((BLOCK_N,), float("-inf"), tl.float32)
+    s0 = tl.zeros((BLOCK_N,), tl.float32)
+    s1 = tl.zeros((BLOCK_N,), tl.float32)
+    s2 = tl.zeros((BLOCK_N,), tl.float32)
+    s3 = tl.zeros((BLOCK_N,), tl.float32)
+    bad = tl.zeros((BLOCK_N,), tl.int32)
+    row_ptrs = logits_ptr + rows[:, None] * stride_row
+    for start in range(0, valid, BLOCK_V):
+        c = start + cols
+        mask = row_ok[:, None] & (c[None, :] < valid)
+        z = tl.load(row_ptrs + c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
+        m, s0, s1, s2, s3 = merge_tile(z, m, s0, s1, s2, s3, inv_t, TABULAR)
+        bad += count_bad(z)
+    target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
+    owned = row_ok & (target >= 0)
+    z_y = tl.load(logits_ptr + rows * stride_row + target, mask=owned, other=0.0).to(tl.float32)
+    tl.store(max_ptr + rows, m, mask=row_ok)
+    tl.store(sums_ptr + rows * 4, s0, mask=row_ok)
+    tl.store(sums_ptr + rows * 4 + 1, s1, mask=row_ok)
+    tl.store(sums_ptr + rows * 4 + 2, s2, mask=row_ok)
+    tl.store(sums_ptr + rows * 4 + 3, s3, mask=row_ok)
+    tl.store(target_logit_ptr + rows, z_y, mask=row_ok)
+    tl.store(bad_ptr + rows, bad, mask=row_ok)
+
+
+@triton.jit
+def _grad_kernel(
+    logits_ptr,
+    grad_ptr,
+    stride_row,
+    grad_stride_row,
+    target_ptr,
+    row_stats_ptr,
+    tokens,
+    valid,
+    width,
+    inv_t,
+    BLOCK_N: tl.constexpr,
+    BLOCK_V: tl.constexpr,
+):
+    rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    row_ok = rows < tokens
+    cols = tl.arange(0, BLOCK_V)
+    target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
+    m = tl.load(row_stats_ptr + rows * 5, mask=row_ok, other=0.0)
+    log_s0 = tl.load(row_stats_ptr + rows * 5 + 1, mask=row_ok, other=0.0)
+    entropy = tl.load(row_stats_ptr + rows * 5 + 2, mask=row_ok, other=0.0)
+    g_l = tl.load(row_stats_ptr + rows * 5 + 3, mask=row_ok, other=0.0)
+    g_h = tl.load(row_stats_ptr + rows * 5 + 4, mask=row_ok, other=0.0)
+    for start in range(0, width, BLOCK_V):
+        c = start + cols
+        real = row_ok[:, None] & (c[None, :] < valid)
+        z = tl.load(
+            logits_ptr + rows[:, None] * stride_row + c[None, :], mask=real, other=float("-inf")
+        ).to(tl.float32)
+        grad = grad_tile(z, c, target, m, log_s0, entropy, g_l, g_h, inv_t)
+        grad = tl.where(real, grad, 0.0)
+        out = grad_ptr + rows[:, None] * grad_stride_row + c[None, :]
+        tl.store(
+            out, grad.to(grad_ptr.dtype.element_ty), mask=row_ok[:, None] & (c[None, :] < width)
+        )
+
+
+def default_block_v(valid: int) -> int:
+    """The vocabulary tile: the shard's real width rounded up to a power of two, 16 to
+    :data:`MAX_BLOCK_V`."""
+    return min(MAX_BLOCK_V, max(16, triton.next_power_of_2(max(valid, 1))))
+
+
+def _rows_last_contiguous(logits: Tensor) -> Tensor:
+    if logits.dim() != 2:
+        raise ValueError(f"expected logits [tokens, width], got shape {tuple(logits.shape)}")
+    return logits if logits.stride(1) == 1 else logits.contiguous()
+
+
+def shard_partials(
+    logits: Tensor,
+    local_target: Tensor,
+    valid: int,
+    inv_t: float,
+    tabular: bool,
+    *,
+    block_n: int = 1,
+    block_v: int | None = None,
+) -> ShardPartials:
+    """One read of ``logits`` ``[tokens, width]`` (columns ``>= valid`` are padding, never read).
+
+    ``local_target`` ``[tokens]`` int64: the target's column in this shard, −1 where another
+    shard owns it. ``inv_t`` = 1/T. The sums ``S2``, ``S3`` are computed only with ``tabular``.
+    """
+    logits = _rows_last_contiguous(logits)
+    tokens = logits.shape[0]
+    device = logits.device
+    out = ShardPartials(
+        local_max=torch.empty(tokens, dtype=torch.float32, device=device),
+        sums=torch.zeros(tokens, 4, dtype=torch.float32, device=device),
+        target_logit=torch.empty(tokens, dtype=torch.float32, device=device),
+        bad=torch.empty(tokens, dtype=torch.int32, device=device),
+    )
+    if tokens == 0:
+        return ShardPartials(out.local_max, out.sums, out.target_logit, out.bad.bool())
+    block_v = block_v or default_block_v(valid)
+    _partials_kernel[(triton.cdiv(tokens, block_n),)](
+        logits,
+        logits.stride(0),
+        local_target.contiguous(),
+        out.local_max,
+        out.sums,
+        out.target_logit,
+        out.bad,
+        tokens,
+        valid,
+        float(inv_t),
+        TABULAR=tabular,
+        BLOCK_N=block_n,
+        BLOCK_V=block_v,
+    )
+    return ShardPartials(out.local_max, out.sums, out.target_logit, out.bad > 0)
+
+
+def shard_logits_grad(
+    logits: Tensor,
+    local_target: Tensor,
+    valid: int,
+    inv_t: float,
+    row_stats: Tensor,
+    *,
+    out: Tensor | None = None,
+    block_n: int = 1,
+    block_v: int | None = None,
+) -> Tensor:
+    """The gradient ``[tokens, width]`` in the logits' dtype (columns ``>= valid`` are 0),
+    written into ``out`` (same shape and dtype, unit column stride) or a new tensor.
+
+    ``row_stats`` ``[tokens, 5]`` fp32: global row max (raw), ``log S0``, ``H``, ``g_l``, ``g_H``
+    (the incoming gradients of ``logprob`` and ``entropy``, 0 where absent).
+    """
+    logits = _rows_last_contiguous(logits)
+    tokens, width = logits.shape
+    grad = torch.empty_like(logits, memory_format=torch.contiguous_format) if out is None else out
+    if grad.shape != logits.shape or grad.dtype != logits.dtype or grad.stride(1) != 1:
+        raise ValueError(
+            f"out must be [tokens, width] {logits.dtype} with unit column stride, got "
+            f"{tuple(grad.shape)} {grad.dtype} strides {grad.stride()}"
+        )
+    if tokens == 0 or width == 0:
+        return grad.zero_()
+    block_v = block_v or default_block_v(width)
+    _grad_kernel[(triton.cdiv(tokens, block_n),)](
+        logits,
+        grad,
+        logits.stride(0),
+        grad.stride(0),
+        local_target.contiguous(),
+        row_stats.contiguous(),
+        tokens,
+        valid,
+        width,
+        float(inv_t),
+        BLOCK_N=block_n,
+        BLOCK_V=block_v,
+    )
+    return grad

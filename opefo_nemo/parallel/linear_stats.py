@@ -1,0 +1,144 @@
+"""``linear_token_stats``: the token statistics from hidden states and the output weight shard,
+fused with the vocabulary projection (SPEC §1; docs/kernels.md).
+
+The same statistics, collectives and errors as :func:`~opefo_nemo.parallel.token_stats` of
+``logits = hidden @ weightᵀ``, but the Triton kernels of ``opefo_nemo.kernels.linear_stats`` form
+the logits tile by tile in registers and never store them: memory is ``O(tokens)`` fp32 vectors
+beside the inputs (and, in backward, fp32 gradient buffers of the inputs' sizes). No chunking is
+needed. Per call: one all-reduce MAX and one all-reduce SUM in forward, none in backward.
+
+Importing this module imports Triton.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from opefo_nemo.kernels import resolve_stats_kernel
+from opefo_nemo.kernels.linear_stats import LinearBlocks, linear_grads, linear_partials
+from opefo_nemo.parallel.groups import VocabShard
+from opefo_nemo.parallel.token_stats import TokenStats, check_finite, check_targets
+from opefo_nemo.parallel.triton_stats import finish_partials, local_target, row_stats
+
+
+@dataclass(frozen=True)
+class _LinearPlan:
+    shard: VocabShard
+    inv_t: float
+    group: dist.ProcessGroup | None
+    tabular: bool
+    blocks: LinearBlocks
+
+
+def _stats(hidden: Tensor, weight: Tensor, target: Tensor, plan: _LinearPlan):
+    partials = linear_partials(
+        hidden, weight, target, plan.shard.valid, plan.inv_t, plan.tabular, plan.blocks
+    )
+    check_widths = plan.shard.world > 1
+    return finish_partials(
+        partials, target >= 0, plan.shard, plan.inv_t, plan.group, plan.tabular, check_widths
+    )
+
+
+class _LinearTokenStats(torch.autograd.Function):
+    """Autograd for ``logprob`` and ``entropy`` w.r.t. ``hidden`` and ``weight``; backward
+    recomputes the logit tiles from the saved inputs and the global row statistics."""
+
+    @staticmethod
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, plan: _LinearPlan):  # type: ignore[override]
+        chunk = _stats(hidden, weight, target, plan)
+        outputs = (chunk.logprob, chunk.entropy, chunk.local_bad)
+        if plan.tabular:
+            outputs += (chunk.sum_p2, chunk.sum_p2_logp)
+        ctx.save_for_backward(hidden, weight, target, chunk.row_max, chunk.log_sum_exp, outputs[1])
+        ctx.plan = plan
+        ctx.set_materialize_grads(False)
+        ctx.mark_non_differentiable(*outputs[2:])
+        return outputs
+
+    @staticmethod
+    def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None, *_):  # type: ignore[override]
+        if grad_logprob is None and grad_entropy is None:
+            return None, None, None, None
+        hidden, weight, target, row_max, log_sum_exp, entropy = ctx.saved_tensors
+        plan: _LinearPlan = ctx.plan
+        grad_hidden, grad_weight = linear_grads(
+            hidden,
+            weight,
+            target,
+            plan.shard.valid,
+            plan.inv_t,
+            row_stats(row_max, log_sum_exp, entropy, grad_logprob, grad_entropy),
+            need_hidden=ctx.needs_input_grad[0],
+            need_weight=ctx.needs_input_grad[1],
+            blocks=plan.blocks,
+        )
+        return grad_hidden, grad_weight, None, None
+
+
+def linear_token_stats(
+    hidden: Tensor,
+    weight: Tensor,
+    targets: Tensor,
+    *,
+    temperature: float = 1.0,
+    group: dist.ProcessGroup | None = None,
+    vocab_size: int | None = None,
+    tabular: bool = False,
+    blocks: LinearBlocks | None = None,
+) -> TokenStats:
+    """Per-token statistics of ``softmax(hidden @ weightᵀ / T)`` over the (vocab-parallel)
+    vocabulary, without forming the logits.
+
+    Args:
+        hidden: final hidden states ``[tokens, h]`` or ``[d0, d1, h]`` (any two leading dims, e.g.
+            megatron's ``[seq, batch, h]`` after the sequence-parallel gather), the same on every
+            rank of ``group``; bf16/fp16/fp32.
+        weight: this rank's output-layer shard ``[V/TP, h]``, the dtype of ``hidden`` (rank ``r``
+            holds rows ``[r·V/TP, (r+1)·V/TP)`` of the padded vocabulary).
+        targets: int64 global vocabulary ids shaped like ``hidden[..., 0]``.
+        temperature, group, vocab_size, tabular: as for ``token_stats``.
+        blocks: tile sizes (default :class:`~opefo_nemo.kernels.linear_stats.LinearBlocks`).
+
+    Returns ``TokenStats`` shaped like ``targets``; ``logprob`` and ``entropy`` differentiable
+    w.r.t. ``hidden`` and ``weight``. The gradient w.r.t. ``hidden`` is this rank's share: the
+    caller's layer sums it over the TP group, as megatron-core's ``ColumnParallelLinear`` backward
+    does for its input. Runs on CUDA tensors (CPU tensors under ``TRITON_INTERPRET=1``).
+
+    Raises: as ``token_stats`` (``ValueError`` for targets, shapes, ``vocab_size`` and shard
+    widths; ``NonFiniteLogitsError`` for NaN/``+inf`` logits), ``TypeError`` for mixed dtypes.
+    """
+    if hidden.dim() not in (2, 3) or tuple(targets.shape) != tuple(hidden.shape[:-1]):
+        raise ValueError(
+            f"expected hidden [tokens, h] or [d0, d1, h] and targets of the leading shape, got "
+            f"hidden {tuple(hidden.shape)} and targets {tuple(targets.shape)}"
+        )
+    if weight.dim() != 2 or weight.shape[1] != hidden.shape[-1]:
+        raise ValueError(f"expected weight [V/TP, {hidden.shape[-1]}], got {tuple(weight.shape)}")
+    if not temperature > 0:
+        raise ValueError(f"temperature must be > 0, got {temperature}")
+    resolve_stats_kernel("triton", hidden.is_cuda)
+    shard = VocabShard.of(weight.shape[0], group, vocab_size)
+    check_targets(targets, shard.vocab_size)
+    plan = _LinearPlan(shard, 1.0 / temperature, group, tabular, blocks or LinearBlocks())
+    flat_hidden = hidden.reshape(-1, hidden.shape[-1])
+    target = local_target(targets.reshape(-1).long(), shard)
+    if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
+        outs = _LinearTokenStats.apply(flat_hidden, weight, target, plan)
+    else:
+        chunk = _stats(flat_hidden, weight, target, plan)
+        outs = (chunk.logprob, chunk.entropy, chunk.local_bad, chunk.sum_p2, chunk.sum_p2_logp)
+    shape = targets.shape
+    extra = outs[3:] if tabular else (None, None)
+    stats = TokenStats(
+        logprob=outs[0].reshape(shape),
+        entropy=outs[1].reshape(shape),
+        sum_p2=None if extra[0] is None else extra[0].reshape(shape),
+        sum_p2_logp=None if extra[1] is None else extra[1].reshape(shape),
+    )
+    check_finite(stats, outs[2], shard)
+    return stats

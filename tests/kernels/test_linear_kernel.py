@@ -1,0 +1,148 @@
+"""``linear_token_stats`` (logits never formed) on one process against float64 and against
+autograd of the unfused path (``hidden @ weightᵀ`` then ``token_stats``).
+
+Error model (tolerances.py) plus the logits' own: each fp32 logit ``z = Σ_k x_k w_k`` of ``h``
+exact products (bf16/fp16 products are exact in fp32) carries at most ``(h + 1)·u·Σ|x_k w_k|``;
+a shift ``δ`` of the logits moves ``log p`` by ≤ ``2δ/T``, so the statistics' budget grows by
+``4·δ_max/T`` per row and the gradient terms' relative error by the same.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+pytest.importorskip("triton", reason="the Triton kernels need the triton package")
+
+from opefo_nemo.kernels.linear_stats import LinearBlocks
+from opefo_nemo.parallel import NonFiniteLogitsError, token_stats
+from opefo_nemo.parallel.linear_stats import linear_token_stats
+from tests.kernels.reference import reference_stats
+from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
+
+pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy on ±inf
+
+FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+VOCAB, WIDTH, HIDDEN, TOKENS = 37, 40, 24, 21  # odd V, 3 padded weight rows, h not a tile multiple
+BLOCKS = LinearBlocks(n=16, v=16, k=16, num_warps=1)  # several tiles in every direction
+
+
+def _inputs(dtype: torch.dtype, seed: int = 0):
+    """Hidden ``[TOKENS, HIDDEN]``, weight ``[WIDTH, HIDDEN]`` (padded rows huge: they must not
+    count) and targets; logits of scale ~4."""
+    gen = torch.Generator().manual_seed(seed)
+    hidden = torch.randn(TOKENS, HIDDEN, generator=gen)
+    weight = torch.randn(WIDTH, HIDDEN, generator=gen) * (4 / HIDDEN**0.5)
+    weight[VOCAB:] = 1e3
+    targets = torch.randint(0, VOCAB, (TOKENS,), generator=gen)
+    return hidden.to(dtype), weight.to(dtype), targets
+
+
+def _logit_error(x64: torch.Tensor, w64: torch.Tensor) -> torch.Tensor:
+    """``δ_max`` per row: the bound on the fp32 rounding of any of its logits."""
+    return (HIDDEN + 1) * U32 * (x64.abs() @ w64.abs().T).amax(1)
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+@pytest.mark.parametrize("temperature", [1.0, 0.7])
+def test_stats_match_float64(dtype, temperature):
+    hidden, weight, targets = _inputs(dtype)
+    stats = linear_token_stats(
+        hidden,
+        weight,
+        targets,
+        temperature=temperature,
+        vocab_size=VOCAB,
+        tabular=True,
+        blocks=BLOCKS,
+    )
+    x64, w64 = hidden.double(), weight[:VOCAB].double()
+    z64 = x64 @ w64.T
+    ref = reference_stats(z64, targets, temperature)
+    eps = row_eps(z64, temperature) + 4 * _logit_error(x64, w64) / temperature
+    for name in FIELDS:
+        err = (getattr(stats, name).double() - ref[name]).abs()
+        assert bool((err <= stats_tol(eps, ref[name])).all()), f"{name}: {err.max():.3g}"
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_gradients_match_float64_and_unfused_autograd(dtype):
+    """``∂/∂hidden = (∂L/∂z) W`` and ``∂/∂weight = (∂L/∂z)ᵀ X``: the terms of ``∂L/∂z`` carry
+    relative error ``ε`` (row budget + logit error + the rounding of ``∂L/∂z`` to the input dtype
+    before the matmul), the matmul adds ``(V + N)·u`` of its magnitudes, the result one rounding
+    to the output dtype. The unfused path in fp32 meets the same bound, so the two are compared
+    at twice it."""
+    hidden, weight, targets = _inputs(dtype)
+    temperature = 0.7
+    gen = torch.Generator().manual_seed(5)
+    g_l, g_h = torch.randn(TOKENS, generator=gen), torch.randn(TOKENS, generator=gen)
+
+    def grads(fused: bool):
+        x, w = hidden.clone().requires_grad_(), weight.clone().requires_grad_()
+        kw = {"temperature": temperature, "vocab_size": VOCAB}
+        if fused:
+            stats = linear_token_stats(x, w, targets, blocks=BLOCKS, **kw)
+        else:
+            stats = token_stats(x.float() @ w.float().T, targets, kernel="torch", **kw)
+        ((stats.logprob * g_l).sum() + (stats.entropy * g_h).sum()).backward()
+        return x.grad, w.grad
+
+    dx, dw = grads(fused=True)
+    assert dx.dtype == dtype and dw.dtype == dtype
+    assert bool((dw[VOCAB:] == 0).all())
+    x64 = hidden.double().requires_grad_()
+    w64 = weight[:VOCAB].double().requires_grad_()
+    ref = reference_stats(x64 @ w64.T, targets, temperature)
+    ((ref["logprob"] * g_l.double()).sum() + (ref["entropy"] * g_h.double()).sum()).backward()
+    z64 = (x64 @ w64.T).detach()
+    eps = row_eps(z64, temperature) + 4 * _logit_error(x64.detach(), w64.detach()) / temperature
+    eps = eps + (UNIT[dtype] if dtype != torch.float32 else 0) + (VOCAB + TOKENS) * U32
+    scale = eps[:, None] * grad_scale(z64, targets, temperature, g_l, g_h)
+    bound_x = scale @ w64.detach().abs() + UNIT[dtype] * x64.grad.abs()
+    bound_w = scale.T @ x64.detach().abs() + UNIT[dtype] * w64.grad.abs()
+    assert bool(((dx.double() - x64.grad).abs() <= bound_x).all())
+    assert bool(((dw[:VOCAB].double() - w64.grad).abs() <= bound_w).all())
+    ux, uw = grads(fused=False)
+    assert bool(((dx.double() - ux.double()).abs() <= 2 * bound_x).all())
+    assert bool(((dw[:VOCAB].double() - uw[:VOCAB].double()).abs() <= 2 * bound_w).all())
+
+
+def test_one_input_with_gradient_and_no_graph():
+    hidden, weight, targets = _inputs(torch.float32)
+    x = hidden.clone().requires_grad_()
+    stats = linear_token_stats(x, weight, targets, vocab_size=VOCAB, blocks=BLOCKS)
+    stats.entropy.sum().backward()
+    assert x.grad is not None and bool(x.grad.abs().sum() > 0) and weight.grad is None
+    with torch.no_grad():
+        plain = linear_token_stats(x, weight, targets, vocab_size=VOCAB, blocks=BLOCKS)
+    assert plain.logprob.grad_fn is None
+    assert torch.equal(plain.entropy, stats.entropy.detach())
+
+
+def test_three_dim_layout_and_default_blocks():
+    """``[seq, batch, h]`` hidden states give the per-token results of the flat call, with the
+    default (GPU-sized) tiles as well."""
+    hidden, weight, targets = _inputs(torch.float32)
+    hidden, targets = hidden[:20], targets[:20]
+    flat = linear_token_stats(hidden, weight, targets, vocab_size=VOCAB, blocks=BLOCKS)
+    cube = linear_token_stats(
+        hidden.view(5, 4, HIDDEN), weight, targets.view(5, 4), vocab_size=VOCAB
+    )
+    assert cube.logprob.shape == (5, 4)
+    eps = row_eps(hidden.double() @ weight[:VOCAB].double().T, 1.0)
+    for name in ("logprob", "entropy"):
+        a, b = getattr(cube, name).reshape(-1).double(), getattr(flat, name).double()
+        assert bool(((a - b).abs() <= 2 * stats_tol(eps, b)).all()), name
+
+
+def test_errors():
+    hidden, weight, targets = _inputs(torch.float32)
+    with pytest.raises(TypeError, match=r"hidden is torch\.float32 but weight is torch\.bfloat16"):
+        linear_token_stats(hidden, weight.bfloat16(), targets, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="expected weight"):
+        linear_token_stats(hidden, weight[:, :5], targets, vocab_size=VOCAB)
+    with pytest.raises(ValueError, match="outside the vocabulary"):
+        linear_token_stats(hidden, weight, targets + VOCAB, vocab_size=VOCAB)
+    hidden[3, 2] = float("nan")
+    with pytest.raises(NonFiniteLogitsError, match="1 tokens have non-finite statistics"):
+        linear_token_stats(hidden, weight, targets, vocab_size=VOCAB, blocks=BLOCKS)
