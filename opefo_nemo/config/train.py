@@ -131,12 +131,6 @@ class MegatronEngineConfig(OptimizerConfig):
             "engine.sequence_parallel",
             "needs engine.tensor_model_parallel_size > 1 (it splits activations over the TP group)",
         )
-        require(
-            self.stats_kernel == "auto",
-            "engine.stats_kernel",
-            f"={self.stats_kernel}: engine=megatron computes the statistics with the auto choice "
-            "(triton on CUDA when it imports, else torch); only engine=hf can force one",
-        )
         _validate_optimizer(self)
 
     def validate_model(self, shape: ModelShape, source: str) -> None:

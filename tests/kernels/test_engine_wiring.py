@@ -11,6 +11,7 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
 from opefo_nemo.config.train import EngineConfig
+from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
@@ -58,7 +59,8 @@ def test_triton_equals_torch_on_the_tiny_model(model_dir):
         stats = policy.token_stats(batch, tabular=True)
 
         def loss_fn(index: int, s: TokenStats):
-            return -(s.logprob * batch.response_mask).sum() - 0.1 * s.entropy.sum()
+            loss = -(s.logprob * batch.response_mask).sum() - 0.1 * s.entropy.sum()
+            return LossOutput(loss, {})
 
         update = policy.train_step([batch], loss_fn)
         results[kernel] = (stats, update.grad_norm)

@@ -91,7 +91,7 @@ def test_paper_presets_validate(preset, tmp_path, monkeypatch):
         (["engine.nemo_checkpoint=x.nemo", "engine.name=megatron"], "engine.nemo_checkpoint is"),
         (["engine.sequence_parallel=2"], "engine.sequence_parallel must be true or false"),
         (["engine.name=nemo"], "engine.name is 'nemo'"),
-        (["engine.stats_kernel=torch"], "engine.stats_kernel =torch: engine=megatron computes"),
+        (["engine.name=megatron", "engine.device=cpu", "engine.stats_kernel=triton"], "=triton"),
     ],
 )
 def test_contradictions_name_the_key(overrides, message):

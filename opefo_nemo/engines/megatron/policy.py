@@ -136,6 +136,7 @@ class MegatronPolicy:
             layout.shape.vocab_size,
             temperature,
             chunk_size=config.stats_chunk_tokens,
+            kernel=config.stats_kernel,
         )
         groups = (self.dp_group, self.model_parallel_group)
         self.updates: TorchOptimizerStep | MegatronOptimizerStep
