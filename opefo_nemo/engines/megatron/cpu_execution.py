@@ -94,21 +94,18 @@ def megatron_on_cpu() -> Iterator[None]:
         yield
         return
 
-    saved = (
-        torch.Tensor.cuda,
-        torch.cuda.current_device,
-        torch.cuda.synchronize,
-        random._get_cuda_rng_state,
-        random._set_cuda_rng_state,
-        utils.get_default_causal_mask,
-        fused_softmax.get_default_causal_mask,
-    )
-    utils.get_default_causal_mask = fused_softmax.get_default_causal_mask = _causal_mask
-    torch.Tensor.cuda = lambda self, *args, **kwargs: self
-    torch.cuda.current_device = lambda: "cpu"
-    torch.cuda.synchronize = lambda *args, **kwargs: None
-    random._get_cuda_rng_state = lambda *args, **kwargs: torch.get_rng_state()
-    random._set_cuda_rng_state = lambda state, *args, **kwargs: torch.set_rng_state(state)
+    patches = [
+        (torch.Tensor, "cuda", lambda self, *args, **kwargs: self),
+        (torch.cuda, "current_device", lambda: "cpu"),
+        (torch.cuda, "synchronize", lambda *args, **kwargs: None),
+        (random, "_get_cuda_rng_state", lambda *args, **kwargs: torch.get_rng_state()),
+        (random, "_set_cuda_rng_state", lambda state, *args, **kwargs: torch.set_rng_state(state)),
+        (utils, "get_default_causal_mask", _causal_mask),
+        (fused_softmax, "get_default_causal_mask", _causal_mask),
+    ]
+    saved = [(owner, name, getattr(owner, name)) for owner, name, _ in patches]
+    for owner, name, replacement in patches:
+        setattr(owner, name, replacement)
     tracker = random.get_cuda_rng_tracker()
     tracker.states_[random._MODEL_PARALLEL_RNG_TRACKER_NAME] = torch.get_rng_state()
     _ACTIVE.append(True)
@@ -118,12 +115,5 @@ def megatron_on_cpu() -> Iterator[None]:
     finally:
         _ACTIVE.pop()
         tracker.reset()
-        (
-            torch.Tensor.cuda,
-            torch.cuda.current_device,
-            torch.cuda.synchronize,
-            random._get_cuda_rng_state,
-            random._set_cuda_rng_state,
-            utils.get_default_causal_mask,
-            fused_softmax.get_default_causal_mask,
-        ) = saved
+        for owner, name, original in saved:
+            setattr(owner, name, original)
