@@ -170,3 +170,77 @@ def test_initial_weights_are_told_apart(runs, shared_rollout, warm_model):
         default=float("inf"),
     )
     assert gap > 100 * LOGPROB_ABS
+
+
+#: The presets' engine settings on CPU ranks: bf16 parameters with fp32 main weights and the
+#: distributed optimizer; their layout: TP 2 × sequence parallel × DP 2 (4 ranks, one vLLM server
+#: for all).
+PRESET_LAYOUT = (
+    "engine.tensor_model_parallel_size=2",
+    "engine.sequence_parallel=true",
+    "engine.rollout_tp_size=4",
+)
+PRESET_ENGINE = (
+    "engine=megatron",
+    "engine.device=cpu",
+    "engine.dtype=bfloat16",
+    "engine.use_distributed_optimizer=true",
+    "engine.micro_batch_size=2",
+    "engine.make_vocab_size_divisible_by=8",
+    "trainer.max_steps=2",
+    "method.lr=1e-3",
+    "engine.warmup_steps=2",
+    "engine.adam_eps=1e-4",
+)
+#: bf16 logits of magnitude |z| ~ 20 are rounded to ε_bf16·|z|/2 ~ 0.04: the logprobs of the
+#: sampled (mostly confident) tokens, their entropy flows and the gradient through ``1 − p`` move
+#: by that much with any change of reduction order. Between layouts of the same engine (TP split
+#: matmuls, the DP all-reduce, micro-batches) the step's token means, flow sums, λ* and gradient
+#: norm therefore agree to a few per cent, not to fp32 round-off: 2⁻⁴ relative (2⁻⁶ absolute
+#: near 0). Between the engines (other kernels, another rounding of every logit) only the
+#: entropy, a smooth token mean, is compared (2⁻⁴); the flow sums of near-certain tokens are
+#: differences of such rounded logprobs and are not.
+BF16_REL, BF16_ABS = 2**-4, 2**-6
+STEP_METRICS = ("entropy/mean", "flow/pos", "flow/neg", "flow/lambda", "loss", "grad/norm")
+
+
+def test_preset_engine_settings_train_like_one_rank(warm_model, tmp_path):
+    """The presets' engine settings (bf16 with fp32 main weights, TP 2 × sequence parallel,
+    distributed optimizer, DP 2: 4 ranks) against ``engine=megatron`` in bf16 on one rank and
+    against the ``hf`` engine in bf16, from the same weights: step 1's completions are identical
+    in all three (the same bf16 weights in the same kind of vLLM server); the 4-rank step's
+    entropy, flow sums, λ*, loss and gradient norm equal the one-rank step's within bf16
+    round-off, its entropy the hf engine's; step 2 samples from the refitted weights and trains."""
+    bf16 = ["engine.dtype=bfloat16", "trainer.max_steps=1", "method.lr=1e-3"]
+    config, config_dict = compose(run_overrides(warm_model, tmp_path / "hf", bf16))
+    reference = build_trainer(config, config_dict, tmp_path / "hf")
+    reference.rollout = workers_megatron_loop.RecordingRollout(reference.rollout)
+    try:
+        assert reference.run() == "done"
+    finally:
+        reference.rollout.close()
+    (hf_call,) = json.loads(json.dumps(reference.rollout.calls))
+    (hf_metrics,) = read_metrics(tmp_path / "hf" / "metrics.jsonl")
+
+    runs = {}
+    for name, world, layout in (
+        ("one_rank", 1, ("engine.rollout_tp_size=1",)),
+        ("preset", 4, PRESET_LAYOUT),
+    ):
+        out = tmp_path / name
+        overrides = run_overrides(warm_model, out, [*PRESET_ENGINE, *layout])
+        run_world(workers_megatron_loop.run_straight, world, overrides, str(out), **SERVER_START)
+        reports = [json.loads((out / f"rank{r}.json").read_text()) for r in range(world)]
+        assert all(report == reports[0] for report in reports)
+        status, steps, calls = reports[0]
+        assert (status, steps, len(calls)) == ("done", 2, 2), name
+        assert calls[0]["completions"] == hf_call["completions"], name
+        runs[name] = read_metrics(out / "metrics.jsonl")
+    one, preset = runs["one_rank"], runs["preset"]
+    for key in STEP_METRICS:
+        assert preset[0][key] == pytest.approx(one[0][key], rel=BF16_REL, abs=BF16_ABS), key
+    entropy = preset[0]["entropy/mean"]
+    assert entropy == pytest.approx(hf_metrics["entropy/mean"], rel=BF16_REL)
+    net = preset[0]["flow/net_after_balance"]
+    assert abs(net) <= 1e-9 * (preset[0]["flow/pos"] + preset[0]["flow/neg"])
+    assert preset[1]["grad/norm"] > 0

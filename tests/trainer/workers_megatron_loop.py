@@ -131,3 +131,24 @@ def _run_and_resume(
     out_dir.mkdir(parents=True, exist_ok=True)
     (out_dir / f"rank{ranks.rank}.json").write_text(json.dumps(report))
     return first_calls.engine
+
+
+def run_straight(rank: int, world_size: int, overrides: list[str], out: str) -> None:
+    """The loop to ``trainer.max_steps`` under ``out`` (one vLLM server for the whole world:
+    ``engine.rollout_tp_size`` = the world size); each rank writes ``out/rank<r>.json`` with its
+    status, steps and ``generate`` calls."""
+    from megatron.core import parallel_state
+
+    warnings.filterwarnings("ignore")
+    ranks = LoopRanks(rank, world_size, world_size)
+    trainer, calls = None, None
+    try:
+        trainer, calls = _trainer(ranks, overrides, Path(out), None)
+        status = trainer.run()
+        report = [status, trainer.step, calls.calls]
+        Path(out).mkdir(parents=True, exist_ok=True)
+        (Path(out) / f"rank{rank}.json").write_text(json.dumps(report))
+    finally:
+        if calls is not None:
+            calls.engine.close()
+        parallel_state.destroy_model_parallel()

@@ -122,6 +122,7 @@ def transformer_config(
         sequence_parallel=engine.sequence_parallel,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        attention_softmax_in_fp32=True,
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,
         pipeline_dtype=dtype,
