@@ -3,9 +3,11 @@
 MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
 ``policy/`` directory. Benchmarks are the SPEC §7 sets under ``--data-dir`` (``<name>.jsonl``,
 avg@k with the paper's k) and/or ``--file NAME=PATH`` files. Sampling follows the paper:
-temperature 1.0, top-p 0.7, zero-shot (template ``raw``). The paper-style table, naming the
+temperature 1.0, top-p 0.7, zero-shot (template ``raw``); generation ends at the model's stop
+ids (``trainer/stop_tokens.py``, listed in the log). The paper-style table, naming the
 ``--verifier`` that scored it, is printed and written to ``--out`` as ``results.md`` and
-``results.json``.
+``results.json``; every response goes to ``samples.jsonl``. Each vLLM server runs on its own
+GPU of those visible, under ``--python`` (default ``$OPEFO_VLLM_PYTHON``, else this one).
 """
 
 from __future__ import annotations
@@ -201,7 +203,7 @@ def evaluate(
         seed=args.seed,
     )
     slices = server_devices(args)
-    scores = {}
+    scores, generated = {}, {}
     with VLLMRolloutEngine(
         model,
         num_servers=args.num_servers,
@@ -216,13 +218,35 @@ def evaluate(
             responses = [codec.decode(c.token_ids) for c in completions]
             truths = [problems[c.prompt_index].ground_truth for c in completions]
             results = score_responses(responses, truths, reward)
+            generated[name] = [
+                {
+                    "problem": c.prompt_index,
+                    "sample": c.sample_index,
+                    "response": response,
+                    "correct": result.correct,
+                    "finish_reason": c.finish_reason,
+                    "token_ids": c.token_ids,
+                }
+                for c, response, result in zip(completions, responses, results, strict=True)
+            ]
             matrix = [
                 [float(results[i * samples + j].correct) for j in range(samples)]
                 for i in range(len(problems))
             ]
             scores[name] = score_benchmark(name, matrix)
             log.info("%s: avg@%d = %.3f", name, samples, scores[name].avg_at_k)
+    write_samples(generated, Path(args.out) / "samples.jsonl")
     return write_report({args.name or str(args.model): scores}, args.out, verifier=args.verifier)
+
+
+def write_samples(generated: dict[str, list[dict]], path: Path) -> None:
+    """Every response, one JSON line each: benchmark, problem and sample index, text, whether it
+    was scored correct, why generation ended (``stop``/``length``) and its token ids."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for name, rows in generated.items():
+            for row in rows:
+                out.write(json.dumps({"benchmark": name, **row}) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

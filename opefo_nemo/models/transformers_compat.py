@@ -2,8 +2,9 @@
 
 transformers renamed ``from_pretrained``'s ``torch_dtype`` keyword to ``dtype`` together with the
 configuration attribute of the same name. The NeMo 25.02 image ships transformers 4.48, which
-knows only ``torch_dtype``; there an unknown ``dtype=`` is not refused but stored on the config,
-and the weights load in fp32. So the keyword is chosen by what the installed release has (a fresh
+knows only ``torch_dtype``; there ``dtype=`` is not a loading option but becomes a config
+attribute, and the config then fails to serialise (``TypeError: Object of type dtype is not JSON
+serializable``). So the keyword is chosen by what the installed release has (a fresh
 ``PretrainedConfig`` carries ``dtype``), never by comparing version strings.
 """
 
