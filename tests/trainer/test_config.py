@@ -47,6 +47,10 @@ def test_every_method_file_composes(name):
         (["data.long_prompt=truncate"], "data.long_prompt"),
         (["method.lr=-1"], "method.lr"),
         (["++method.foo=1"], "method.foo"),
+        (["rollout.startup_timeout_s=0"], "rollout.startup_timeout_s"),
+        (["rollout.stop_token_ids=[]"], "rollout.stop_token_ids"),
+        (["rollout.stop_token_ids=[2,-1]"], "rollout.stop_token_ids"),
+        (["rollout.python=''"], "rollout.python"),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):
