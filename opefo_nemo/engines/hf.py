@@ -21,6 +21,7 @@ import torch
 from torch import Tensor
 
 from ..config.train import EngineConfig
+from ..models.transformers_compat import load_causal_lm
 from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
 from .batch import TrainBatch
 from .protocols import LossFn, UpdateResult
@@ -38,8 +39,6 @@ class HFPolicy:
     def __init__(
         self, model_dir: str | Path, config: EngineConfig, *, lr: float, temperature: float
     ):
-        from transformers import AutoModelForCausalLM
-
         path = Path(model_dir)
         if not (path / "config.json").is_file():
             raise FileNotFoundError(f"model.path {path} is not a Hugging Face model directory")
@@ -47,7 +46,7 @@ class HFPolicy:
         self.config = config
         self.temperature = temperature
         self.device = torch.device(config.device)
-        self.model = AutoModelForCausalLM.from_pretrained(path, dtype=_DTYPES[config.dtype])
+        self.model = load_causal_lm(path, _DTYPES[config.dtype])
         self.model.to(self.device).train()
         params = [p for p in self.model.parameters() if p.requires_grad]
         self.optimizer = torch.optim.AdamW(

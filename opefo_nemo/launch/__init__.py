@@ -1,7 +1,8 @@
-"""Launch planning for clusters: layouts, per-GPU memory estimates and preflight checks.
+"""Launch planning for clusters: layouts, per-GPU memory estimates, preflight and node checks.
 
-Pure Python and torch-free arithmetic: nothing here imports NeMo, megatron or vLLM, so
-``opefo-preflight`` runs on a login node before any GPU work.
+The planning is pure Python and torch-free arithmetic: nothing here imports NeMo, megatron or
+vLLM, so ``opefo-preflight`` runs on a login node before any GPU work. ``node.py``
+(``opefo-node-check``) runs on the nodes themselves and probes the environments there.
 """
 
 from ..models.shape import ModelShape

@@ -122,6 +122,30 @@ class ColocatedPlacement:
         return tuple(shares)
 
 
+def device_slices(
+    num_servers: int, gpus_per_server: int, gpu_count: int, parent: str | None
+) -> list[str] | None:
+    """``CUDA_VISIBLE_DEVICES`` for each of the ``num_servers`` servers one process starts on the
+    ``gpu_count`` GPUs it sees (``opefo-eval --num-servers``, ``rollout.num_servers``): server
+    ``k`` gets visible GPUs ``[k · g, (k + 1) · g)``, ``g = gpus_per_server``, mapped through
+    the process's own ``CUDA_VISIBLE_DEVICES`` (``parent``: indices or UUIDs; unset: all).
+    ``None`` without GPUs (CPU servers need no slice)."""
+    if gpu_count == 0:
+        return None
+    devices = [d.strip() for d in parent.split(",") if d.strip()] if parent else []
+    devices = devices or [str(i) for i in range(gpu_count)]
+    need = num_servers * gpus_per_server
+    if need > len(devices):
+        raise PlacementError(
+            f"{num_servers} vLLM server(s) of {gpus_per_server} GPU(s) each need {need} GPUs, "
+            f"but this process sees {len(devices)} ({','.join(devices)}): start fewer servers"
+        )
+    return [
+        ",".join(devices[k * gpus_per_server : (k + 1) * gpus_per_server])
+        for k in range(num_servers)
+    ]
+
+
 def vllm_tensor_parallel_problems(
     rollout_tp_size: int, num_attention_heads: int, num_key_value_heads: int
 ) -> list[str]:

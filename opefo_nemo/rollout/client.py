@@ -18,34 +18,39 @@ from __future__ import annotations
 import atexit
 import contextlib
 import json
+import logging
 import os
 import shutil
 import signal
-import sys
 import tempfile
 import threading
 import weakref
-from collections.abc import Iterable
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Literal
 
 import torch
 
 from opefo_nemo.rollout.cuda_ipc import ipc_chunks
+from opefo_nemo.rollout.environment import describe, rollout_python
 from opefo_nemo.rollout.process import RolloutServerError, ServerProcess
 from opefo_nemo.rollout.shm import pack_chunks, remove_stale_segments
 from opefo_nemo.rollout.types import Completion, SamplingConfig
 
+log = logging.getLogger(__name__)
 _LIVE_ENGINES: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
 
 
 class VLLMRolloutEngine:
     """``RolloutEngine`` (ARCHITECTURE.md) backed by ``num_servers`` vLLM server processes.
 
-    ``python``: the interpreter of vLLM's environment (default: this one). ``dtype``: the dtype
-    vLLM computes in ("auto" = the checkpoint's). ``seed``: the engine seed (used when a request
-    has no seed). ``extra_env``: added to the servers' environment (e.g. ``CUDA_VISIBLE_DEVICES``
-    per server is not set for you). ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB).
+    ``python``: the interpreter of vLLM's environment (default: ``$OPEFO_VLLM_PYTHON``, else
+    this one; ``environment.py``). ``startup_timeout_s``: how long a server may take to import
+    vLLM, load the model and report ready. ``dtype``: the dtype vLLM computes in ("auto" = the
+    checkpoint's). ``seed``: the engine seed (used when a request has no seed). ``extra_env``:
+    added to every server's environment; ``server_env``: one mapping per server added after it
+    (e.g. each server's ``CUDA_VISIBLE_DEVICES`` slice, ``launch.placement.device_slices``).
+    ``VLLM_CPU_KVCACHE_SPACE`` defaults to 1 (GiB).
     ``chunk_bytes``: size of the shared-memory segment used for weight updates.
     ``tensor_parallel_size``: GPUs each server shards the model over (vLLM's own tensor
     parallelism; 1 on the CPU; > 1 is passed to vLLM unverified here: no GPU).
@@ -65,6 +70,7 @@ class VLLMRolloutEngine:
         seed: int = 0,
         gpu_memory_utilization: float = 0.5,
         extra_env: dict[str, str] | None = None,
+        server_env: Sequence[Mapping[str, str]] | None = None,
         chunk_bytes: int = 256 << 20,
         shm_dir: str | os.PathLike = "/dev/shm",
         log_dir: str | os.PathLike | None = None,
@@ -79,6 +85,10 @@ class VLLMRolloutEngine:
             raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory")
         if request_timeout_s <= 0 or startup_timeout_s <= 0:
             raise ValueError("request_timeout_s and startup_timeout_s must be positive")
+        if server_env is not None and len(server_env) != num_servers:
+            raise ValueError(
+                f"server_env has {len(server_env)} entries for {num_servers} server(s)"
+            )
         if weight_transport not in ("shm", "cuda_ipc"):
             raise ValueError(
                 f"weight_transport must be 'shm' or 'cuda_ipc', got {weight_transport!r}"
@@ -122,14 +132,16 @@ class VLLMRolloutEngine:
                 self.servers.append(
                     ServerProcess(
                         index,
-                        python or sys.executable,
+                        rollout_python(python),
                         server_args,
-                        env,
+                        {**env, **(server_env[index] if server_env else {})},
                         self.log_dir / f"server{index}.log",
                     )
                 )
             for server in self.servers:
                 server.wait_ready(startup_timeout_s)
+                report = describe(server.info["environment"])
+                log.info("rollout server %d: %s", server.index, report)
         except BaseException:
             self.close()
             raise
@@ -214,9 +226,11 @@ class VLLMRolloutEngine:
         """Release accelerator memory (vLLM sleep level 1); a no-op on CPU servers."""
         self._broadcast("sleep")
 
-    def wake(self) -> None:
-        """Undo :meth:`sleep`; a no-op on CPU servers."""
-        self._broadcast("wake")
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Undo :meth:`sleep` for the memory ``tags`` name (vLLM's ``"weights"``,
+        ``"kv_cache"``; ``None``: all); a no-op on CPU servers. Waking the weights alone lets a
+        refit run before the KV cache takes its memory back."""
+        self._broadcast("wake", tags=None if tags is None else list(tags))
 
     def close(self) -> None:
         """Stop every server (process group included) and remove temporary files. Idempotent."""
@@ -236,6 +250,11 @@ class VLLMRolloutEngine:
     def server_pids(self) -> list[int]:
         return [s.pid for s in self.servers]
 
+    @property
+    def environments(self) -> list[dict]:
+        """Per server, where it imported torch and vLLM from (``environment.imported_from``)."""
+        return [s.info["environment"] for s in self.servers]
+
     def __enter__(self) -> VLLMRolloutEngine:
         return self
 
@@ -246,11 +265,11 @@ class VLLMRolloutEngine:
         if not getattr(self, "_closed", True):
             self.close()
 
-    def _broadcast(self, op: str) -> None:
+    def _broadcast(self, op: str, **fields) -> None:
         self._check_open()
         with self._close_on_failure():
             for server in self.servers:
-                server.request({"op": op}, self.request_timeout_s)
+                server.request({"op": op, **fields}, self.request_timeout_s)
 
     def _check_open(self) -> None:
         if self._closed:

@@ -2,9 +2,10 @@
 
 The server runs in its own process group (so stopping it also stops anything it started), talks
 over one end of a ``socketpair`` it inherits, and writes its output to a log file whose tail is
-quoted in every error. Any transport failure (timeout, dead process, broken message) raises
-:class:`RolloutServerError`; the caller must then stop the server, since a late reply would
-otherwise be read as the answer to a later request.
+quoted in every error. Its ``PYTHONPATH`` reaches this package's sources only when they are a
+source tree, never the trainer's site-packages (``environment.py``). Any transport failure
+(timeout, dead process, broken message) raises :class:`RolloutServerError`; the caller must then
+stop the server, since a late reply would otherwise be read as the answer to a later request.
 """
 
 from __future__ import annotations
@@ -14,9 +15,11 @@ import os
 import signal
 import socket
 import subprocess
+import sys
 import time
 from pathlib import Path
 
+from opefo_nemo.rollout.environment import server_pythonpath, site_directories
 from opefo_nemo.rollout.protocol import PROTOCOL_VERSION, ProtocolError, recv_message, send_message
 
 _PACKAGE_ROOT = Path(__file__).resolve().parents[2]
@@ -35,12 +38,14 @@ class ServerProcess:
         self.index = index
         self.log_path = log_path
         parent_sock, child_sock = socket.socketpair(socket.AF_UNIX, socket.SOCK_STREAM)
+        sites = site_directories()
         env = {
             **env,
-            "PYTHONPATH": os.pathsep.join(
-                p for p in (str(_PACKAGE_ROOT), env.get("PYTHONPATH", "")) if p
-            ),
+            "PYTHONPATH": server_pythonpath(str(_PACKAGE_ROOT), env.get("PYTHONPATH"), sites),
         }
+        trainer = ["--trainer-prefix", sys.prefix]
+        for directory in sites:
+            trainer += ["--trainer-site", directory]
         try:
             with open(log_path, "ab") as log:
                 self.proc = subprocess.Popen(
@@ -51,6 +56,7 @@ class ServerProcess:
                         "--fd",
                         str(child_sock.fileno()),
                         *server_args,
+                        *trainer,
                     ],
                     stdin=subprocess.DEVNULL,
                     stdout=log,

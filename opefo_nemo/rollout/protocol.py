@@ -1,4 +1,4 @@
-"""The wire protocol between the rollout client and a server process (version 1).
+"""The wire protocol between the rollout client and a server process (version 2).
 
 A message is a 4-byte big-endian unsigned length followed by that many bytes of UTF-8 JSON (an
 object). Nothing is pickled; tensors never travel over the socket (weights go through shared
@@ -8,7 +8,10 @@ memory, see ``shm.py``). The conversation is strictly request/reply, one request
 request ``op``          other request fields                       reply fields (besides ``ok``)
 =====================  =========================================  ===============================
 (server → client)       first message after start-up: ``ready``    ``protocol``, ``pid``,
-                                                                   ``vllm_version``, ``device``
+                                                                   ``vllm_version``, ``device``,
+                                                                   ``environment`` (interpreter,
+                                                                   torch and vLLM versions and
+                                                                   paths)
 ``generate``            ``prompts`` (list of id lists), ``n``,     ``completions`` (list of
                         ``sampling`` (SamplingConfig JSON),        Completion JSON, prompt-major)
                         ``prompt_offset`` (global index of the
@@ -19,7 +22,9 @@ request ``op``          other request fields                       reply fields 
                         or ``ipc``: CUDA IPC entries
                         (see ``cuda_ipc.py``)
 ``update_end``          —                                          ``num_tensors``
-``sleep`` / ``wake``    —                                          —
+``sleep``               —                                          —
+``wake``                ``tags`` (optional: ``weights``,           —
+                        ``kv_cache``; absent = all)
 ``shutdown``            —                                          — (then the server exits)
 =====================  =========================================  ===============================
 
@@ -33,7 +38,7 @@ import socket
 import struct
 import time
 
-PROTOCOL_VERSION = 1
+PROTOCOL_VERSION = 2
 _LENGTH = struct.Struct(">I")
 MAX_MESSAGE_BYTES = 1 << 30
 

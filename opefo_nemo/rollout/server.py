@@ -1,9 +1,11 @@
 """A rollout server process: one in-process vLLM engine behind the protocol of ``protocol.py``.
 
 Started by :class:`opefo_nemo.rollout.client.VLLMRolloutEngine` as
-``<python> -m opefo_nemo.rollout.server --fd N --model DIR ...`` with this package on
-``PYTHONPATH``; it imports only the standard library, torch and vLLM, so it can run in vLLM's own
-virtual environment. ``N`` is the server's end of a socket pair created by the client.
+``<python> -m opefo_nemo.rollout.server --fd N --model DIR ...``; it imports only the standard
+library, torch and vLLM, so it runs in vLLM's own virtual environment (``environment.py``).
+``N`` is the server's end of a socket pair created by the client. At start-up it logs where it
+imported torch and vLLM from, and refuses to start when they come from the trainer's
+environment (``--trainer-prefix``, ``--trainer-site``) while it runs in another one.
 
 The vLLM engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight refits
 call the worker's ``reload_weights`` directly: it reloads Hugging Face-named tensors layer by
@@ -26,6 +28,7 @@ import time
 import traceback
 from pathlib import Path
 
+from opefo_nemo.rollout.environment import describe, foreign_imports, imported_from
 from opefo_nemo.rollout.protocol import PROTOCOL_VERSION, ProtocolError, recv_message, send_message
 from opefo_nemo.rollout.shm import read_chunk
 
@@ -40,6 +43,10 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
     parser.add_argument("--gpu-memory-utilization", type=float, default=0.5)
     parser.add_argument("--shm-dir", default="/dev/shm")
     parser.add_argument("--tensor-parallel-size", type=int, default=1)
+    parser.add_argument("--trainer-prefix", help="the trainer's sys.prefix")
+    parser.add_argument(
+        "--trainer-site", action="append", default=[], help="a trainer site-packages directory"
+    )
     return parser.parse_args(argv)
 
 
@@ -110,7 +117,7 @@ class RolloutServer:
             return {"ok": True}
         if op == "wake":
             if not self.on_cpu:
-                self.llm.wake_up()
+                self.llm.wake_up(tags=request.get("tags"))
             return {"ok": True}
         raise ValueError(f"unknown request op {op!r}")
 
@@ -204,9 +211,13 @@ def main(argv: list[str] | None = None) -> int:
     _watch_parent(os.getppid())
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     try:
+        report = imported_from()
+        print(f"rollout server: {describe(report)}", flush=True)
+        if args.trainer_prefix:
+            problems = foreign_imports(report, args.trainer_prefix, args.trainer_site)
+            if problems:
+                raise RuntimeError("refusing to start: " + "; ".join(problems))
         llm, on_cpu = _build_llm(args)
-        import vllm
-
         send_message(
             sock,
             {
@@ -214,8 +225,9 @@ def main(argv: list[str] | None = None) -> int:
                 "op": "ready",
                 "protocol": PROTOCOL_VERSION,
                 "pid": os.getpid(),
-                "vllm_version": vllm.__version__,
+                "vllm_version": report["vllm_version"],
                 "device": "cpu" if on_cpu else "gpu",
+                "environment": report,
             },
         )
     except Exception:

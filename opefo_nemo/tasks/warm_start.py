@@ -16,6 +16,8 @@ from typing import Any
 
 import torch
 
+from ..models.transformers_compat import load_causal_lm
+
 RECIPE_FILE = "opefo_warm_start.json"
 
 
@@ -39,13 +41,11 @@ def supervised_warm_start(
     """
     import shutil
 
-    from transformers import AutoModelForCausalLM
-
     if not pairs:
         raise ValueError("warm start needs at least one (prompt, response) pair")
     torch.manual_seed(seed)
     rng = random.Random(seed)
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
+    model = load_causal_lm(base_dir, torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
     for _ in range(steps):

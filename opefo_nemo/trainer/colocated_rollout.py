@@ -20,7 +20,7 @@ rank learns of any rank's failure (a rank that raised alone would leave the othe
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from torch import Tensor
 
@@ -92,9 +92,9 @@ class ColocatedRollout:
         if self.is_leader:
             self.local.sleep()
 
-    def wake(self) -> None:
+    def wake(self, tags: Sequence[str] | None = None) -> None:
         if self.is_leader:
-            self.local.wake()
+            self.local.wake(tags)
 
     def close(self) -> None:
         if self.local is not None:

@@ -3,8 +3,8 @@
 ``Trainer.train_step`` reads top to bottom as the algorithm: sample prompts → generate K responses
 each → score them → group advantages (SPEC §4) → update (token-stats pass, ``prepare``, optimizer
 step(s); :mod:`opefo_nemo.trainer.update`, the rollout engine asleep) → wake it and push the
-weights → metrics (SPEC §6). ``Trainer.run`` adds checkpoints, validation, the NaN guard and
-pre-emption signals.
+weights (:mod:`.refit`: weights first, the KV cache after the refit) → metrics (SPEC §6).
+``Trainer.run`` adds checkpoints, validation, the NaN guard and pre-emption signals.
 
 With a multi-rank engine every rank runs this loop on the same data (SPMD, :mod:`.ranks`): the
 rollout engine returns the full batch on every rank, rank 0 scores it and writes the files, and
@@ -35,9 +35,11 @@ from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
 from .metrics_log import MetricsLogger
 from .prompts import PromptCodec
 from .ranks import SINGLE_PROCESS, LoopRanks
+from .refit import refit_rollout
 from .rollout_guard import GuardedRollout
 from .sampler import PromptSampler
 from .scoring import overlong_penalties, reason_metrics, score_responses
+from .stop_tokens import stop_tokens
 from .update import UpdateOutcome, realized_entropy_change, update_rollout_batch
 
 log = logging.getLogger(__name__)
@@ -115,6 +117,9 @@ class Trainer:
             len(train.problems), config.trainer.prompts_per_step, config.run.seed
         )
         self._stop_signal: int | None = None
+        self.stop = stop_tokens(codec, config.rollout.stop_token_ids)
+        if ranks.is_main:
+            log.info("generation stops at token ids %s", self.stop.describe(codec))
 
     # ----------------------------------------------------------------- one rollout step
     def train_step(self) -> dict[str, float]:
@@ -169,8 +174,7 @@ class Trainer:
         timings["time/update_s"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        self.rollout.wake()
-        self.rollout.update_weights(self.policy.named_weights())
+        refit_rollout(self.rollout, self.policy)
         timings["time/weight_sync_s"] = time.perf_counter() - mark
 
         self.nan_guard.record(self.step, outcome.skipped_steps)
@@ -192,7 +196,7 @@ class Trainer:
         return SamplingConfig(
             temperature=r.temperature,
             max_new_tokens=r.max_new_tokens,
-            stop_token_ids=(self.codec.eos_id,),
+            stop_token_ids=self.stop.ids,
             seed=seed,
         )
 
@@ -209,7 +213,7 @@ class Trainer:
             temperature=v.temperature,
             top_p=v.top_p,
             max_new_tokens=self.config.rollout.max_new_tokens,
-            stop_token_ids=(self.codec.eos_id,),
+            stop_token_ids=self.stop.ids,
             seed=self.config.run.seed,
         )
         completions = self.rollout.generate(prompts, v.k, sampling)

@@ -21,6 +21,7 @@ class PromptCodec:
         from transformers import AutoTokenizer
 
         root = Path(model_dir)
+        self.model_dir = root
         path = root / "tokenizer" if (root / "tokenizer").is_dir() else root
         self.tokenizer = AutoTokenizer.from_pretrained(path)
         self.template = template

@@ -4,7 +4,7 @@ protocol is :class:`opefo_nemo.engines.protocols.Policy`.
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from typing import Protocol, runtime_checkable
 
 from torch import Tensor
@@ -20,6 +20,6 @@ class RolloutEngine(Protocol):
 
     def sleep(self) -> None: ...
 
-    def wake(self) -> None: ...
+    def wake(self, tags: Sequence[str] | None = None) -> None: ...
 
     def close(self) -> None: ...

@@ -9,7 +9,7 @@ failure is a ``RuntimeError`` that says what happened.
 from __future__ import annotations
 
 import logging
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from torch import Tensor
 
@@ -64,9 +64,10 @@ class GuardedRollout:
         except TRANSPORT_FAILURES as error:
             self._restart(error)
 
-    def wake(self) -> None:
+    def wake(self, tags: Sequence[str] | None = None) -> None:
+        """Wake the memory ``tags`` name (``None``: all); a restarted server is awake."""
         try:
-            self.engine.wake()
+            self.engine.wake(tags)
         except TRANSPORT_FAILURES as error:
             self._restart(error)
 

@@ -24,7 +24,7 @@ from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
 from ..engines.protocols import Policy
 from ..engines.startup import startup_problems
-from ..launch.placement import ColocatedPlacement
+from ..launch.placement import ColocatedPlacement, device_slices
 from ..models.shape import ModelShape
 from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
@@ -143,18 +143,25 @@ def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dat
 def start_rollout(
     config: TrainConfig, path: Path, weights: Callable[[], Iterator[tuple[str, Tensor]]]
 ) -> GuardedRollout:
-    """vLLM servers on the model directory, restarted on failure per ``rollout.max_restarts``."""
+    """vLLM servers on the model directory, restarted on failure per ``rollout.max_restarts``;
+    on GPUs each server gets its own GPU (``launch.placement.device_slices``)."""
     r = config.rollout
     max_len = max(config.data.max_prompt_tokens + r.max_new_tokens, 64)
+    slices = device_slices(
+        r.num_servers, 1, torch.cuda.device_count(), os.environ.get("CUDA_VISIBLE_DEVICES")
+    )
 
     def start() -> VLLMRolloutEngine:
         return VLLMRolloutEngine(
             path,
             num_servers=r.num_servers,
+            python=r.python,
+            startup_timeout_s=r.startup_timeout_s,
             seed=config.run.seed,
             max_model_len=max_len,
             gpu_memory_utilization=r.gpu_memory_utilization,
             dtype=config.engine.dtype,  # sample from the policy the engine trains (SPEC §1)
+            server_env=None if slices is None else [{"CUDA_VISIBLE_DEVICES": d} for d in slices],
         )
 
     return GuardedRollout(start, weights, r.max_restarts)
@@ -180,6 +187,8 @@ def start_colocated_rollout(
         return VLLMRolloutEngine(
             path,
             num_servers=1,
+            python=r.python,
+            startup_timeout_s=r.startup_timeout_s,
             seed=config.run.seed,
             max_model_len=max_len,
             gpu_memory_utilization=r.gpu_memory_utilization,

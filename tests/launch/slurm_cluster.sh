@@ -8,9 +8,11 @@
 # munged is started only when none answers, and then stopped by `stop`; slurmctld and slurmd
 # always run from DIR (state, spool, logs, pid files) and are stopped by `stop`.
 # Facts this relies on (Debian 12, Slurm 22.05): munged refuses to run as root over munge-owned
-# directories, so it runs as `munge`; proctrack/linuxproc + task/none need no cgroups; the node
-# line comes from `slurmd -C`; MinJobAge=4 lets `sbatch --wait` see completion within seconds;
-# EnforcePartLimits=ALL rejects an over-sized request at submission instead of leaving it pending.
+# directories, so it runs as `munge`; proctrack/linuxproc + task/affinity need no cgroups (the
+# affinity plugin binds each task to its CPUs with sched_setaffinity, so a task's `nproc` is
+# what Slurm gave it); the node line comes from `slurmd -C`; MinJobAge=4 lets `sbatch --wait`
+# see completion within seconds; EnforcePartLimits=ALL rejects an over-sized request at
+# submission instead of leaving it pending.
 set -euo pipefail
 
 packages=(slurmctld slurmd slurm-client munge)
@@ -80,7 +82,7 @@ SlurmdPidFile=$dir/slurmd.pid
 SlurmctldLogFile=$dir/slurmctld.log
 SlurmdLogFile=$dir/slurmd.log
 ProctrackType=proctrack/linuxproc
-TaskPlugin=task/none
+TaskPlugin=task/affinity
 MpiDefault=none
 SchedulerType=sched/backfill
 SelectType=select/cons_tres

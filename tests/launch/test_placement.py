@@ -9,6 +9,7 @@ import pytest
 from opefo_nemo.launch.placement import (
     ColocatedPlacement,
     PlacementError,
+    device_slices,
     vllm_tensor_parallel_problems,
 )
 
@@ -85,3 +86,19 @@ def test_vllm_sharding_rules():
     ]  # 8 is a multiple of the 4 KV heads: vLLM replicates them
     problems = vllm_tensor_parallel_problems(3, 24, 4)
     assert len(problems) == 1 and "num_key_value_heads = 4" in problems[0]
+
+
+def test_one_process_servers_each_get_their_own_gpus():
+    """``opefo-eval --num-servers`` / ``rollout.num_servers``: disjoint slices that together are
+    the first ``servers × g`` visible GPUs, in order (before, every server saw GPU 0)."""
+    assert device_slices(8, 1, 8, None) == [str(i) for i in range(8)]
+    assert device_slices(2, 2, 4, "3,5,6,7") == ["3,5", "6,7"]
+    uuids = "GPU-a,GPU-b,GPU-c"
+    assert device_slices(3, 1, 3, uuids) == ["GPU-a", "GPU-b", "GPU-c"]
+    for servers, per, count in [(1, 1, 1), (3, 2, 8), (4, 2, 8)]:
+        slices = device_slices(servers, per, count, None)
+        flat = [d for s in slices for d in s.split(",")]
+        assert flat == [str(i) for i in range(servers * per)]
+    assert device_slices(4, 1, 0, None) is None  # CPU servers: no slice
+    with pytest.raises(PlacementError, match="need 9 GPUs, but this process sees 8"):
+        device_slices(9, 1, 8, None)

@@ -69,7 +69,7 @@ def _sbatch(env: dict[str, str], work: Path, sbatch_options: list[str], override
         "--wait",
         "--parsable",
         "--nodes=1",
-        "--gpus-per-node=0",
+        "--gres=none",  # the scripts ask for --gres=gpu:8; this node has no GPU
         "--time=20",
         *sbatch_options,
         str(ROOT / "slurm" / "opefo_7b.sbatch"),
@@ -91,8 +91,12 @@ def test_sbatch_runs_the_trainer_in_no_container_mode(slurm_conf, tmp_path):
         ["+preset=tiny_cpu", "trainer.max_steps=2"],
     )
     assert status == 0, out
-    assert "preflight: OK" in out
+    assert "node-check: OK" in out and "preflight: OK" in out
     job_dir = tmp_path / "logs" / f"opefo-7b-{job_id}"
+    # Each task got the job's --cpus-per-task (srun does not inherit it since Slurm 22.05;
+    # slurm/common.sh exports SRUN_CPUS_PER_TASK). The count is the task's CPU binding
+    # (task/affinity), read with nproc.
+    assert ": 2 CPU(s) (--cpus-per-task 2)" in (job_dir / "attempt-0" / "rank-0.log").read_text()
     assert (job_dir / "attempt-0" / "preflight.log").read_text().rstrip().endswith("preflight: OK")
     assert "override=+preset=tiny_cpu" in (job_dir / "job.txt").read_text()
     # The trainer wrote one metrics line per step into the job's output directory.
@@ -139,7 +143,7 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_conf, tmp_path):
     env = _job_env(slurm_conf, tmp_path)
     command = [
         "timeout", str(SBATCH_TIMEOUT_S), "sbatch", "--wait", "--parsable", "--nodes=1",
-        "--gpus-per-node=0", "--time=20", "--ntasks-per-node=1", "--cpus-per-task=2",
+        "--gres=none", "--time=20", "--ntasks-per-node=1", "--cpus-per-task=2",
         str(ROOT / "slurm" / "opefo_7b.sbatch"),
         "+preset=tiny_cpu", "trainer.max_steps=5", "checkpoint.every=100",
     ]  # fmt: skip
