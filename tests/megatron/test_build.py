@@ -12,6 +12,7 @@
   weights of scale 0.1, where bf16 is meaningful.
 - Activation recomputation on or off: the same update, bit for bit.
 - Activation recomputation on or off (TP 2, Qwen3): the same update, bit for bit.
+- Qwen3 at TP 2 × sequence parallel: the update (metrics, weights) equals the ``hf`` engine's.
 - bf16 parameters with fp32 main weights, distributed optimizer, TP 2 × sequence parallel, and
   DP 2 × distributed optimizer: an OPEFO update, a checkpoint, a fresh policy loaded from it:
   the loaded weights are the saved ones bit for bit, and the next update from the checkpoint
@@ -27,7 +28,11 @@ import json
 import pytest
 import torch
 
+from opefo_nemo.config.method import load_method
+from opefo_nemo.config.train import EngineConfig
+from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.megatron_weights.export import export_sharded
+from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
 
 from .tiny import hf_model, random_batch
@@ -183,3 +188,26 @@ def test_activation_recomputation_changes_nothing(families, batch, tmp_path):
     assert recomputed_metrics == plain_metrics
     for name, tensor in plain.items():
         assert torch.equal(recomputed[name], tensor), name
+
+
+def test_qwen3_update_at_tp2_equals_the_hf_engine(families, batch, tmp_path):
+    """Qwen3's q/k norms are replicated over TP while each TP rank normalises its own heads: their
+    gradient is the sum over TP, which megatron's ``finalize_model_grads`` forms. The built
+    engine's OPEFO update at TP 2 × sequence parallel (fp32, megatron's optimizer) equals
+    ``HFPolicy``'s: every metric within fp32 round-off (1e-4 relative: reductions in other
+    orders, amplified through one AdamW step) and every weight within 1 % of the lr (AdamW moves
+    a weight by lr·g/(|g| + ε), so round-off in a tiny g shows up as a fraction of lr)."""
+    settings = {"warmup_steps": 1, **FP32, **TP2_SP}
+    run_world(workers_build.one_update, 2, str(families["qwen3"]), settings, batch, str(tmp_path))
+    metrics, weights = torch.load(tmp_path / "update.pt")
+    engine = EngineConfig(dtype="float32", warmup_steps=1)
+    method = load_method("opefo", ["lr=1e-3"])
+    reference = HFPolicy(
+        families["qwen3"], engine, lr=method.lr, temperature=workers_build.TEMPERATURE
+    )
+    want = update_rollout_batch(reference, method, batch, batch.rows, 0).metrics
+    assert metrics["grad/norm"] > 0
+    for key, value in want.items():
+        assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key
+    for name, weight in reference.named_weights():
+        torch.testing.assert_close(weights[name], weight, rtol=0, atol=0.01 * method.lr)

@@ -1,15 +1,15 @@
 """``MegatronPolicy`` against ``HFPolicy`` on the same weights and rollout batch.
 
-A tiny Hugging Face Qwen2 (rope, QKV bias, 4 query / 2 key-value heads; untied or tied
-embeddings; random weights) is converted with ``hf_to_megatron`` and loaded strictly into a real
-megatron-core 0.16.1 ``GPTModel`` on every spawned gloo rank; the trainer's own
+A tiny Hugging Face Qwen2 (rope, QKV bias, 4 query / 2 key-value heads; untied or tied embeddings;
+random weights) or Qwen3 (q/k norms) is converted with ``hf_to_megatron`` and loaded strictly into
+a real megatron-core ``GPTModel`` on every spawned gloo rank; the trainer's own
 ``update_rollout_batch`` (phases 1–3, OPEFO or multi-update Entropy-Reg) then runs on
-``MegatronPolicy`` through megatron's real no-pipelining schedule at TP 1, TP 2, DP 2 and
-TP 2 × DP 2, with 1 or 2 responses per micro-batch, and on ``HFPolicy`` with the whole batch as
-one micro-batch. Equal: the token statistics of the whole batch (tabular sums too), every metric
-of the update (loss, flow, λ*, ``grad/norm``, ``lr``), the clipped gradient of every weight before
-each optimizer step (Hugging Face names), every weight after the step (AdamW, fp32); the loss
-pass's logprobs equal the stats pass's; the warm-up lr of the next step.
+``MegatronPolicy`` through megatron's real schedules at TP 1, TP 2, DP 2, TP 2 × DP 2, PP 2 (tied
+and untied) and TP 2 × PP 2, with 1 to 3 responses per micro-batch, and on ``HFPolicy`` with the
+whole batch as one micro-batch. Equal: the token statistics of the whole batch (tabular sums too),
+every metric of the update (loss, flow, λ*, ``grad/norm``, ``lr``), the clipped gradient of every
+weight before each optimizer step (Hugging Face names), every weight after the step (AdamW, fp32);
+the loss pass's logprobs equal the stats pass's; the warm-up lr of the next step.
 """
 
 from __future__ import annotations
@@ -102,7 +102,18 @@ WORLDS = {
             "engine": CLIP,
         },
     ],
-    4: [{"family": "qwen2_tied", "tp": 2, "micro_batch_size": 1, "method": OPEFO, "engine": CLIP}],
+    4: [
+        {"family": "qwen2_tied", "tp": 2, "micro_batch_size": 1, "method": OPEFO, "engine": CLIP},
+        # TP 2 × PP 2: vocab-parallel statistics on the last stage of a two-stage pipeline
+        {
+            "family": "qwen2",
+            "tp": 2,
+            "pp": 2,
+            "micro_batch_size": 2,
+            "method": OPEFO,
+            "engine": CLIP,
+        },
+    ],
 }
 
 

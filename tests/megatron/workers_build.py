@@ -109,3 +109,18 @@ def recompute_changes_nothing(rank: int, world_size: int, hf_dir: str, batch, ou
             _release()
     if rank == 0:
         torch.save(runs, Path(out) / "recompute.pt")
+
+
+def one_update(rank: int, world_size: int, hf_dir: str, settings: dict, batch, out: str) -> None:
+    """One OPEFO update of ``batch`` on the built policy; rank 0 saves its metrics and the
+    weights after it as ``out/update.pt``."""
+    warnings.filterwarnings("ignore")
+    method = load_method("opefo", ["lr=1e-3"])
+    try:
+        policy = _policy(hf_dir, settings)
+        outcome = update_rollout_batch(policy, method, batch, 3, 0)
+        weights = _weights(policy)  # collective: every rank walks the stream
+        if rank == 0:
+            torch.save((outcome.metrics, weights), Path(out) / "update.pt")
+    finally:
+        _release()

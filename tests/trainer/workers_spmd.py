@@ -10,8 +10,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import threading
-import time
 from pathlib import Path
 
 from opefo_nemo.config.compose import compose
@@ -61,25 +59,28 @@ def _trainer(
     return trainer
 
 
-def _signal_after_first_step(metrics: Path) -> None:
-    """Rank 1 only: SIGUSR1 to itself once rank 0 has logged step 1."""
+def _signal_at_second_rollout(trainer) -> None:
+    """Rank 1 only: SIGUSR1 to itself when step 2 starts generating (its second ``generate``
+    call), so the signal arrives during step 2 whatever the machine's speed."""
+    generate, calls = trainer.rollout.generate, []
 
-    def watch() -> None:
-        while not (metrics.is_file() and '"step": 1' in metrics.read_text()):
-            time.sleep(0.05)
-        os.kill(os.getpid(), signal.SIGUSR1)
+    def generate_then_signal(*args, **kwargs):
+        calls.append(None)
+        if len(calls) == 2:
+            os.kill(os.getpid(), signal.SIGUSR1)
+        return generate(*args, **kwargs)
 
-    threading.Thread(target=watch, daemon=True).start()
+    trainer.rollout.generate = generate_then_signal
 
 
 def preempt_and_resume(rank: int, world_size: int, overrides: list[str], out: str) -> None:
-    """Run to ``trainer.max_steps`` = 3; rank 1 alone gets SIGUSR1 after step 1; the ranks must
+    """Run to ``trainer.max_steps`` = 3; rank 1 alone gets SIGUSR1 during step 2; the ranks must
     stop together and checkpoint; a second trainer resumes from that checkpoint and finishes."""
     ranks = LoopRanks(rank, world_size, world_size)
     out_dir = Path(out)
-    if rank == 1:
-        _signal_after_first_step(out_dir / "metrics.jsonl")
     first = _trainer(ranks, overrides, out_dir, None)
+    if rank == 1:
+        _signal_at_second_rollout(first)
     status = first.run()
     stops = ranks.gather((status, first.step))
     second = _trainer(ranks, [*overrides, "checkpoint.resume=latest"], out_dir, first.rollout)
