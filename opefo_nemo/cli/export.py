@@ -1,7 +1,7 @@
 """``opefo-export CHECKPOINT --out DIR``: a trained checkpoint → a Hugging Face model directory.
 
 CHECKPOINT is a trainer checkpoint (``.../checkpoints/step_NNNNNN``, either engine), ``latest``
-with ``--checkpoint-dir``, a megatron ``torch_dist`` checkpoint directory (the aligner engine's,
+with ``--checkpoint-dir``, a megatron ``torch_dist`` checkpoint directory (the megatron engines',
 NeMo's ``model_weights/`` or the extracted ``.nemo`` directory holding it), or a directory of
 Hugging Face safetensors. Config and tokenizer are copied from the run's original Hugging Face
 model (``model.path`` of the checkpoint's ``config.yaml``) or from ``--hf-model``. The result

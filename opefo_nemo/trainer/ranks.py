@@ -1,10 +1,10 @@
 """The ranks one training run spans, as the loop sees them (SPMD: every rank runs the loop).
 
-A multi-process engine (``aligner``) runs the same :class:`~opefo_nemo.trainer.loop.Trainer` on
-every rank of the job: the same prompts, the same completions (the rollout engine returns the
-full batch on every rank), the same advantages, so every rank calls the policy with the same
-batch and the policy's collectives line up. What must not be repeated or may differ between
-ranks goes through this object:
+A multi-process engine (``megatron``, ``aligner``) runs the same
+:class:`~opefo_nemo.trainer.loop.Trainer` on every rank of the job: the same prompts, the same
+completions (the rollout engine returns the full batch on every rank), the same advantages, so
+every rank calls the policy with the same batch and the policy's collectives line up. What must not
+be repeated or may differ between ranks goes through this object:
 
 * scoring: rank 0 scores, the others receive its results (a reward with a time limit could
   otherwise time out on one rank and not on another);
