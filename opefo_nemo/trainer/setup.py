@@ -46,13 +46,29 @@ def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
     return make_problems(a.max_operand, a.operators, a.num_train, a.num_validation, a.seed)
 
 
+def default_embedded_path() -> Path:
+    """Where the embedded model is built: ``$OPEFO_CACHE/tiny_arithmetic``, ``OPEFO_CACHE``
+    defaulting to ``.cache/opefo`` (``conf/model/tiny_arithmetic.yaml``)."""
+    return Path(os.environ.get("OPEFO_CACHE", ".cache/opefo")) / "tiny_arithmetic"
+
+
 def embedded_model(config: TrainConfig) -> Path:
     """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded).
 
-    The recipe (warm-start settings and task) is stored with the model; a cached model built with
-    another recipe is an error rather than a silent reuse.
+    It is built only into :func:`default_embedded_path`: any other ``model.path`` must already
+    hold it, so that a mistyped path of one's own model (``model.path=...`` without
+    ``model=local``) is an error, not a toy model trained in its place. The recipe (warm-start
+    settings and task) is stored with the model; a cached model built with another recipe is an
+    error rather than a silent reuse.
     """
     target = Path(config.model.path)
+    default = default_embedded_path()
+    if not target.exists() and target.resolve() != default.resolve():
+        raise FileNotFoundError(
+            f"model.path={target} does not exist. To train a model of your own, select it with "
+            "model=local model.path=<Hugging Face model directory>; the embedded toy model is "
+            f"built only into {default} (set OPEFO_CACHE to move it)"
+        )
     recipe = {
         "steps": config.model.warm_start_steps,
         "lr": config.model.warm_start_lr,

@@ -180,7 +180,7 @@ def _pending(env: dict[str, str], job_id: str) -> bool:
     return state.stdout.strip() == "PENDING"
 
 
-def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path):
+def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeypatch):
     """``sbatch slurm/opefo_7b.sbatch`` with its own preset (``engine=megatron``: bf16 with fp32
     main weights, TP 2 × sequence parallel, distributed optimizer, colocated vLLM) on 2 CPU
     tasks. Overridden: the device (``engine.device=cpu``), and what a tiny model on CPU needs:
@@ -196,6 +196,7 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path):
     from tests.data_loading.test_loaders import write_verl_parquet
 
     env = _job_env(slurm_conf, tmp_path)
+    monkeypatch.setenv("OPEFO_CACHE", env["OPEFO_CACHE"])  # the embedded model's only home
     cached = Path(env["OPEFO_CACHE"]) / "tiny_arithmetic"
     shutil.copytree(
         embedded_model(compose([f"model.path={cached}"])[0]),

@@ -6,6 +6,7 @@ weights are loaded into it first), so the vLLM servers start once for the whole 
 
 from __future__ import annotations
 
+import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -27,10 +28,18 @@ SMALL_RUN = (
 
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory) -> Path:
-    """The embedded default's model (tiny Qwen2, warm-started on arithmetic), built once."""
-    path = tmp_path_factory.mktemp("models") / "tiny_arithmetic"
-    config, _ = compose([f"model.path={path}"])
-    return embedded_model(config)
+    """The embedded default's model (tiny Qwen2, warm-started on arithmetic), built once into
+    the default place under a temporary ``OPEFO_CACHE``."""
+    saved = os.environ.get("OPEFO_CACHE")
+    os.environ["OPEFO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
+    try:
+        config, _ = compose([])
+        return embedded_model(config)
+    finally:
+        if saved is None:
+            os.environ.pop("OPEFO_CACHE")
+        else:
+            os.environ["OPEFO_CACHE"] = saved
 
 
 @pytest.fixture(scope="session")

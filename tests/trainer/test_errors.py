@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from pathlib import Path
+
 import pytest
 
 from opefo_nemo.config.compose import compose
@@ -100,12 +102,14 @@ def test_prompt_sampler_covers_each_epoch_and_resumes_exactly():
         PromptSampler(11, 4, seed=3).load_state_dict(state)
 
 
-def test_a_cached_warm_start_with_another_recipe_is_refused(tmp_path):
-    path = tmp_path / "warm"
-    config, _ = compose([f"model.path={path}", "model.warm_start_steps=2"])
+def test_a_cached_warm_start_with_another_recipe_is_refused(tmp_path, monkeypatch):
+    monkeypatch.setenv("OPEFO_CACHE", str(tmp_path))
+    path = tmp_path / "tiny_arithmetic"  # the default place under this OPEFO_CACHE
+    config, _ = compose(["model.warm_start_steps=2"])
+    assert Path(config.model.path) == path
     assert embedded_model(config) == path
     assert embedded_model(config) == path  # same recipe: reused
-    other, _ = compose([f"model.path={path}", "model.warm_start_steps=3"])
+    other, _ = compose(["model.warm_start_steps=3"])
     with pytest.raises(ValueError, match=r"model\.path=.*warm start made with"):
         embedded_model(other)
 
@@ -181,3 +185,14 @@ def test_opefo_train_prints_a_start_up_problem_as_one_line(capsys, tmp_path):
     err = capsys.readouterr().err
     assert err.startswith("opefo-train: error: ") and "no_model" in err
     assert "Traceback" not in err and len(err.strip().splitlines()) == 1
+
+
+def test_a_missing_model_path_never_becomes_the_toy_model(tmp_path):
+    """``model.path`` set without ``model=local`` keeps the embedded model group: a path that does
+    not exist is an error naming ``model=local``, and nothing is built there."""
+    typo = tmp_path / "Qwen2.5-Math-7B-typo"
+    config, data = compose([f"model.path={typo}"])
+    assert config.model.embedded
+    with pytest.raises(FileNotFoundError, match=r"model=local model\.path="):
+        build_trainer(config, data, tmp_path / "out")
+    assert not typo.exists() and not typo.parent.joinpath(f"{typo.name}.base").exists()
