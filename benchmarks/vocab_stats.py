@@ -1,4 +1,4 @@
-"""Time and peak memory of the per-token statistics (SPEC §1) on one vocabulary shard.
+"""Time and peak memory of the per-token statistics (spec §1) on one vocabulary shard.
 
 Compares ``opefo_nemo.parallel.token_stats`` (fused, chunked, recompute in backward; ``ours`` is
 its torch kernel, ``triton`` its Triton kernel) with (a) the naive full-vocabulary fp32

@@ -1,5 +1,5 @@
-"""ARCHITECTURE.md's layering, read from the source: imports between our packages only point down,
-and only ``engines/aligner`` imports NeMo or NeMo-Aligner."""
+"""The layering of docs/architecture.md, read from the source: imports between our packages only
+point down, and only ``engines/aligner`` imports NeMo or NeMo-Aligner."""
 
 from __future__ import annotations
 
@@ -10,7 +10,7 @@ import opefo_nemo
 
 PACKAGE = Path(opefo_nemo.__file__).parent
 
-#: Top to bottom: a package may import only packages listed after it (ARCHITECTURE.md "Layers",
+#: Top to bottom: a package may import only packages listed after it (docs/architecture.md "Layers",
 #: with the support packages placed where their users put them).
 LAYERS = (
     "cli",

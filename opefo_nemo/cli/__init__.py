@@ -1,2 +1,2 @@
-"""Command-line entry points, Hydra/argparse wiring only (see ARCHITECTURE.md): ``opefo-train``,
-``opefo-eval``, ``opefo-preflight``."""
+"""Command-line entry points, Hydra/argparse wiring only (docs/architecture.md): ``opefo-train``,
+``opefo-eval``, ``opefo-preflight``, ``opefo-node-check``, ``opefo-export``."""

@@ -1,7 +1,7 @@
-"""``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (SPEC §7).
+"""``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (spec §7).
 
 MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
-``policy/`` directory. Benchmarks are the SPEC §7 sets under ``--data-dir`` (``<name>.jsonl``,
+``policy/`` directory. Benchmarks are the spec §7 sets under ``--data-dir`` (``<name>.jsonl``,
 avg@k with the paper's k) and/or ``--file NAME=PATH`` files. Sampling follows the paper:
 temperature 1.0, top-p 0.7, zero-shot (template ``raw``); generation ends at the model's stop
 ids (``trainer/stop_tokens.py``, listed in the log). The paper-style table, naming the
@@ -50,11 +50,11 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(prog="opefo-eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="model directory, checkpoint, or checkpoint policy/ dir")
     parser.add_argument("--name", help="row name in the table (default: the model path)")
-    parser.add_argument("--data-dir", help="directory with the SPEC §7 <benchmark>.jsonl files")
+    parser.add_argument("--data-dir", help="directory with the spec §7 <benchmark>.jsonl files")
     parser.add_argument(
         "--benchmarks",
         default=",".join(BENCHMARK_NAMES),
-        help="comma-separated SPEC §7 benchmarks to read from --data-dir",
+        help="comma-separated spec §7 benchmarks to read from --data-dir",
     )
     parser.add_argument(
         "--file",
@@ -69,13 +69,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-problems", type=int, help="evaluate only the first N problems of each"
     )
-    parser.add_argument("--temperature", type=float, default=1.0, help="(default: 1.0, SPEC §7)")
-    parser.add_argument("--top-p", type=float, default=0.7, help="(default: 0.7, SPEC §7)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="(default: 1.0, spec §7)")
+    parser.add_argument("--top-p", type=float, default=0.7, help="(default: 0.7, spec §7)")
     parser.add_argument(
         "--max-new-tokens", type=int, default=3000, help="response length limit (default: 3000)"
     )
     parser.add_argument(
-        "--template", default="raw", choices=TEMPLATES, help="prompt template (SPEC §7: raw)"
+        "--template", default="raw", choices=TEMPLATES, help="prompt template (spec §7: raw)"
     )
     parser.add_argument(
         "--verifier",

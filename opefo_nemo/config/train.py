@@ -319,14 +319,14 @@ class TrainConfig:
         return built
 
     def validate(self) -> None:
-        """Ranges and cross-section contradictions (SPEC §4, §5, §8)."""
+        """Ranges and cross-section contradictions (spec §4, §5, §8)."""
         t, e, r = self.trainer, self.engine, self.rollout
         require(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
         require(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
         require(
             t.responses_per_prompt >= 2,
             "trainer.responses_per_prompt",
-            "must be >= 2 (a group of one has advantage 0, SPEC §4)",
+            "must be >= 2 (a group of one has advantage 0, spec §4)",
         )
         require(t.max_nan_steps >= 1, "trainer.max_nan_steps", "must be >= 1")
         require(
@@ -348,13 +348,13 @@ class TrainConfig:
         require(
             r.temperature > 0,
             "rollout.temperature",
-            "must be > 0 (the policy is the temperature-scaled softmax, SPEC §1)",
+            "must be > 0 (the policy is the temperature-scaled softmax, spec §1)",
         )
         require(
             r.top_p == 1.0 and r.top_k == 0,
             "rollout.top_p",
             "and rollout.top_k must stay 1.0 and 0 for training: the token statistics are of the "
-            "full temperature-scaled softmax (SPEC §1), truncated sampling would be off-policy",
+            "full temperature-scaled softmax (spec §1), truncated sampling would be off-policy",
         )
         require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
         require(r.num_servers >= 1, "rollout.num_servers", "must be >= 1")

@@ -1,4 +1,4 @@
-"""Pure-torch OPEFO core: ΔH, λ*, advantages, objectives, metrics (SPEC §2–§6).
+"""Pure-torch OPEFO core: ΔH, λ*, advantages, objectives, metrics (spec §2–§6).
 
 Nothing in this package communicates; see :mod:`opefo_nemo.core.reduction` for the contract with
 the layer that does.

@@ -1,4 +1,4 @@
-"""Group-relative advantages (SPEC §4), vectorised over groups with scatter sums.
+"""Group-relative advantages (spec §4), vectorised over groups with scatter sums.
 
 A group is the K responses sampled for one prompt. Rewards and group ids are per response
 (``[B]``); the advantage of a response is later broadcast to its response tokens.

@@ -1,4 +1,4 @@
-"""Per-token entropy change ΔH_t, entropy-flow sums and the balancing coefficient λ* (SPEC §2–§3).
+"""Per-token entropy change ΔH_t, entropy-flow sums and the balancing coefficient λ* (spec §2–§3).
 
 All functions work on per-token tensors of any shape ``[*]`` (typically ``[batch, seq]`` or flat
 ``[tokens]``); ``mask`` selects response tokens. Nothing here communicates: :func:`flow_sums` gives
@@ -29,7 +29,7 @@ def delta_entropy(
 ) -> Tensor:
     """First-order entropy change of each token's state under its own policy-gradient step.
 
-    SPEC §2, with ``p = exp(logprob)`` and the learning rate η omitted:
+    spec §2, with ``p = exp(logprob)`` and the learning rate η omitted:
 
     * ``paper``:   ``ΔH = −A (1 − p)² (logprob + H)`` (the paper's Eq. 5 at the sampled token);
     * ``tabular``: ``ΔH = −A [p (logprob + H) − (Σπ² log π + H Σπ²)]``, the exact first-order change
@@ -62,7 +62,7 @@ def delta_entropy(
 
 @torch.no_grad()
 def flow_sums(delta_h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
-    """Local entropy-flow sums over the masked tokens (SPEC §3), as 0-d float64 tensors.
+    """Local entropy-flow sums over the masked tokens (spec §3), as 0-d float64 tensors.
 
     ``P = Σ_{ΔH>0} ΔH`` and ``N = Σ_{ΔH<0} |ΔH|``. Sums of disjoint chunks add up to the sums of
     their union, so callers add them over micro-batches and data-parallel ranks.
@@ -74,7 +74,7 @@ def flow_sums(delta_h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
 
 
 def lambda_star(P: Tensor | float, N: Tensor | float, eps: float = LAMBDA_EPS) -> Tensor:
-    """Balancing coefficient ``λ* = (N − P) / max(N + P, eps)`` from *global* sums (SPEC §3).
+    """Balancing coefficient ``λ* = (N − P) / max(N + P, eps)`` from *global* sums (spec §3).
 
     λ* ∈ [−1, 1]; it makes ``(1 + λ*) P − (1 − λ*) N = 0`` whenever ``N + P > 0``, and is 0 when
     there is no flow. Returns a 0-d float64 tensor.
@@ -95,7 +95,7 @@ def side_weights(
     static_lambda: float = 0.001,
     eps: float = LAMBDA_EPS,
 ) -> tuple[Tensor, Tensor, Tensor]:
-    """``(λ, w₊, w₋)``: the coefficient a variant applies and the weights of S+ and S− (SPEC §3).
+    """``(λ, w₊, w₋)``: the coefficient a variant applies and the weights of S+ and S− (spec §3).
 
     ``λ`` is λ* for every variant but ``static``, where it is ``static_lambda``; ``none`` applies
     no weight but still reports λ*. All three are 0-d float64 tensors.
@@ -120,7 +120,7 @@ def balance(
     balance: str = "adaptive",
     static_lambda: float = 0.001,
 ) -> tuple[Tensor, Tensor]:
-    """Per-token weights ``w_t`` and the applied λ, from the *global* flow sums P and N (SPEC §3).
+    """Per-token weights ``w_t`` and the applied λ, from the *global* flow sums P and N (spec §3).
 
     ``w_t = w₊`` on S+ (ΔH > 0), ``w₋`` on S− (ΔH < 0), and 1 on tokens with ΔH = 0 or outside
     ``mask``. Returns ``(weights [*] fp32, λ 0-d float64)``; neither carries gradient.

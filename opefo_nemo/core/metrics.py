@@ -1,4 +1,4 @@
-"""SPEC §6 metrics as ratios of global sums, so that they reduce correctly over chunks and ranks.
+"""spec §6 metrics as ratios of global sums, so that they reduce correctly over chunks and ranks.
 
 Producers return 0-d float64 sums; callers add them over micro-batches and data-parallel ranks
 and only then turn them into the logged figures here.
@@ -15,7 +15,7 @@ from torch import Tensor
 def flow_metrics(
     sums: Mapping[str, Tensor], lam_star: Tensor, w_pos: Tensor, w_neg: Tensor
 ) -> dict[str, float]:
-    """Entropy and entropy-flow metrics from the global sums of ``prepare`` (SPEC §3, §6)."""
+    """Entropy and entropy-flow metrics from the global sums of ``prepare`` (spec §3, §6)."""
     n = float(sums["tokens"])
     pos, neg = float(sums["flow_pos"]), float(sums["flow_neg"])
     return {
@@ -31,7 +31,7 @@ def flow_metrics(
 
 
 def loss_metrics(sums: Mapping[str, Tensor | float], n_tokens: int) -> dict[str, float]:
-    """Loss and clipping metrics from the summed ``LossOutput.sums`` (SPEC §6)."""
+    """Loss and clipping metrics from the summed ``LossOutput.sums`` (spec §6)."""
     return {
         "loss": float(sums["loss"]) / n_tokens,
         "clip/frac_upper": float(sums["clip_upper"]) / n_tokens,
@@ -53,7 +53,7 @@ def rollout_sums(rewards: Tensor, lengths: Tensor, truncated: Tensor) -> dict[st
 
 
 def rollout_metrics(sums: Mapping[str, Tensor]) -> dict[str, float]:
-    """``reward/mean``, ``response/length_mean`` and ``response/clip_frac`` (SPEC §6)."""
+    """``reward/mean``, ``response/length_mean`` and ``response/clip_frac`` (spec §6)."""
     n = float(sums["responses"])
     if n == 0:
         raise ValueError("rollout metrics of an empty batch")

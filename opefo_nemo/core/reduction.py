@@ -1,7 +1,7 @@
 """How batch-level statistics are reduced: the contract between core/ and whoever communicates.
 
 An objective's coefficients (λ*, the Clip-Cov / KL-Cov selections) are statistics of the whole
-optimizer-step batch (SPEC §3, §5), spread over micro-batches and data-parallel ranks. core/ never
+optimizer-step batch (spec §3, §5), spread over micro-batches and data-parallel ranks. core/ never
 communicates; it asks a :class:`BatchReducer` for the two global operations it needs:
 
 * ``sum``: add named 0-d float64 sums over every rank (one packed all-reduce in ``parallel/``);

@@ -1,4 +1,4 @@
-"""Math problems from local files: DAPO-Math-17k, our JSONL schema, the SPEC §7 eval sets,
+"""Math problems from local files: DAPO-Math-17k, our JSONL schema, the spec §7 eval sets,
 prompt templates and stable prompt ids. See docs/rewards_data_eval.md."""
 
 from opefo_nemo.data.benchmarks import BENCHMARK_NAMES, BENCHMARKS, Benchmark, benchmark

@@ -1,4 +1,4 @@
-"""The six evaluation benchmarks of SPEC §7, in the paper's column order."""
+"""The six evaluation benchmarks of spec §7, in the paper's column order."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Load problems from local files: DAPO-Math-17k parquet, our JSONL, the SPEC §7 eval sets.
+"""Load problems from local files: DAPO-Math-17k parquet, our JSONL, the spec §7 eval sets.
 
 Our JSONL schema (one JSON object per line, blank lines ignored):
     {"problem": str, "answer": str | int | float, "id": str (optional), "source": str (optional)}
@@ -138,7 +138,7 @@ def load_problems(path: str | Path, source: str | None = None) -> list[Problem]:
 
 
 def load_eval_set(name: str, data_dir: str | Path, check_size: bool = False) -> list[Problem]:
-    """The benchmark `name` (SPEC §7) from `<data_dir>/<name>.jsonl` in our JSONL schema.
+    """The benchmark `name` (spec §7) from `<data_dir>/<name>.jsonl` in our JSONL schema.
     `check_size` refuses a file whose problem count differs from the paper's."""
     spec = benchmark(name)
     problems = load_jsonl(Path(data_dir) / f"{name}.jsonl", source=name, dedup=False)

@@ -12,7 +12,7 @@ def prompt_id_for(source: str, problem: str, ground_truth: str) -> str:
     """A stable id for a problem: `<source>-<16 hex digits of sha256(problem, answer)>`.
 
     It depends only on the text, never on file order, so the K responses sampled for one
-    prompt (a GRPO group, SPEC §4) can be matched exactly across runs and data-parallel ranks.
+    prompt (a GRPO group, spec §4) can be matched exactly across runs and data-parallel ranks.
     """
     digest = hashlib.sha256(f"{problem}\x00{ground_truth}".encode()).hexdigest()[:16]
     return f"{source}-{digest}"

@@ -4,7 +4,7 @@
 `apply_chat_template` (e.g. a Hugging Face tokenizer), wraps it in the model's chat template.
 The "dapo" template pairs with the dapo (or answer) verifier; "boxed" pairs with math_verify or
 with the answer verifier in strict-box mode; "raw" is the bare problem (the paper's zero-shot
-evaluation, SPEC §7); "messages" uses the chat messages stored with the problem verbatim.
+evaluation, spec §7); "messages" uses the chat messages stored with the problem verbatim.
 """
 
 from __future__ import annotations

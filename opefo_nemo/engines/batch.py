@@ -1,9 +1,9 @@
-"""The rollout batch as padded tensors: what phases 1 and 3 of a step consume (ARCHITECTURE.md).
+"""The rollout batch as padded tensors, phases 1 and 3's input (docs/architecture.md).
 
 Each row is one response with its prompt, ``prompt + response`` right-padded to ``T``. Position
 ``t`` of the per-token tensors (``[B, T − 1]``) is the prediction of ``input_ids[:, t + 1]`` from
 the prefix ``input_ids[:, : t + 1]``; it is a response token when ``response_mask[:, t]`` is set.
-Advantages are per response, broadcast to its response tokens (SPEC §4).
+Advantages are per response, broadcast to its response tokens (spec §4).
 """
 
 from __future__ import annotations

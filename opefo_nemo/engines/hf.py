@@ -1,13 +1,13 @@
 """``hf``: the trainer's ``Policy`` protocol on a Hugging Face causal LM, on one device.
 
 Model and tokenizer come from a local directory (nothing is downloaded). Both phases of a step use
-``parallel.token_stats`` with TP = 1, the rollout's sampling temperature (SPEC §1) and the kernel
+``parallel.token_stats`` with TP = 1, the rollout's sampling temperature (spec §1) and the kernel
 of ``engine.stats_kernel``, so the policy that is differentiated is the temperature-scaled one
 that generated the rollout.
 Optimizer: AdamW; learning rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``
-(linear warm-up over the first ``warmup_steps`` rollout steps, SPEC §8); gradient clipping by
+(linear warm-up over the first ``warmup_steps`` rollout steps, spec §8); gradient clipping by
 global norm. Gradients accumulate over micro-batches: each micro-batch's loss is already its share
-of the global token mean (SPEC §5), so nothing is rescaled here.
+of the global token mean (spec §5), so nothing is rescaled here.
 """
 
 from __future__ import annotations

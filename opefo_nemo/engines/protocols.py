@@ -1,4 +1,4 @@
-"""What the trainer needs from a training engine (ARCHITECTURE.md, Protocols).
+"""What the trainer needs from a training engine (docs/architecture.md, Protocols).
 
 Every engine (``hf``, ``megatron``, ``aligner``) implements :class:`Policy`; the loop in
 :mod:`opefo_nemo.trainer.loop` drives them only through it, so they are interchangeable. It lives
@@ -40,7 +40,7 @@ class UpdateResult:
 
 @runtime_checkable
 class Policy(Protocol):
-    """The trained model. Token statistics use the rollout's sampling temperature (SPEC §1)."""
+    """The trained model. Token statistics use the rollout's sampling temperature (spec §1)."""
 
     @property
     def device(self) -> torch.device:
@@ -60,7 +60,7 @@ class Policy(Protocol):
         ...
 
     def advance_schedule(self) -> None:
-        """End of a rollout step: move the learning-rate schedule on by one (SPEC §8)."""
+        """End of a rollout step: move the learning-rate schedule on by one (spec §8)."""
         ...
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:

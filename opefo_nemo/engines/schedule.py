@@ -1,4 +1,4 @@
-"""The learning-rate schedule both engines follow (SPEC §8)."""
+"""The learning-rate schedule both engines follow (spec §8)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""Evaluation metrics (avg@k, unbiased pass@k; SPEC §7) and the paper-style report writer.
+"""Evaluation metrics (avg@k, unbiased pass@k; spec §7) and the paper-style report writer.
 The generation-driven `opefo-eval` command lives with the trainer."""
 
 from opefo_nemo.eval.metrics import avg_at_k, mean_pass_at_k, pass_at_k, pass_at_k_fraction

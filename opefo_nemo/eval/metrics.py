@@ -1,8 +1,8 @@
-"""avg@k and the unbiased pass@k of SPEC §7.
+"""avg@k and the unbiased pass@k of spec §7.
 
 pass@k from n samples with c correct is `1 − C(n−c, k) / C(n, k)`: the probability that a
 uniformly drawn k-subset of the n samples holds at least one correct one. It is computed with
-exact integers and one final rounding to float, so it is exact for any n (SPEC asks n ≤ 1024).
+exact integers and one final rounding to float, so it is exact for any n.
 """
 
 from __future__ import annotations

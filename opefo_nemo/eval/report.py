@@ -1,4 +1,4 @@
-"""The paper-style results table: one row per model, the SPEC §7 benchmarks as columns.
+"""The paper-style results table: one row per model, the spec §7 benchmarks as columns.
 
 `benchmark_scores` turns per-benchmark correctness matrices into avg@k (and pass@k) values;
 `write_report` prints the table and saves it as markdown and JSON. Values are percentages

@@ -1,4 +1,4 @@
-"""Triton kernels for the per-token statistics of a vocabulary shard (SPEC §1), docs/kernels.md.
+"""Triton kernels for the per-token statistics of a vocabulary shard (spec §1), docs/kernels.md.
 
 - ``logits_stats``: forward partial sums and backward of one shard of logits ``[tokens, V/TP]``.
 - ``linear_stats``: the same straight from hidden states ``[tokens, h]`` and the output weight

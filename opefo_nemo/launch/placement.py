@@ -1,6 +1,6 @@
 """Where the colocated vLLM servers run on a training allocation, and which ranks feed them.
 
-With the megatron engines the rollout servers share the training GPUs (ARCHITECTURE.md, "Where
+With the megatron engines the rollout servers share the training GPUs (docs/architecture.md, "Where
 things run"): each node's ``gpus_per_node`` GPUs are cut into consecutive groups of
 ``rollout_tp_size`` GPUs, and each group hosts one vLLM server whose tensor-parallel size is
 ``rollout_tp_size``. Ranks are numbered node-major, as Slurm and ``torchrun`` do: global rank

@@ -1,6 +1,6 @@
 """Tensor/data/pipeline-parallel pieces on torch.distributed and megatron-core groups.
 
-- ``token_stats``: fused, chunked vocab-parallel per-token statistics with autograd (SPEC §1).
+- ``token_stats``: fused, chunked vocab-parallel per-token statistics with autograd (spec §1).
 - ``broadcast_from_last_stage``: per-token statistics from the last pipeline stage to the others.
 """
 

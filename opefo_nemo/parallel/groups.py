@@ -30,7 +30,7 @@ class VocabShard:
 
     Megatron splits a vocabulary padded to a multiple of TP into equal slices of ``width``
     columns; columns whose global index is ``>= vocab_size`` are padding, so only the first
-    ``valid`` columns of a shard are real tokens (SPEC §1).
+    ``valid`` columns of a shard are real tokens (spec §1).
     """
 
     rank: int

@@ -1,5 +1,5 @@
 """``linear_token_stats``: the token statistics from hidden states and the output weight shard,
-fused with the vocabulary projection (SPEC §1; docs/kernels.md).
+fused with the vocabulary projection (spec §1; docs/kernels.md).
 
 The same statistics, collectives and errors as :func:`~opefo_nemo.parallel.token_stats` of
 ``logits = hidden @ weightᵀ``, but the Triton kernels of ``opefo_nemo.kernels.linear_stats`` form

@@ -1,4 +1,4 @@
-"""Per-token statistics from the last pipeline stage to the others (ARCHITECTURE.md phase 1).
+"""Per-token statistics from the last pipeline stage to the others (docs/architecture.md phase 1).
 
 Only the last pipeline-parallel (PP) stage has logits, so only it computes ``token_stats``; the
 other stages need the same per-token tensors to build their coefficients. One plain broadcast per

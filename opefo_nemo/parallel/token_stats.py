@@ -1,4 +1,4 @@
-"""``token_stats``: fused, chunked, vocab-parallel per-token statistics with autograd (SPEC §1).
+"""``token_stats``: fused, chunked, vocab-parallel per-token statistics with autograd (spec §1).
 
 The public entry point the trainer, the engines and outside checks call. The chunk math lives in
 ``vocab_stats`` (torch) and ``triton_stats`` (the Triton kernels, ``kernel="triton"``); this module

@@ -1,4 +1,4 @@
-"""Chunk kernels of the vocab-parallel token statistics (SPEC §1), in plain torch, and the
+"""Chunk kernels of the vocab-parallel token statistics (spec §1), in plain torch, and the
 collective steps every implementation shares (:func:`global_row_max`, :func:`reduce_and_finish`;
 the Triton one is ``triton_stats.py``).
 

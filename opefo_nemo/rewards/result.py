@@ -1,7 +1,7 @@
 """Reward configuration and the per-response result record.
 
 A verifier decides one of five outcomes for a response; `RewardConfig` maps the outcome to the
-scalar reward the trainer uses (SPEC §4 turns these into advantages).
+scalar reward the trainer uses (spec §4 turns these into advantages).
 """
 
 from __future__ import annotations

@@ -42,7 +42,7 @@ _LIVE_ENGINES: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
 
 
 class VLLMRolloutEngine:
-    """``RolloutEngine`` (ARCHITECTURE.md) backed by ``num_servers`` vLLM server processes.
+    """``RolloutEngine`` (docs/architecture.md) backed by ``num_servers`` vLLM server processes.
 
     ``python``: the interpreter of vLLM's environment (default: ``$OPEFO_VLLM_PYTHON``, else
     this one; ``environment.py``). ``startup_timeout_s``: how long a server may take to import

@@ -25,7 +25,7 @@ class SamplingConfig:
     does not depend on how prompts are sharded over servers); ``None`` draws fresh randomness.
 
     The returned logprobs are those of the distribution the token was sampled from: the
-    temperature-scaled softmax (SPEC §1), renormalised over the top-k / top-p set when those are
+    temperature-scaled softmax (spec §1), renormalised over the top-k / top-p set when those are
     active. With ``top_k=0`` and ``top_p=1`` this equals ``log_softmax(z / temperature)``.
     """
 

@@ -1,9 +1,9 @@
-"""The GRPO / OPEFO training loop, one rollout step at a time (ARCHITECTURE.md).
+"""The GRPO / OPEFO training loop, one rollout step at a time (docs/architecture.md).
 
 ``Trainer.train_step`` reads top to bottom as the algorithm: sample prompts → generate K responses
-each → score them → group advantages (SPEC §4) → update (token-stats pass, ``prepare``, optimizer
+each → score them → group advantages (spec §4) → update (token-stats pass, ``prepare``, optimizer
 step(s); :mod:`opefo_nemo.trainer.update`, the rollout engine asleep) → wake it and push the
-weights (:mod:`.refit`: weights first, the KV cache after the refit) → metrics (SPEC §6).
+weights (:mod:`.refit`: weights first, the KV cache after the refit) → metrics (spec §6).
 ``Trainer.run`` adds checkpoints, validation, the NaN guard and pre-emption signals.
 
 With a multi-rank engine every rank runs this loop on the same data (SPMD, :mod:`.ranks`): the
@@ -202,7 +202,7 @@ class Trainer:
 
     # ----------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """``val/avg@k`` on the validation set with the validation sampling (SPEC §7)."""
+        """``val/avg@k`` on the validation set with the validation sampling (spec §7)."""
         if self.validation is None:
             raise ValueError("validation needs data.validation (a file or `arithmetic`)")
         v = self.config.validation

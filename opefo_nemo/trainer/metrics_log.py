@@ -1,4 +1,4 @@
-"""Where the SPEC §6 metrics of every step go: a JSONL file, TensorBoard, W&B, a progress bar.
+"""Where the spec §6 metrics of every step go: a JSONL file, TensorBoard, W&B, a progress bar.
 
 ``metrics.jsonl`` has one object per rollout step: ``{"step": s, "<name>": value, ...}``.
 TensorBoard event files go to ``tensorboard/``; W&B (``metrics.wandb.enabled``) is imported only

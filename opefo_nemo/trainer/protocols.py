@@ -1,5 +1,5 @@
-"""What the loop needs from a rollout engine (ARCHITECTURE.md, Protocols); the training engine's
-protocol is :class:`opefo_nemo.engines.protocols.Policy`.
+"""What the loop needs from a rollout engine (docs/architecture.md, Protocols); the training
+engine's protocol is :class:`opefo_nemo.engines.protocols.Policy`.
 """
 
 from __future__ import annotations

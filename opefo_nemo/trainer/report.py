@@ -1,6 +1,6 @@
 """The comparison report of methods trained from the same start: a PNG and a summary table.
 
-Panels (x: rollout step): token-mean entropy, λ*, the entropy flows P and N (SPEC §3), the net
+Panels (x: rollout step): token-mean entropy, λ*, the entropy flows P and N (spec §3), the net
 flow after balancing, reward and response length; thin lines are the per-step values, thick ones
 their moving average over ``SMOOTH`` steps (each step sees different prompts, so steps are noisy).
 The summary compares the means of the first and of the last ``SMOOTH`` steps.

@@ -176,7 +176,7 @@ def start_rollout(
             seed=config.run.seed,
             max_model_len=max_len,
             gpu_memory_utilization=r.gpu_memory_utilization,
-            dtype=config.engine.dtype,  # sample from the policy the engine trains (SPEC §1)
+            dtype=config.engine.dtype,  # sample from the policy the engine trains (spec §1)
             server_env=None if slices is None else [{"CUDA_VISIBLE_DEVICES": d} for d in slices],
         )
 

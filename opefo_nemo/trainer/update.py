@@ -1,4 +1,4 @@
-"""The update of one rollout batch, engine-agnostic: the two-phase step of ARCHITECTURE.md.
+"""The update of one rollout batch, engine-agnostic: the two-phase step of docs/architecture.md.
 
 Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the whole
 batch (one engine call; the engine micro-batches it), phase 2 ``prepare`` turns the stats of *all*
@@ -11,7 +11,7 @@ consecutive mini-batches and each gets its own optimizer step. Before any update
 over the whole rollout batch gives ``old_logprob`` (the rollout policy). Mini-batch ``j`` then
 gets a fresh stats pass with the current weights (for ``j = 0`` the weights have not moved, so the
 first pass is reused) and its own ``prepare``: λ* and the Clip-Cov/KL-Cov selections are
-statistics of the optimizer-step batch, which is the mini-batch (SPEC §3, §5).
+statistics of the optimizer-step batch, which is the mini-batch (spec §3, §5).
 """
 
 from __future__ import annotations
@@ -114,7 +114,7 @@ def optimizer_step(
 ) -> tuple[dict[str, float], bool]:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``.
 
-    Returns the step's metrics (SPEC §6 flow, loss, clip, ``grad/norm``, ``lr``) and whether the
+    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``) and whether the
     engine skipped it for a non-finite loss or gradient.
     """
     objective = get_objective(method.name)
@@ -199,6 +199,6 @@ def update_rollout_batch(
 def realized_entropy_change(
     policy: Policy, batch: TrainBatch, micro_batch_size: int, entropy_before: float
 ) -> float:
-    """``flow/realized``: token-mean entropy of ``batch`` now minus ``entropy_before`` (SPEC §6)."""
+    """``flow/realized``: token-mean entropy of ``batch`` now minus ``entropy_before`` (spec §6)."""
     micros = batch.split(micro_batch_size)
     return mean_entropy(micros, stats_pass(policy, batch, micros, tabular=False)) - entropy_before

@@ -1,6 +1,6 @@
 """Brute-force references for the core tests: plain Python loops over tokens, no vectorisation.
 
-These are deliberately written from SPEC.md alone, independently of opefo_nemo.core.
+These are deliberately written from docs/spec.md alone, independently of opefo_nemo.core.
 """
 
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""SPEC §4: group advantages against a loop reference, and their edge cases."""
+"""spec §4: group advantages against a loop reference, and their edge cases."""
 
 from __future__ import annotations
 

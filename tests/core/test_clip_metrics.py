@@ -1,4 +1,4 @@
-"""SPEC §6 ``clip/*``: counts and ΔH sums of the tokens the ratio clip actually clipped.
+"""spec §6 ``clip/*``: counts and ΔH sums of the tokens the ratio clip actually clipped.
 
 A token is clipped when its loss takes the clipped branch of ``max(−A ρ, −A clip(ρ))`` strictly,
 so its gradient is cut. Methods whose loss has no ratio clip (KL-Cov: ``−A ρ`` + penalty; the

@@ -1,4 +1,4 @@
-"""SPEC §2–§3: ΔH estimators, flow sums, λ* and weights against loop references and theory."""
+"""spec §2–§3: ΔH estimators, flow sums, λ* and weights against loop references and theory."""
 
 from __future__ import annotations
 
@@ -38,7 +38,7 @@ def test_delta_entropy_matches_loop_reference_for_both_estimators():
 
 
 def test_tabular_estimator_tracks_the_realized_entropy_change_of_a_small_step():
-    """SPEC §2: (H(z') − H(z))/η after z' = z + η A (onehot(y) − π) matches `tabular`."""
+    """spec §2: (H(z') − H(z))/η after z' = z + η A (onehot(y) − π) matches `tabular`."""
     g = torch.Generator().manual_seed(1)
     draws, vocab, eta = 2000, 16, 1e-4
     logits = torch.randn(draws, vocab, generator=g, dtype=torch.float64) * 3
@@ -70,7 +70,7 @@ def test_tabular_estimator_tracks_the_realized_entropy_change_of_a_small_step():
 
 
 def test_full_expectation_of_the_paper_integrand_is_never_positive():
-    """SPEC §2: Σ_a π(a)(1 − π(a))²(log π(a) + H) ≤ 0 for every distribution."""
+    """spec §2: Σ_a π(a)(1 − π(a))²(log π(a) + H) ≤ 0 for every distribution."""
     g = torch.Generator().manual_seed(2)
     for scale in (0.1, 1.0, 5.0, 20.0):
         logits = torch.randn(5000, 10, generator=g, dtype=torch.float64) * scale

@@ -1,4 +1,4 @@
-"""SPEC §5: per-token losses, the global token mean, gradients and the paper's Fig. 3 listing."""
+"""spec §5: per-token losses, the global token mean, gradients and the paper's Fig. 3 listing."""
 
 from __future__ import annotations
 
@@ -46,7 +46,7 @@ def batch(n: int = 96, seed: int = 0, multi_update: bool = False) -> TokenChunk:
 
 
 def loop_token_loss(name: str, cfg: MethodConfig, i: int, c: TokenChunk, w: float, sel: bool):
-    """ℓ_t of SPEC §5 for token i, written from the table with scalars only."""
+    """ℓ_t of spec §5 for token i, written from the table with scalars only."""
     lp, a = float(c.logprob[i]), float(c.advantages[i])
     old = lp if c.old_logprob is None else float(c.old_logprob[i])
     rho = math.exp(lp - old)

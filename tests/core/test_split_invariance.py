@@ -1,4 +1,4 @@
-"""SPEC §3 invariants under any split of the batch into chunks (micro-batches or ranks).
+"""spec §3 invariants under any split of the batch into chunks (micro-batches or ranks).
 
 Property-based: the same batch cut at random places must give identical λ*, flow sums, token
 count, weights, Clip-Cov / KL-Cov selections and total loss.

@@ -1,4 +1,4 @@
-"""The paper presets' layouts hold on their allocation (32 A100-80GB) for every SPEC §5 method.
+"""The paper presets' layouts hold on their allocation (32 A100-80GB) for every spec §5 method.
 
 The model shapes are the published ``config.json`` values of Qwen2.5-Math-7B and Qwen3-4B-Base,
 written to a temporary model directory (nothing is downloaded). The presets select the ``megatron``

@@ -67,7 +67,7 @@ def _hf_dir(tmp_path, family: str, seed: int = 0, scale: float = 1.0, name: str 
 
 
 def _reference(directory, batch, dtype=torch.float32, forward_dtype=torch.float32):
-    """Token statistics (temperature-scaled, SPEC §1) of a ``transformers`` forward in
+    """Token statistics (temperature-scaled, spec §1) of a ``transformers`` forward in
     ``forward_dtype`` of the directory's weights, rounded to ``dtype`` first."""
     import transformers
 

@@ -15,7 +15,7 @@ from opefo_nemo.trainer.update import update_rollout_batch
 
 from .torch_dist_writer import torch_dist_writer_on_this_torch
 
-#: The rollout temperature the statistics are taken at (SPEC §1).
+#: The rollout temperature the statistics are taken at (spec §1).
 TEMPERATURE = 0.7
 
 

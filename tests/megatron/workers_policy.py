@@ -30,7 +30,7 @@ from .workers_ckpt import checkpoint_on_cpu
 #: Vocabulary 100 padded to a multiple of 8 × TP: 104 at TP 1, 112 at TP 2 (padded columns exist).
 DIVISIBLE_BY = 8
 STAT_FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
-#: The rollout's sampling temperature in these tests (SPEC §1: statistics of softmax(z / T)).
+#: The rollout's sampling temperature in these tests (spec §1: statistics of softmax(z / T)).
 TEMPERATURE = 0.7
 
 

@@ -1,4 +1,4 @@
-"""Independent full-vocabulary references for the token statistics (SPEC §1), in float64."""
+"""Independent full-vocabulary references for the token statistics (spec §1), in float64."""
 
 from __future__ import annotations
 

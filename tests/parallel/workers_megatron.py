@@ -19,7 +19,7 @@ ENTROPY_REG = {"name": "entropy_reg", "entropy_coef": 0.01}
 
 
 def _losses(logits: torch.Tensor, batch: dict[str, torch.Tensor], group) -> torch.Tensor:
-    """OPEFO loss + entropy_reg loss of ``logits`` ``[batch, seq, V(/TP)]`` (SPEC §5)."""
+    """OPEFO loss + entropy_reg loss of ``logits`` ``[batch, seq, V(/TP)]`` (spec §5)."""
     stats = token_stats(
         logits, batch["targets"], temperature=TEMPERATURE, group=group, vocab_size=VOCAB
     )

@@ -13,7 +13,7 @@ def load_hf_model(model_dir):
 
 @torch.no_grad()
 def hf_sampled_logprobs(model, prompt: list[int], tokens: list[int], temperature: float):
-    """``log_softmax(logits / temperature)`` of each of ``tokens`` after ``prompt`` (SPEC §1)."""
+    """``log_softmax(logits / temperature)`` of each of ``tokens`` after ``prompt`` (spec §1)."""
     ids = torch.tensor([prompt + tokens])
     logits = model(ids).logits[0, len(prompt) - 1 : -1].float()
     logprobs = (logits / temperature).log_softmax(-1)

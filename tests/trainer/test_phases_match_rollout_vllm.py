@@ -1,6 +1,6 @@
 """The trainer's token-stats pass sees exactly the policy and the tokens the vLLM rollout sampled.
 
-SPEC §1: the rollout samples from ``softmax(z / T)``; both training phases must score the same
+spec §1: the rollout samples from ``softmax(z / T)``; both training phases must score the same
 tokens under the same temperature-scaled policy. Checked on real vLLM completions of the
 trainer's own prompts with the trainer's own sampling settings: the response mask of the built
 batch selects exactly the returned token ids (the stop token, EOS, included: it was sampled, so

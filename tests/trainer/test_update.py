@@ -71,7 +71,7 @@ def captured_gradient(model_dir, method_name, micro_batch_size):
 
 
 def reference_gradient(model_dir, method_name):
-    """``∇ −Σ w_t A_t log π(y_t) / N`` from an unpadded per-row forward and SPEC §2–§3 by hand."""
+    """``∇ −Σ w_t A_t log π(y_t) / N`` from an unpadded per-row forward and spec §2–§3 by hand."""
     policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
     prompts, responses, adv = random_rollout()
     logps, dhs, advs = [], [], []

@@ -1,6 +1,6 @@
 """Approximate on-policy (k updates per rollout) on the hf engine, against a by-hand reference.
 
-SPEC §5: mini-batch ``j`` is its own optimizer step with the clipped surrogate over its own
+spec §5: mini-batch ``j`` is its own optimizer step with the clipped surrogate over its own
 tokens, ``ρ = exp(logprob − logprob_old)`` where ``logprob_old`` is the *rollout* policy's (the
 weights before the first update), not the weights of the previous mini-batch step.
 """

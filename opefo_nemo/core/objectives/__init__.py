@@ -1,4 +1,4 @@
-"""The objective family of SPEC §5 and the two-phase contract of ARCHITECTURE.md.
+"""The objective family of spec §5 and the two-phase contract of docs/architecture.md.
 
 Phase 1 (engine): per-token statistics → :class:`TokenChunk` per micro-batch.
 Phase 2: :func:`prepare` (all chunks + a reducer) → :class:`Coefficients` per chunk.

@@ -2,7 +2,7 @@
 
 ``MethodConfig.from_mapping`` is the only way from untyped data (YAML, CLI overrides) to a method:
 it rejects unknown keys and impossible values with a message naming the key's full path, and
-contradictions between the method and its settings (SPEC §3, §5).
+contradictions between the method and its settings (spec §3, §5).
 """
 
 from __future__ import annotations
@@ -19,7 +19,7 @@ from ..entropy_flow import BALANCES, ESTIMATORS
 
 @dataclass(frozen=True)
 class EntropyFlowConfig:
-    """SPEC §2–§3: which ΔH estimator and which balancing variant."""
+    """spec §2–§3: which ΔH estimator and which balancing variant."""
 
     estimator: str = "paper"
     balance: str = "none"
@@ -28,7 +28,7 @@ class EntropyFlowConfig:
 
 @dataclass(frozen=True)
 class ClipCovConfig:
-    """SPEC §5 Clip-Cov: remove the gradient of a random ``ratio`` of tokens with lb < cov < ub."""
+    """spec §5 Clip-Cov: remove the gradient of a random ``ratio`` of tokens with lb < cov < ub."""
 
     ratio: float = 2e-4
     lb: float = 1.0
@@ -37,7 +37,7 @@ class ClipCovConfig:
 
 @dataclass(frozen=True)
 class KLCovConfig:
-    """SPEC §5 KL-Cov: penalise ``coef·|logprob − logprob_old|`` on the top ``ratio`` by cov."""
+    """spec §5 KL-Cov: penalise ``coef·|logprob − logprob_old|`` on the top ``ratio`` by cov."""
 
     ratio: float = 2e-3
     coef: float = 1.0
@@ -45,7 +45,7 @@ class KLCovConfig:
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """One method of SPEC §5 with its settings; ``name`` is a key of the objective registry."""
+    """One method of spec §5 with its settings; ``name`` is a key of the objective registry."""
 
     name: str
     updates_per_rollout: int = 1
@@ -59,7 +59,7 @@ class MethodConfig:
 
     @property
     def strict_on_policy(self) -> bool:
-        """One optimizer step per rollout batch, so ``ρ ≡ 1`` (SPEC §5)."""
+        """One optimizer step per rollout batch, so ``ρ ≡ 1`` (spec §5)."""
         return self.updates_per_rollout == 1
 
     @classmethod

@@ -1,6 +1,6 @@
 """Phase 3 of a step: the policy loss of one micro-batch as its share of the global token mean.
 
-SPEC §5: ``L = Σ_t mask_t ℓ_t / N_tokens_global``; every micro-batch contributes its partial sum
+spec §5: ``L = Σ_t mask_t ℓ_t / N_tokens_global``; every micro-batch contributes its partial sum
 divided by the *global* count, so gradients accumulated over micro-batches and averaged over
 data-parallel ranks equal the full-batch gradient (an engine whose framework averages over
 micro-batches or ranks must undo that scaling).
@@ -93,7 +93,7 @@ def _loss_sums(
     config: MethodConfig,
     ratio_clip: bool,
 ) -> dict[str, Tensor]:
-    """Clip counts and the ΔH of clipped tokens (SPEC §6, the paper's Fig. 2c), loss numerator.
+    """Clip counts and the ΔH of clipped tokens (spec §6, the paper's Fig. 2c), loss numerator.
 
     ``ratio_clip``: the method's loss clips the ratio; if not (KL-Cov's ``−A ρ``), no token is
     clipped, whatever ρ is.

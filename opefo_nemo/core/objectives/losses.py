@@ -1,4 +1,4 @@
-"""The per-token losses ``ℓ_t`` of SPEC §5, registered by method name (methods may share one).
+"""The per-token losses ``ℓ_t`` of spec §5, registered by method name (methods may share one).
 
 Each returns a tensor of the inputs' shape ``[*]``; aggregation (the global token mean) is done by
 :func:`opefo_nemo.core.objectives.loss.policy_loss`.
@@ -61,7 +61,7 @@ def kl_cov(inputs: LossInputs, config: MethodConfig) -> Tensor:
 @register_objective("opefo", strict=True, balance="adaptive")
 @register_objective("grpo_strict", strict=True)
 def weighted_policy_gradient(inputs: LossInputs, config: MethodConfig) -> Tensor:
-    """Strict on-policy ``−w_t A_t logprob_t`` (ρ ≡ 1; SPEC §3, §5).
+    """Strict on-policy ``−w_t A_t logprob_t`` (ρ ≡ 1; spec §3, §5).
 
     The weights come from the method's balance: all 1 for ``grpo_strict``; ``1 ± λ*`` for
     ``opefo``; a fixed λ for ``static``; one side only for ``pos_only`` / ``neg_only``.

@@ -1,4 +1,4 @@
-"""Phase 2 of a step: global sums → per-token coefficients (ARCHITECTURE.md, SPEC §2–§5).
+"""Phase 2 of a step: global sums → per-token coefficients (docs/architecture.md, spec §2–§5).
 
 :func:`prepare` receives *all* of this rank's phase-1 chunks and a reducer that makes the sums
 global, so a λ* or a Clip-Cov / KL-Cov selection cannot come from one micro-batch by accident:
@@ -28,8 +28,8 @@ from .tokens import Coefficients, TokenChunk
 class Prepared:
     """Coefficients of every chunk (same order as given) and the step's global statistics.
 
-    ``n_tokens``: the global count of valid tokens, the loss denominator of SPEC §5.
-    ``sums``: the global sums (0-d float64). ``metrics``: SPEC §6 flow metrics.
+    ``n_tokens``: the global count of valid tokens, the loss denominator of spec §5.
+    ``sums``: the global sums (0-d float64). ``metrics``: spec §6 flow metrics.
     """
 
     coefficients: list[Coefficients]
@@ -122,7 +122,7 @@ def _select(
     reducer: BatchReducer,
     seed: int,
 ) -> list[Tensor]:
-    """Global top-k selection of SPEC §5 (one ``reducer.top_k``) mapped back onto each chunk."""
+    """Global top-k selection of spec §5 (one ``reducer.top_k``) mapped back onto each chunk."""
     adv_mean = float(sums["advantages"]) / n_tokens
     logprob_mean = float(sums["logprob"]) / n_tokens
     k = selection_count(kind, n_tokens, config)

@@ -1,4 +1,4 @@
-"""The objective registry: a method of SPEC §5 is one per-token loss function plus its contract.
+"""The objective registry: a method of spec §5 is one per-token loss function plus its contract.
 
 Adding a method is one decorated function, or one more decorator on an existing loss (in
 ``losses.py`` or a module of your own, imported before use), and one ``conf/method/<name>.yaml``::
@@ -31,11 +31,11 @@ class Objective:
     """A registered method.
 
     ``strict``: needs ``ρ ≡ 1`` (exactly one update per rollout). ``balance``: the entropy-flow
-    variant of SPEC §3 it applies. ``selection``: the batch-level token selection it needs
+    variant of spec §3 it applies. ``selection``: the batch-level token selection it needs
     (``clip_cov`` or ``kl_cov``), chosen globally in ``prepare``. ``entropy_grad``: its loss
     differentiates the entropy, so the update pass must produce entropy with gradient.
     ``ratio_clip``: its loss clips the ratio ρ (the clipped surrogate), so the ``clip/*`` metrics
-    of SPEC §6 count its clipped tokens; without it nothing is clipped and they are 0.
+    of spec §6 count its clipped tokens; without it nothing is clipped and they are 0.
     """
 
     name: str

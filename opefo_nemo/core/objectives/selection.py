@@ -1,4 +1,4 @@
-"""Clip-Cov and KL-Cov token selections, chosen over the whole optimizer-step batch (SPEC §5).
+"""Clip-Cov and KL-Cov token selections, chosen over the whole optimizer-step batch (spec §5).
 
 ``cov_t = (A_t − Ā)(logprob_t − mean logprob)`` with both means over every valid token of the
 batch (all micro-batches, all ranks). Each selection is a top-k under the reducer's total order:
@@ -22,7 +22,7 @@ _MULTIPLIERS = (48_271, 69_621, 16_807, 39_373)
 
 
 def covariance(chunk: TokenChunk, adv_mean: float, logprob_mean: float) -> Tensor:
-    """``cov_t`` of SPEC §5 for every token of ``chunk`` (float64, shape ``[*]``)."""
+    """``cov_t`` of spec §5 for every token of ``chunk`` (float64, shape ``[*]``)."""
     return (chunk.advantages.double() - adv_mean) * (chunk.logprob.double() - logprob_mean)
 
 

@@ -1,4 +1,4 @@
-"""Per-token tensors that flow through the two phases of a step (ARCHITECTURE.md).
+"""Per-token tensors that flow through the two phases of a step (docs/architecture.md).
 
 * :class:`TokenChunk`: phase-1 statistics of one chunk (a micro-batch, or a rank's share), no grad.
 * :class:`Coefficients`: what ``prepare`` derives for that chunk from the *global* sums.
@@ -21,8 +21,8 @@ from ..validation import as_bool_mask, check_finite, check_same_shape
 class TokenChunk:
     """Phase-1 statistics of a chunk of tokens.
 
-    ``logprob``/``entropy``: of the current policy (SPEC §1), fp32. ``advantages``: per token,
-    broadcast from the sequence (SPEC §4). ``mask``: response tokens. ``old_logprob``: of the
+    ``logprob``/``entropy``: of the current policy (spec §1), fp32. ``advantages``: per token,
+    broadcast from the sequence (spec §4). ``mask``: response tokens. ``old_logprob``: of the
     policy that generated the rollout, for the multi-update baselines; ``None`` in strict mode.
     ``token_ids``: unique global int64 id of each token (e.g. ``sample * max_len + position``),
     needed by the Clip-Cov / KL-Cov selections so they do not depend on the layout.
@@ -61,7 +61,7 @@ class TokenChunk:
 class Coefficients:
     """Per-token coefficients of one chunk, derived from global sums; no gradient.
 
-    ``delta_h``: ΔH_t (SPEC §2). ``weight``: w_t (SPEC §3). ``selected``: tokens chosen by the
+    ``delta_h``: ΔH_t (spec §2). ``weight``: w_t (spec §3). ``selected``: tokens chosen by the
     method's batch-level selection (Clip-Cov: gradient removed; KL-Cov: penalised), else all False.
     """
 
@@ -87,5 +87,5 @@ class LossInputs:
 
     @property
     def ratio(self) -> Tensor:
-        """``ρ_t = exp(logprob − logprob_old)`` (SPEC §5), with gradient through ``logprob``."""
+        """``ρ_t = exp(logprob − logprob_old)`` (spec §5), with gradient through ``logprob``."""
         return torch.exp(self.logprob - self.old_logprob)

@@ -8,7 +8,7 @@
 - :func:`trainer_settings`: the PyTorch Lightning trainer section NeMo's
   ``MegatronTrainerBuilder`` reads (precision, devices, nodes, gradient clipping).
 - :func:`architecture_mismatches`: where the restored NeMo model differs from the Hugging Face
-  config vLLM samples with (SPEC §1: the trained policy must be the sampling one).
+  config vLLM samples with (spec §1: the trained policy must be the sampling one).
 
 Key names are NeMo 2.2's (the NeMo 25.02 container): ``megatron_base_model.py`` /
 ``megatron_gpt_model.py`` read them with ``cfg.get``; docs/megatron.md, "The NeMo actor".

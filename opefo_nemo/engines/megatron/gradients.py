@@ -6,7 +6,7 @@ for any device so that the CPU tests run it for real:
 - :func:`average_over_data_parallel`: DDP's reduction of a dense model: every gradient scaled by
   ``1 / dp_size`` and summed over the data-parallel group (one all-reduce of one flat buffer).
   Combined with :class:`~.loss_closure.MegatronScaling` (which multiplies each micro-batch's loss
-  by ``num_microbatches × dp_size``) the result is the full-batch gradient of SPEC §5. Then
+  by ``num_microbatches × dp_size``) the result is the full-batch gradient of spec §5. Then
   :func:`sum_tied_embedding_grads`, as megatron's ``finalize_model_grads`` follows DDP's
   reduction with ``_allreduce_word_embedding_grads``.
 - :func:`sum_tied_embedding_grads`: with tied embeddings at PP > 1 the word embedding ``E`` lives

@@ -1,4 +1,4 @@
-"""Loss and token-stats functions for megatron-core's ``forward_backward_func`` (SPEC §1, §5).
+"""Loss and token-stats functions for megatron-core's ``forward_backward_func`` (spec §1, §5).
 
 megatron-core's schedule (``megatron/core/pipeline_parallel/schedules.py``, 0.16.1) calls
 ``output, fn = forward_step_func(data_iterator, model)`` once per micro-batch and, on the last
@@ -6,14 +6,14 @@ pipeline stage, ``fn(output)`` (``forward_step_calc_loss``). A 2-tuple ``(loss, 
 has its loss multiplied by the context-parallel size and divided by ``num_microbatches`` before the
 backward; ``reduced`` is appended to the list the schedule returns. (A 3-tuple
 ``(loss, num_tokens, reduced)`` divides by the micro-batch's own token count unless
-``calculate_per_token_loss``: a per-micro-batch mean, not SPEC §5's global one; not used here.)
+``calculate_per_token_loss``: a per-micro-batch mean, not spec §5's global one; not used here.)
 Megatron's ``DistributedDataParallel`` then averages the gradients over the data-parallel ranks:
 it scales them by ``1 / dp_size`` before a SUM reduction, or reduces with AVG when
 ``average_in_collective`` (``distributed_data_parallel.py``); with ``calculate_per_token_loss`` it
 only sums, and ``finalize_model_grads`` divides by the schedule's token count, which stays 0 for
 2-tuple returns, so nothing is divided.
 
-SPEC §5 wants ``∇ Σ_t mask_t ℓ_t / N_global`` summed over micro-batches and ranks. Each
+spec §5 wants ``∇ Σ_t mask_t ℓ_t / N_global`` summed over micro-batches and ranks. Each
 micro-batch's :func:`~opefo_nemo.core.objectives.policy_loss` is already its share ``Σ ℓ_t /
 N_global``, so the loss pass (``policy.MegatronPolicy.train_step``) returns it multiplied by
 :attr:`MegatronScaling.factor`
@@ -76,7 +76,7 @@ class MegatronScaling:
 @dataclass(frozen=True)
 class VocabParallelLogits:
     """How to read this model's logits: the TP group they are split over (``None``: TP 1), the
-    true vocabulary size (padded columns excluded, SPEC §1), the sampling temperature, the
+    true vocabulary size (padded columns excluded, spec §1), the sampling temperature, the
     token-stats chunk (``None``: default), the layout (``sequence_first``: ``[s, b, V/TP]``) and
     the ``token_stats`` kernel (``auto``: Triton on CUDA when it imports, else torch)."""
 

@@ -1,5 +1,5 @@
 """The two ways :class:`~.policy.MegatronPolicy` reduces gradients and steps its optimizer after
-megatron's schedule has run the backward of a step's micro-batches (SPEC §5, §8).
+megatron's schedule has run the backward of a step's micro-batches (spec §5, §8).
 
 Both expose the same four operations, which ``train_step`` calls in this order: ``zero_grad()``
 before the schedule; ``reduce(failed)`` after it (``failed``: a device scalar, > 0 when this rank

@@ -3,7 +3,7 @@
 SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with the *same* arguments
 (the trainer loop runs on every rank); collectives inside keep the ranks in step.
 
-- :meth:`MegatronPolicy.token_stats` (phase 1, SPEC §1): the batch's rows are split over the
+- :meth:`MegatronPolicy.token_stats` (phase 1, spec §1): the batch's rows are split over the
   data-parallel (DP) ranks (:func:`~.schedule_driver.balanced_rows`), each rank runs its rows
   through ``forward_backward_func(forward_only=True)`` in micro-batches of
   ``config.micro_batch_size`` (padded to the schedule's fixed shape,
@@ -12,7 +12,7 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   pipeline stage, which broadcasts them to the other stages; the ``[B, T − 1]`` statistics are
   then all-gathered over DP, so every rank returns the full batch's, in row order, on the CPU, and
   the trainer's ``prepare`` with its single-process reducer is identical on every rank.
-- :meth:`MegatronPolicy.train_step` (phase 3, SPEC §5): micro-batch ``i`` of the ``M`` the
+- :meth:`MegatronPolicy.train_step` (phase 3, spec §5): micro-batch ``i`` of the ``M`` the
   trainer passes belongs to DP rank ``⌊i·D/M⌋`` (equal contiguous blocks). Each rank runs its
   ``M/D`` through the schedule with gradient; the last stage's loss function is the trainer's
   ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D, D).factor``, which undoes megatron's
@@ -30,7 +30,7 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   rank's ``UpdateResult.sums`` cover all ``M`` micro-batches (added in another order than on one
   device: float64 round-off). Nothing is read back to the host per micro-batch: the statistics
   stay on the device and the loss's finiteness is a device flag read once, in the reduction.
-- Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (SPEC §8), the
+- Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), the
   schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
 - :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
   and AdamW state at their global offsets, so any TP × DP layout can resume), the schedule's
@@ -109,7 +109,7 @@ class MegatronPolicy:
     ``model``: the rank's model (one chunk: no virtual pipeline stages), built for ``layout`` and
     this rank's TP rank; ``optimizer``: a torch optimizer over its parameters (:func:`build_adamw`),
     or a ``MegatronOptimizer`` with ``model`` inside megatron's ``DistributedDataParallel``
-    (module docstring); ``temperature``: the rollout's sampling temperature (SPEC §1).
+    (module docstring); ``temperature``: the rollout's sampling temperature (spec §1).
     """
 
     def __init__(

@@ -3,7 +3,7 @@
 The shape facts come from :class:`opefo_nemo.launch.ModelShape` (read from a Hugging Face
 ``config.json``); this adds what Megatron decides on top of them:
 
-- the vocabulary padded to a multiple of ``make_vocab_size_divisible_by × TP`` (SPEC §1), so that
+- the vocabulary padded to a multiple of ``make_vocab_size_divisible_by × TP`` (spec §1), so that
   the embedding and output layer split into equal vocabulary slices;
 - which global decoder layers each pipeline stage builds: ``L / PP`` each, or Megatron's uneven
   split with ``first_stage_layers`` / ``last_stage_layers`` given and the rest spread evenly over
@@ -74,7 +74,7 @@ class MegatronLayout:
 
     @property
     def padded_vocab_size(self) -> int:
-        """Rows of Megatron's embedding and output layer: the vocabulary padded (SPEC §1)."""
+        """Rows of Megatron's embedding and output layer: the vocabulary padded (spec §1)."""
         return padded_vocab_size(
             self.shape.vocab_size, self.make_vocab_size_divisible_by, self.tensor_parallel
         )
