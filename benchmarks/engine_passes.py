@@ -26,8 +26,8 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
+from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.trainer.update import optimizer_step, stats_pass

@@ -20,7 +20,7 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..config.train import EngineConfig
+from ..config.engines import EngineConfig
 from ..models.transformers_compat import load_causal_lm
 from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
 from .batch import TrainBatch

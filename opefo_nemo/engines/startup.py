@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..config.train import EngineConfig, MegatronEngineConfig
+from ..config.engines import EngineConfig, MegatronEngineConfig
 from ..models.shape import ModelShape
 from .megatron import compat
 

@@ -16,7 +16,7 @@ import sys
 
 import pytest
 
-from opefo_nemo.config.train import MegatronEngineConfig
+from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.engines.aligner import nemo_config
 from opefo_nemo.engines.aligner.availability import (
     AlignerUnavailableError,

@@ -27,8 +27,8 @@ pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
 # Imported after the skips: megatron-core is not in every environment.
+from opefo_nemo.config.engines import EngineConfig, MegatronEngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import EngineConfig, MegatronEngineConfig
 from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_named_weights

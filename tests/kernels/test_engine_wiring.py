@@ -10,7 +10,7 @@ import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
-from opefo_nemo.config.train import EngineConfig
+from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy

@@ -28,8 +28,8 @@ import json
 import pytest
 import torch
 
+from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import EngineConfig
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.megatron_weights.export import export_sharded
 from opefo_nemo.trainer.update import update_rollout_batch

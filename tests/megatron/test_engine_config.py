@@ -14,8 +14,8 @@ import pytest
 import yaml
 
 from opefo_nemo.config.compose import compose
+from opefo_nemo.config.engines import EngineConfig, MegatronEngineConfig
 from opefo_nemo.config.method import conf_dir
-from opefo_nemo.config.train import EngineConfig, MegatronEngineConfig
 from opefo_nemo.engines.aligner.availability import AlignerUnavailableError, build_actor
 
 QWEN_7B = {  # the published Qwen2.5-Math-7B config.json shape

@@ -97,7 +97,7 @@ def test_aligner_trainer_checkpoint_uses_the_runs_model_path(world, tmp_path):
 
 
 def test_hf_engine_trainer_checkpoint_exports_its_trained_weights(world, tmp_path):
-    from opefo_nemo.config.train import EngineConfig
+    from opefo_nemo.config.engines import EngineConfig
     from opefo_nemo.engines.hf import HFPolicy
 
     policy = HFPolicy(world / "hf_qwen2", EngineConfig(), lr=1e-3, temperature=1.0)

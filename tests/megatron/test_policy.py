@@ -19,8 +19,8 @@ import math
 import pytest
 import torch
 
+from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import EngineConfig
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
 

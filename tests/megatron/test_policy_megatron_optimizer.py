@@ -4,7 +4,7 @@ Two real gloo ranks (TP 1, DP 2) run the trainer's ``update_rollout_batch`` (OPE
 active, warm-up) through megatron's real schedule, DDP gradient buffers, reduction
 (all-reduce, or reduce-scatter + all-gather with the distributed optimizer) and optimizer
 (megatron's fallback to ``torch.optim.AdamW`` without apex / Transformer Engine), on CPU
-(:mod:`.cpu_megatron_optimizer`).
+(:mod:`opefo_nemo.engines.megatron.cpu_execution`).
 
 - fp32 parameters, distributed optimizer off and on (and on without clipping: megatron's
   ``clip_grad`` is then ``inf``): the token statistics, every metric (``grad/norm`` included)

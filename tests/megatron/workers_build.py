@@ -9,8 +9,8 @@ from pathlib import Path
 
 import torch
 
+from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.trainer.update import update_rollout_batch
 
 from .torch_dist_writer import torch_dist_writer_on_this_torch

@@ -1,7 +1,8 @@
 """Rank function for the ``MegatronPolicy`` tests on megatron's ``DistributedDataParallel`` and
 ``get_megatron_optimizer`` (fp32 or bf16 parameters, distributed optimizer on or off): the
 trainer's real update of one rollout batch on a real megatron-core ``GPTModel`` (rope, CPU,
-gloo), spawned by ``tests.parallel.world``; CPU redirections in :mod:`.cpu_megatron_optimizer`."""
+gloo), spawned by ``tests.parallel.world``; CPU redirections of
+:mod:`opefo_nemo.engines.megatron.cpu_execution`."""
 
 from __future__ import annotations
 
@@ -11,8 +12,8 @@ from pathlib import Path
 
 import torch
 
+from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import MegatronLayout

@@ -11,8 +11,8 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 
+from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.config.train import MegatronEngineConfig
 from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu

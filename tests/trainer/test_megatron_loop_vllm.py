@@ -28,7 +28,7 @@ import json
 import pytest
 
 from opefo_nemo.config.compose import compose
-from opefo_nemo.config.train import EngineConfig
+from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.rollout import SamplingConfig
 from opefo_nemo.trainer.metrics_log import read_metrics

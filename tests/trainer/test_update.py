@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from opefo_nemo.config import load_method
-from opefo_nemo.config.train import EngineConfig
+from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy

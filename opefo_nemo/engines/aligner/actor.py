@@ -50,7 +50,7 @@ from nemo_aligner.utils.utils import (
 )
 from omegaconf import OmegaConf
 
-from ...config.train import MegatronEngineConfig
+from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.layout import MegatronLayout
 from ..megatron.build import wrap_for_training
 from ..megatron.policy import MegatronPolicy

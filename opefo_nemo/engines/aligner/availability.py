@@ -14,7 +14,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...config.train import MegatronEngineConfig
+    from ...config.engines import MegatronEngineConfig
     from ..protocols import Policy
 
 #: Modules the actor imports (NeMo, NeMo-Aligner; megatron-core comes with NeMo).

@@ -27,7 +27,7 @@ from pathlib import Path
 import torch
 from megatron.core import parallel_state
 
-from ...config.train import MegatronEngineConfig
+from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.hf_loading import load_stage_weights
 from ...models.megatron_weights.layout import MegatronLayout
 from . import compat

@@ -24,7 +24,7 @@ import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 
-from ...config.train import MegatronEngineConfig
+from ...config.engines import MegatronEngineConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

@@ -24,7 +24,7 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 
-from ...config.train import MegatronEngineConfig
+from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.layout import MegatronLayout
 from . import compat
 

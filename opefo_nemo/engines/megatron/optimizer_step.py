@@ -35,7 +35,7 @@ from megatron.core.distributed import DistributedDataParallel, finalize_model_gr
 from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
-from ...config.train import MegatronEngineConfig
+from ...config.engines import MegatronEngineConfig
 from ..schedule import warmup_factor
 from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
 

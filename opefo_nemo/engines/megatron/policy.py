@@ -69,7 +69,7 @@ from megatron.core import parallel_state
 from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
-from ...config.train import MegatronEngineConfig
+from ...config.engines import MegatronEngineConfig
 from ...core.objectives import LOSS_SUMS
 from ...models.megatron_weights.layout import MegatronLayout
 from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weights
