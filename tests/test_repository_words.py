@@ -12,17 +12,16 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 
-#: What must not come back, each with why.
+#: What must not come back, each with why. A bracketed letter keeps each pattern from matching
+#: its own source line, so this file is checked like every other.
 FORBIDDEN = {
-    r"\bSPEC\.md\b|\bARCHITECTURE\.md\b": "an outside file (docs/spec.md is ours)",
-    r"\bSPEC §": "cite the repository's spec as 'spec §N' (docs/spec.md)",
-    r"beside the repository": "users only have the repository",
-    r"\bissue \d+\b|\bissue #\d+": "a tracker's issue number",
-    r"/work/": "a path of one particular machine",
-    r"\blent to\b|\bGPU session\b|\bthe device tool\b": "how it was built, not the product",
+    r"\bSPE[C]\.md\b|\bARCHITECTUR[E]\.md\b": "an outside file (docs/spec.md is ours)",
+    r"\bSPE[C] §": "cite the repository's spec as 'spec §N' (docs/spec.md)",
+    r"beside the rep[o]sitory": "users only have the repository",
+    r"\bi[s]sue #?\d+\b": "a tracker's issue number",
+    r"/w[o]rk/": "a path of one particular machine",
+    r"\bl[e]nt to\b|\bGPU s[e]ssion\b|\bthe d[e]vice tool\b": "how it was built, not the product",
 }
-#: This file names the patterns themselves.
-EXEMPT = {"tests/test_repository_words.py"}
 
 
 def _tracked_text_files() -> list[Path]:
@@ -30,7 +29,7 @@ def _tracked_text_files() -> list[Path]:
         ["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True
     ).stdout.split(b"\0")
     paths = [ROOT / name.decode() for name in listed if name]
-    return [p for p in paths if p.is_file() and str(p.relative_to(ROOT)) not in EXEMPT]
+    return [p for p in paths if p.is_file()]
 
 
 def offending_lines(files: list[Path]) -> list[str]:
@@ -55,10 +54,18 @@ def test_no_tracked_file_speaks_of_outside_things():
     assert offending_lines(_tracked_text_files()) == []
 
 
-@pytest.mark.parametrize(
-    "planted",
-    ["see SPEC.md for details", "fixed in issue 12", "cache in /work/main/.cache", "see SPEC §3"],
-)
+#: One sentence per pattern, assembled so that this file itself holds none of them.
+PLANTED = [
+    "see " + "SPEC" + ".md for details",
+    "see " + "SPEC" + " §3",
+    "kept " + "beside" + " the repository",
+    "fixed in " + "issue" + " 12",
+    "cache in /" + "work" + "/main/.cache",
+    "no GPU was " + "lent" + " to this task",
+]
+
+
+@pytest.mark.parametrize("planted", PLANTED)
 def test_a_planted_word_is_found(tmp_path, planted):
     file = tmp_path / "module.py"
     file.write_text(f'"""Docstring."""\n# {planted}\n')
