@@ -5,8 +5,10 @@ with per-head q/k RMSNorms, Llama; tied or untied embeddings): RMSNorm with the 
 ``rms_norm_eps``, SwiGLU MLP without biases, rotary embeddings with its ``rope_theta``, grouped
 query attention. What Megatron adds (TP, PP, vocabulary padding) is the
 :class:`~opefo_nemo.models.megatron_weights.MegatronLayout`; the run settings (dtype, sequence
-parallel, recompute) are the engine config's. A config the mapping cannot reproduce exactly (rope
-scaling, sliding-window attention, an activation other than SiLU) is refused with its key.
+parallel, recompute) are the engine config's. Attention's softmax is taken in fp32 whatever the
+dtype (the logprobs the trainer differentiates should match the sampler's as closely as bf16
+allows). A config the mapping cannot reproduce exactly (rope scaling, sliding-window attention,
+an activation other than SiLU) is refused with its key.
 
 Layer spec: Transformer Engine's (fused layer norms into the linear layers) when
 ``engine.transformer_engine`` is set, the rank is a GPU rank and ``transformer_engine`` imports;
