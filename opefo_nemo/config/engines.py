@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..core.schema import one_of, require
 from ..kernels import STATS_KERNELS
 from ..models.shape import ModelShape
-from .schema import one_of, require
 
 DTYPES = ("float32", "bfloat16")
 MEGATRON_DEVICES = ("cuda", "cpu")

@@ -1,7 +1,8 @@
 """Loading ``conf/method/<name>.yaml`` (merged over ``conf/method/_defaults.yaml``).
 
 The same files serve Hydra's ``method=<name>`` group in the trainer's config; this loader is the
-standalone path for tools and tests. Validation is :meth:`MethodConfig.from_mapping`'s.
+standalone path for tools and tests. Validation is
+:func:`~opefo_nemo.core.objectives.method_config`'s.
 """
 
 from __future__ import annotations
@@ -13,7 +14,7 @@ from pathlib import Path
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from ..core.objectives import MethodConfig
+from ..core.objectives import MethodConfig, method_config
 
 DEFAULTS_FILE = "_defaults.yaml"
 
@@ -58,4 +59,4 @@ def load_method(name_or_path: str | Path, overrides: Sequence[str] = ()) -> Meth
         data = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as error:
         raise ValueError(f"missing value for method.{error.full_key} in {path}") from None
-    return MethodConfig.from_mapping(data, prefix="method")
+    return method_config(data, prefix="method")

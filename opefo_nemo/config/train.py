@@ -12,10 +12,10 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.objectives import MethodConfig
+from ..core.objectives import MethodConfig, method_config
+from ..core.schema import build, one_of, require
 from ..models.shape import ModelShape
 from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
-from .schema import build, one_of, require
 
 VERIFIERS = ("integer", "dapo", "answer", "math_verify")
 LONG_PROMPT_POLICIES = ("skip", "error")
@@ -152,7 +152,8 @@ class MetricsConfig:
 
 @dataclass(frozen=True)
 class TrainConfig:
-    """Every section of ``conf/config.yaml``; ``method`` is core's :class:`MethodConfig`."""
+    """Every section of ``conf/config.yaml``; ``method`` is the settings dataclass of the chosen
+    method (a :class:`MethodConfig` subclass, core.objectives)."""
 
     method: MethodConfig
     run: RunConfig = field(default_factory=RunConfig)
@@ -187,7 +188,7 @@ class TrainConfig:
             for name, value in data.items()
             if name != "method"
         }
-        built = cls(method=MethodConfig.from_mapping(method_data, prefix="method"), **sections)
+        built = cls(method=method_config(method_data, prefix="method"), **sections)
         built.validate()
         return built
 

@@ -14,7 +14,7 @@ from torch import Tensor
 from .validation import as_bool_mask, check_finite, check_same_shape
 
 ESTIMATORS = ("paper", "tabular")
-BALANCES = ("adaptive", "static", "pos_only", "neg_only", "none")
+BALANCES = ("adaptive", "target", "static", "pos_only", "neg_only", "none")
 LAMBDA_EPS = 1e-12
 
 
@@ -88,26 +88,37 @@ def lambda_star(P: Tensor | float, N: Tensor | float, eps: float = LAMBDA_EPS) -
     return (neg_t - pos_t) / (neg_t + pos_t).clamp(min=eps)
 
 
+def target_shift(mean_entropy: float, target_entropy: float, gain: float) -> float:
+    """``g · (H_target − H_batch)``: how far ``balance="target"`` moves λ from λ* (spec §3)."""
+    return gain * (target_entropy - mean_entropy)
+
+
 def side_weights(
     P: Tensor | float,
     N: Tensor | float,
     balance: str = "adaptive",
     static_lambda: float = 0.001,
+    shift: float = 0.0,
     eps: float = LAMBDA_EPS,
 ) -> tuple[Tensor, Tensor, Tensor]:
     """``(λ, w₊, w₋)``: the coefficient a variant applies and the weights of S+ and S− (spec §3).
 
-    ``λ`` is λ* for every variant but ``static``, where it is ``static_lambda``; ``none`` applies
-    no weight but still reports λ*. All three are 0-d float64 tensors.
+    ``λ`` is λ* for every variant but two: ``static`` applies ``static_lambda``, and ``target``
+    applies ``clip(λ* + shift, −1, 1)`` with ``shift`` from :func:`target_shift`, so that the
+    predicted net flow ``(1+λ)P − (1−λ)N = shift · (P + N)`` (before clipping) steers the entropy
+    toward its target; ``shift = 0`` is ``adaptive``. ``none`` applies no weight but still reports
+    λ*. All three are 0-d float64 tensors.
     """
     if balance not in BALANCES:
         raise ValueError(f"unknown entropy_flow.balance {balance!r}; expected one of {BALANCES}")
     lam = torch.tensor(float(static_lambda), dtype=torch.float64)
     if balance != "static":
         lam = lambda_star(P, N, eps)
+    if balance == "target":
+        lam = (lam + float(shift)).clamp(-1.0, 1.0)
     one = torch.ones((), dtype=torch.float64)
-    w_pos = one + lam if balance in ("adaptive", "static", "pos_only") else one
-    w_neg = one - lam if balance in ("adaptive", "static", "neg_only") else one
+    w_pos = one + lam if balance in ("adaptive", "target", "static", "pos_only") else one
+    w_neg = one - lam if balance in ("adaptive", "target", "static", "neg_only") else one
     return lam, w_pos, w_neg
 
 
@@ -119,14 +130,16 @@ def balance(
     N: Tensor | float,
     balance: str = "adaptive",
     static_lambda: float = 0.001,
+    shift: float = 0.0,
 ) -> tuple[Tensor, Tensor]:
     """Per-token weights ``w_t`` and the applied λ, from the *global* flow sums P and N (spec §3).
 
     ``w_t = w₊`` on S+ (ΔH > 0), ``w₋`` on S− (ΔH < 0), and 1 on tokens with ΔH = 0 or outside
-    ``mask``. Returns ``(weights [*] fp32, λ 0-d float64)``; neither carries gradient.
+    ``mask``; ``shift`` only for ``target`` (:func:`side_weights`). Returns ``(weights [*] fp32,
+    λ 0-d float64)``; neither carries gradient.
     """
     check_same_shape("delta_h", delta_h, mask=mask)
-    lam, w_pos, w_neg = side_weights(P, N, balance, static_lambda)
+    lam, w_pos, w_neg = side_weights(P, N, balance, static_lambda, shift)
     valid = as_bool_mask(mask)
     weights = torch.ones_like(delta_h, dtype=torch.float32)
     weights = torch.where(valid & (delta_h > 0), w_pos.float(), weights)

@@ -13,9 +13,13 @@ from torch import Tensor
 
 
 def flow_metrics(
-    sums: Mapping[str, Tensor], lam_star: Tensor, w_pos: Tensor, w_neg: Tensor
+    sums: Mapping[str, Tensor], lam_star: float, net_after_balance: float
 ) -> dict[str, float]:
-    """Entropy and entropy-flow metrics from the global sums of ``prepare`` (spec §3, §6)."""
+    """Entropy and entropy-flow metrics from the global sums of ``prepare`` (spec §3, §6).
+
+    ``net_after_balance``: ``Σ_t w_t ΔH_t``, the predicted net flow of the weights the method
+    applies (``P − N`` for a method that applies none).
+    """
     n = float(sums["tokens"])
     pos, neg = float(sums["flow_pos"]), float(sums["flow_neg"])
     return {
@@ -26,19 +30,7 @@ def flow_metrics(
         "flow/lambda": float(lam_star),
         "flow/frac_pos": float(sums["count_pos"]) / n,
         "flow/frac_neg": float(sums["count_neg"]) / n,
-        "flow/net_after_balance": float(w_pos) * pos - float(w_neg) * neg,
-    }
-
-
-def loss_metrics(sums: Mapping[str, Tensor | float], n_tokens: int) -> dict[str, float]:
-    """Loss and clipping metrics from the summed ``LossOutput.sums`` (spec §6)."""
-    return {
-        "loss": float(sums["loss"]) / n_tokens,
-        "clip/frac_upper": float(sums["clip_upper"]) / n_tokens,
-        "clip/frac_lower": float(sums["clip_lower"]) / n_tokens,
-        "clip/dh_upper": float(sums["dh_upper"]),
-        "clip/dh_lower": float(sums["dh_lower"]),
-        "select/frac": float(sums["selected"]) / n_tokens,
+        "flow/net_after_balance": net_after_balance,
     }
 
 

@@ -96,12 +96,16 @@ class HFPolicy:
             start += micro.rows
         return TokenStats(*out)
 
-    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
+    def train_step(
+        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+    ) -> UpdateResult:
         """Accumulate every micro-batch's gradient and metric sums, clip, step; skip the step if
         anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
         checked once, after the last backward."""
         self.optimizer.zero_grad(set_to_none=True)
-        sums: dict[str, Tensor] = {}
+        sums = {
+            name: torch.zeros((), dtype=torch.float64, device=self.device) for name in sum_names
+        }
         nonfinite = torch.zeros((), device=self.device)
         for index, micro in enumerate(micro_batches):
             try:
@@ -111,7 +115,9 @@ class HFPolicy:
                 break
             out = loss_fn(index, stats)
             nonfinite += (~torch.isfinite(out.loss.detach())).float()
-            sums = {k: sums.get(k, 0) + v.detach() for k, v in out.sums.items()}
+            if set(out.sums) != set(sums):
+                raise ValueError(f"loss sums {sorted(out.sums)} are not {sorted(sums)}")
+            sums = {k: total + out.sums[k].detach() for k, total in sums.items()}
             out.loss.backward()
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf

@@ -22,7 +22,7 @@ from .batch import TrainBatch
 
 LossFn = Callable[[int, TokenStats], LossOutput]
 """``loss_fn(micro_index, stats_with_grad) -> LossOutput``: the 0-d loss share of one
-micro-batch (phase 3) and its metric sums (keys from ``LOSS_SUMS``)."""
+micro-batch (phase 3) and its metric sums (the keys ``train_step`` is given as ``sum_names``)."""
 
 
 @dataclass(frozen=True)
@@ -52,11 +52,14 @@ class Policy(Protocol):
         """Phase 1: per-token statistics ``[B, T − 1]`` of ``batch``, forward only, no grad."""
         ...
 
-    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
+    def train_step(
+        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+    ) -> UpdateResult:
         """One optimizer step: for each micro-batch ``i`` a forward with gradient, then
         ``loss_fn(i, stats).loss.backward()`` (the loss is already a share of the global token
         mean, so gradients just accumulate); then clipping and the optimizer step. The returned
-        ``sums`` add up every micro-batch's ``LossOutput.sums``."""
+        ``sums`` add up every micro-batch's ``LossOutput.sums``, whose keys are ``sum_names``
+        (the same on every rank, so an engine can reduce them as one vector)."""
         ...
 
     def advance_schedule(self) -> None:

@@ -2,7 +2,8 @@
 
 * ``policy/``: the engine's model, optimizer and scheduler (for ``hf`` a loadable Hugging Face
   directory; a multi-rank engine writes its sharded format, every rank its part);
-* ``trainer_state.json``: step, data position, NaN streak, rollout restarts;
+* ``trainer_state.json``: step, data position, the method's state (a closed-loop target or
+  coefficient), NaN streak, rollout restarts;
 * ``rng.pt``: Python, NumPy and torch generator states (rank ``r > 0``: ``rng_rank<r>.pt``);
 * ``config.yaml``: the composed configuration of the run.
 

@@ -25,6 +25,7 @@ import torch
 from ..config.train import TrainConfig
 from ..core import group_advantages
 from ..core.metrics import rollout_metrics, rollout_sums
+from ..core.objectives import build_objective
 from ..data import Problem
 from ..engines.batch import build_batch
 from ..engines.protocols import Policy
@@ -87,7 +88,8 @@ class Dataset:
 
 
 class Trainer:
-    """Owns the loop state: step, prompt sampler, NaN streak; talks to the engines by protocol."""
+    """Owns the loop state: step, prompt sampler, the method's objective (and its state), NaN
+    streak; talks to the engines by protocol."""
 
     def __init__(
         self,
@@ -112,6 +114,7 @@ class Trainer:
         self.output_dir = output_dir
         self.checkpoint_dir = output_dir / "checkpoints"
         self.step = 0
+        self.objective = build_objective(config.method)
         self.nan_guard = NanGuard(config.trainer.max_nan_steps)
         self.sampler = PromptSampler(
             len(train.problems), config.trainer.prompts_per_step, config.run.seed
@@ -159,7 +162,7 @@ class Trainer:
         micro = cfg.engine.micro_batch_size
         try:
             outcome = update_rollout_batch(
-                self.policy, cfg.method, batch, micro, seed=cfg.run.seed * 1_000_003 + self.step
+                self.policy, self.objective, batch, micro, seed=cfg.run.seed * 1_000_003 + self.step
             )
         except NonFiniteLogitsError as error:
             log.warning("step %d: non-finite logits in the token-stats pass (%s)", self.step, error)
@@ -229,6 +232,7 @@ class Trainer:
     def state_dict(self) -> dict[str, Any]:
         return {
             "sampler": self.sampler.state_dict(),
+            "method": self.objective.state_dict(),
             "nan_streak": self.nan_guard.streak,
             "rollout_restarts": self.rollout.restarts,
         }
@@ -253,6 +257,7 @@ class Trainer:
         state = load_checkpoint(path, self.policy, self.ranks)
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
+        self.objective.load_state_dict(state.get("method", {}))
         self.nan_guard.streak = int(state["nan_streak"])
         self.rollout.update_weights(self.policy.named_weights())
         log.info("resumed from %s at step %d", path, self.step)

@@ -24,15 +24,15 @@ import torch
 from torch import Tensor
 
 from ..core import SingleProcessReducer
-from ..core.metrics import loss_metrics
 from ..core.objectives import (
     Coefficients,
     LossOutput,
-    MethodConfig,
+    Objective,
     TokenChunk,
-    get_objective,
+    loss_sum_names,
     policy_loss,
     prepare,
+    step_loss_metrics,
 )
 from ..engines.batch import TrainBatch
 from ..engines.protocols import Policy
@@ -106,7 +106,7 @@ def _on_device(
 
 def optimizer_step(
     policy: Policy,
-    method: MethodConfig,
+    objective: Objective,
     micro_batches: Sequence[TrainBatch],
     stats: Sequence[TokenStats],
     old_logprob: Sequence[Tensor] | None,
@@ -117,7 +117,6 @@ def optimizer_step(
     Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``) and whether the
     engine skipped it for a non-finite loss or gradient.
     """
-    objective = get_objective(method.name)
     chunks = [
         TokenChunk(
             logprob=s.logprob,
@@ -131,7 +130,7 @@ def optimizer_step(
         )
         for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
     ]
-    prepared = prepare(method, chunks, SingleProcessReducer(), seed=seed)
+    prepared = prepare(objective, chunks, SingleProcessReducer(), seed=seed)
     inputs = [
         _on_device(policy.device, m, c, None if old_logprob is None else old_logprob[i])
         for i, (m, c) in enumerate(zip(micro_batches, prepared.coefficients, strict=True))
@@ -140,31 +139,30 @@ def optimizer_step(
     def loss_fn(index: int, with_grad: TokenStats) -> LossOutput:
         advantages, mask, coefficients, old = inputs[index]
         return policy_loss(
-            method,
+            objective,
             with_grad.logprob,
             advantages,
             mask,
             coefficients,
             prepared.n_tokens,
             old_logprob=old,
-            entropy=with_grad.entropy if objective.entropy_grad else None,
+            entropy=with_grad.entropy if objective.differentiates_entropy else None,
         )
 
-    result = policy.train_step(micro_batches, loss_fn)
+    result = policy.train_step(micro_batches, loss_fn, loss_sum_names(objective))
     metrics = dict(prepared.metrics)
     if not result.skipped:
-        sums = {
-            name: torch.tensor(value, dtype=torch.float64) for name, value in result.sums.items()
-        }
-        metrics.update(loss_metrics(sums, prepared.n_tokens))
+        sums = result.sums
+        metrics.update(step_loss_metrics(objective, sums, prepared.n_tokens))
     metrics.update({"grad/norm": result.grad_norm, "lr": result.lr})
     return metrics, result.skipped
 
 
 def update_rollout_batch(
-    policy: Policy, method: MethodConfig, batch: TrainBatch, micro_batch_size: int, seed: int
+    policy: Policy, objective: Objective, batch: TrainBatch, micro_batch_size: int, seed: int
 ) -> UpdateOutcome:
     """All optimizer steps of one rollout batch (see the module docstring)."""
+    method = objective.config
     tabular = method.entropy_flow.estimator == "tabular"
     k = method.updates_per_rollout
     if batch.rows % k:
@@ -176,7 +174,7 @@ def update_rollout_batch(
     first = [flat[sum(counts[:j]) : sum(counts[: j + 1])] for j in range(k)]
     entropy_before = mean_entropy([m for ms in micros for m in ms], [s for ss in first for s in ss])
     if k == 1:
-        metrics, skipped = optimizer_step(policy, method, micros[0], first[0], None, seed)
+        metrics, skipped = optimizer_step(policy, objective, micros[0], first[0], None, seed)
         return UpdateOutcome(metrics, int(skipped), entropy_before)
 
     per_step: list[dict[str, float]] = []
@@ -184,7 +182,7 @@ def update_rollout_batch(
     for j, mini_micros in enumerate(micros):
         stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, tabular)
         old = [s.logprob for s in first[j]]
-        metrics, skipped = optimizer_step(policy, method, mini_micros, stats, old, seed * k + j)
+        metrics, skipped = optimizer_step(policy, objective, mini_micros, stats, old, seed * k + j)
         skipped_steps += int(skipped)
         per_step.append(metrics)
     averaged = {

@@ -32,10 +32,12 @@ def lam_star(pos: float, neg: float) -> float:
     return (neg - pos) / max(neg + pos, 1e-12)
 
 
-def weights(delta_h, mask, pos, neg, balance, static_lambda=0.001) -> list[float]:
+def weights(delta_h, mask, pos, neg, balance, static_lambda=0.001, shift=0.0) -> list[float]:
     lam = static_lambda if balance == "static" else lam_star(pos, neg)
-    up = 1 + lam if balance in ("adaptive", "static", "pos_only") else 1.0
-    down = 1 - lam if balance in ("adaptive", "static", "neg_only") else 1.0
+    if balance == "target":
+        lam = min(max(lam + shift, -1.0), 1.0)
+    up = 1 + lam if balance in ("adaptive", "target", "static", "pos_only") else 1.0
+    down = 1 - lam if balance in ("adaptive", "target", "static", "neg_only") else 1.0
     out = []
     for d, m in zip(delta_h, mask, strict=True):
         out.append(up if (m and d > 0) else down if (m and d < 0) else 1.0)

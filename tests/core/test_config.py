@@ -22,6 +22,16 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
     assert load_method("static").entropy_flow.static_lambda == pytest.approx(0.001)
     assert load_method("clip_cov").clip_cov.ratio == pytest.approx(2e-4)
     assert load_method("kl_cov").kl_cov.ratio == pytest.approx(2e-3)
+    for name in ("grpo", "clip_higher", "entropy_reg", "clip_cov"):  # verl's default dual clip
+        assert load_method(name).clip_ratio_c == pytest.approx(3.0)
+    assert load_method("grpo", ["clip_ratio_c=null"]).clip_ratio_c is None
+    target = load_method(
+        "opefo", ["entropy_flow.balance=target", "entropy_flow.target_entropy=0.5"]
+    )
+    assert target.entropy_flow.target_entropy == pytest.approx(0.5)
+    assert load_method("opefo", ["entropy_flow.balance=target"]).entropy_flow.target_entropy == (
+        "initial"
+    )
 
 
 @pytest.mark.parametrize(
@@ -34,7 +44,18 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
         ("clip_cov", "clip_cov.ratio=1.5", r"method\.clip_cov\.ratio must lie in \(0, 1\]"),
         ("kl_cov", "kl_cov.ratio=0", r"method\.kl_cov\.ratio must lie in \(0, 1\]"),
         ("opefo", "entropy_flow.estimator=exact", r"method\.entropy_flow\.estimator is 'exact'"),
-        ("opefo", "entropy_flow.balance=none", r"method\.entropy_flow\.balance .* balances"),
+        ("opefo", "entropy_flow.balance=none", r"method\.entropy_flow\.balance is 'none'"),
+        ("grpo", "entropy_flow.balance=adaptive", r"unknown key method\.entropy_flow\.balance"),
+        ("grpo_strict", "clip_eps_low=0.1", r"unknown key method\.clip_eps_low"),
+        ("grpo", "clip_ratio_c=1.0", r"method\.clip_ratio_c must be > 1"),
+        ("opefo", "entropy_flow.target_entropy=high", r"method\.entropy_flow\.target_entropy"),
+        ("opefo", "entropy_flow.target_gain=0", r"method\.entropy_flow\.target_gain must be > 0"),
+        ("entropy_reg", "entropy_coef_target=-1", r"method\.entropy_coef_target must be null"),
+        (
+            "entropy_reg",
+            "entropy_coef_target=initial entropy_coef=0.5",
+            r"method\.entropy_coef \(0\.5\) must lie in \[entropy_coef_min",
+        ),
         ("opefo", "updates_per_rollout=8", r"method\.updates_per_rollout .* strict on-policy"),
         ("grpo", "lr=abc", r"method\.lr must be a number"),
         ("entropy_reg", "entropy_coef=0", r"method\.entropy_coef is 0"),
@@ -42,7 +63,7 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
 )
 def test_bad_keys_and_values_fail_naming_the_key(name, override, message):
     with pytest.raises(ValueError, match=message):
-        load_method(name, [override])
+        load_method(name, override.split())
 
 
 def test_unknown_method_and_kl_cov_strict_warning():

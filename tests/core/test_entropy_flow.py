@@ -91,11 +91,37 @@ def test_flow_sums_lambda_and_weights_match_loop_reference():
     assert float(pos) == pytest.approx(ref_pos, rel=1e-6)
     assert float(neg) == pytest.approx(ref_neg, rel=1e-6)
     for variant in ef.BALANCES:
-        w, lam = ef.balance(dh, mask, pos, neg, variant, static_lambda=0.05)
-        expected = ref.weights(dh.tolist(), mask.tolist(), ref_pos, ref_neg, variant, 0.05)
+        w, lam = ef.balance(dh, mask, pos, neg, variant, static_lambda=0.05, shift=0.2)
+        shift = 0.2 if variant == "target" else 0.0
+        expected = ref.weights(dh.tolist(), mask.tolist(), ref_pos, ref_neg, variant, 0.05, shift)
         assert w.tolist() == pytest.approx(expected, rel=1e-6)
-        expected_lam = 0.05 if variant == "static" else ref.lam_star(ref_pos, ref_neg)
+        expected_lam = 0.05 if variant == "static" else ref.lam_star(ref_pos, ref_neg) + shift
         assert float(lam) == pytest.approx(expected_lam, rel=1e-9)
+
+
+@pytest.mark.parametrize("seed", range(4))
+def test_target_balance_is_adaptive_at_the_target_and_pushes_toward_it(seed):
+    g = torch.Generator().manual_seed(seed)
+    dh = torch.randn(300, generator=g) * torch.rand(300, generator=g)
+    mask = torch.rand(300, generator=g) > 0.2
+    pos, neg = ef.flow_sums(dh, mask)
+    total = float(pos + neg)
+    adaptive, _ = ef.balance(dh, mask, pos, neg, "adaptive")
+    at_target = ef.target_shift(mean_entropy=0.8, target_entropy=0.8, gain=2.0)
+    same, _ = ef.balance(dh, mask, pos, neg, "target", shift=at_target)
+    assert torch.equal(same, adaptive)
+    fp32 = torch.finfo(torch.float32).eps * total  # the weights are fp32
+    for batch_entropy, sign in ((0.6, 1.0), (1.0, -1.0)):  # below the target: raise it
+        shift = ef.target_shift(batch_entropy, target_entropy=0.8, gain=0.5)
+        w, lam = ef.balance(dh, mask, pos, neg, "target", shift=shift)
+        net = float((w.double() * dh.double() * mask).sum())
+        assert sign * net > 0
+        if abs(float(lam)) < 1:  # unclipped: the predicted net flow is g (H* − H)(P + N)
+            assert net == pytest.approx(shift * total, abs=4 * fp32)
+    huge = ef.target_shift(0.0, target_entropy=10.0, gain=1.0)
+    w, lam = ef.balance(dh, mask, pos, neg, "target", shift=huge)
+    assert float(lam) == 1.0  # clipped: S− gets weight 0, S+ weight 2
+    assert set(w[mask & (dh < 0)].tolist()) <= {0.0} and set(w[mask & (dh > 0)].tolist()) <= {2.0}
 
 
 def test_adaptive_balance_zeroes_the_net_flow_and_keeps_zero_change_tokens_at_one():

@@ -29,7 +29,7 @@ pytest.importorskip("transformers")
 # Imported after the skips: megatron-core is not in every environment.
 from opefo_nemo.config.engines import EngineConfig, MegatronEngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.core.objectives import LossOutput
+from opefo_nemo.core.objectives import LossOutput, build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_named_weights
 from opefo_nemo.trainer.update import update_rollout_batch
@@ -106,7 +106,7 @@ def _update(policy, named_parameters, batch):
             }
         )
     )
-    outcome = update_rollout_batch(policy, method, batch, MICRO_BATCH_SIZE, seed=0)
+    outcome = update_rollout_batch(policy, build_objective(method), batch, MICRO_BATCH_SIZE, seed=0)
     weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.named_weights()}
     return stats, outcome, grads, weights
 
@@ -165,7 +165,7 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
         mask = micros[index].response_mask
         return LossOutput(-(with_grad.logprob * mask).sum() / batch.n_response_tokens, {})
 
-    policy.train_step(micros, recording_loss)
+    policy.train_step(micros, recording_loss, ())
     assert sorted(seen) == list(range(len(micros)))
     for index, logprob in seen.items():
         mask = micros[index].response_mask

@@ -62,7 +62,7 @@ def test_triton_equals_torch_on_the_tiny_model(model_dir):
             loss = -(s.logprob * batch.response_mask).sum() - 0.1 * s.entropy.sum()
             return LossOutput(loss, {})
 
-        update = policy.train_step([batch], loss_fn)
+        update = policy.train_step([batch], loss_fn, ())
         results[kernel] = (stats, update.grad_norm)
     (ours, norm), (theirs, ref_norm) = results["triton"], results["torch"]
     for name in ("logprob", "entropy", "sum_p2", "sum_p2_logp"):

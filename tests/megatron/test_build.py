@@ -30,6 +30,7 @@ import torch
 
 from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
+from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.megatron_weights.export import export_sharded
 from opefo_nemo.trainer.update import update_rollout_batch
@@ -205,7 +206,7 @@ def test_qwen3_update_at_tp2_equals_the_hf_engine(families, batch, tmp_path):
     reference = HFPolicy(
         families["qwen3"], engine, lr=method.lr, temperature=workers_build.TEMPERATURE
     )
-    want = update_rollout_batch(reference, method, batch, batch.rows, 0).metrics
+    want = update_rollout_batch(reference, build_objective(method), batch, batch.rows, 0).metrics
     assert metrics["grad/norm"] > 0
     for key, value in want.items():
         assert metrics[key] == pytest.approx(value, rel=1e-4, abs=1e-6), key

@@ -21,6 +21,7 @@ import torch
 
 from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
+from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
 
@@ -67,7 +68,7 @@ def _hf_reference(hf_dir, method_overrides, engine, batch) -> dict:
             {names[p]: p.grad.clone() for group in opt.param_groups for p in group["params"]}
         )
     )
-    outcome = update_rollout_batch(policy, method, batch, batch.rows, seed=0)
+    outcome = update_rollout_batch(policy, build_objective(method), batch, batch.rows, seed=0)
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
     return {"stats": stats, "metrics": outcome.metrics, "grads": captured, "weights": weights}
 

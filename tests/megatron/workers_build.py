@@ -11,6 +11,7 @@ import torch
 
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.method import load_method
+from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.trainer.update import update_rollout_batch
 
 from .torch_dist_writer import torch_dist_writer_on_this_torch
@@ -62,17 +63,17 @@ def update_save_resume(
     method = load_method("opefo", ["lr=1e-3"])
     try:
         policy = _policy(hf_dir, settings)
-        first = update_rollout_batch(policy, method, batch, 3, 0)
+        first = update_rollout_batch(policy, build_objective(method), batch, 3, 0)
         policy.advance_schedule()
         with torch_dist_writer_on_this_torch():  # megatron-core 0.11's writer on torch 2.13
             policy.save(Path(out) / "checkpoint")
         saved = _weights(policy)
-        second = update_rollout_batch(policy, method, batch, 3, 0)
+        second = update_rollout_batch(policy, build_objective(method), batch, 3, 0)
         straight = _weights(policy)
         fresh = _policy(hf_dir, settings)
         fresh.load(Path(out) / "checkpoint")
         loaded = _weights(fresh)
-        resumed_second = update_rollout_batch(fresh, method, batch, 3, 0)
+        resumed_second = update_rollout_batch(fresh, build_objective(method), batch, 3, 0)
         resumed = _weights(fresh)
         if rank == 0:
             torch.save(
@@ -103,7 +104,7 @@ def recompute_changes_nothing(rank: int, world_size: int, hf_dir: str, batch, ou
         settings.update(tensor_model_parallel_size=2, recompute_activations=recompute)
         try:
             policy = _policy(hf_dir, settings)
-            outcome = update_rollout_batch(policy, method, batch, 3, 0)
+            outcome = update_rollout_batch(policy, build_objective(method), batch, 3, 0)
             runs.append((outcome.metrics, _weights(policy)))
         finally:
             _release()
@@ -118,7 +119,7 @@ def one_update(rank: int, world_size: int, hf_dir: str, settings: dict, batch, o
     method = load_method("opefo", ["lr=1e-3"])
     try:
         policy = _policy(hf_dir, settings)
-        outcome = update_rollout_batch(policy, method, batch, 3, 0)
+        outcome = update_rollout_batch(policy, build_objective(method), batch, 3, 0)
         weights = _weights(policy)  # collective: every rank walks the stream
         if rank == 0:
             torch.save((outcome.metrics, weights), Path(out) / "update.pt")

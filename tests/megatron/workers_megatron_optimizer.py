@@ -14,6 +14,7 @@ import torch
 
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.method import load_method
+from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import MegatronLayout
@@ -114,7 +115,9 @@ def _run(case: dict, hf_dir: Path, batch) -> dict:
         return result
 
     policy.optimizer.step = step
-    outcome = update_rollout_batch(policy, method, batch, case["micro_batch_size"], seed=0)
+    outcome = update_rollout_batch(
+        policy, build_objective(method), batch, case["micro_batch_size"], seed=0
+    )
     policy.optimizer.step = original
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
     main = None

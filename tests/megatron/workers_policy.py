@@ -13,7 +13,7 @@ import torch.distributed as dist
 
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.core.objectives import LossOutput
+from opefo_nemo.core.objectives import LossOutput, build_objective
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import (
@@ -132,7 +132,7 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
             {names[p]: p.grad.clone() for group in opt.param_groups for p in group["params"]}
         )
     )
-    outcome = update_rollout_batch(policy, method, batch, micro_batch_size, seed=0)
+    outcome = update_rollout_batch(policy, build_objective(method), batch, micro_batch_size, seed=0)
     grads = [_hf_names(layout, step) for step in captured]
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
 
@@ -147,7 +147,7 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
         mask = micros[index].response_mask
         return LossOutput(-(with_grad.logprob * mask).sum() / batch.n_response_tokens, {})
 
-    second = policy.train_step(micros, loss_fn)
+    second = policy.train_step(micros, loss_fn, ())
     # loss_fn runs on the last pipeline stage of each data-parallel rank, for that rank's own
     # micro-batches: together they are every micro-batch of the step
     seen: list = [None] * dist.get_world_size()
@@ -179,7 +179,7 @@ def _skips_everywhere(policy, micros) -> None:
         loss = -(with_grad.logprob * micros[index].response_mask).sum()
         return LossOutput(loss + math.inf if index == 0 else loss, {})
 
-    result = policy.train_step(micros, loss_fn)
+    result = policy.train_step(micros, loss_fn, ())
     assert result.skipped and math.isnan(result.grad_norm)
     for name, tensor in policy.named_weights():
         assert torch.equal(tensor, before[name]), name

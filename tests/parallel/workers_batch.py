@@ -8,7 +8,13 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from opefo_nemo.core.objectives import MethodConfig, TokenChunk, prepare
+from opefo_nemo.core.objectives import (
+    Objective,
+    TokenChunk,
+    build_objective,
+    method_config,
+    prepare,
+)
 from opefo_nemo.core.reduction import SingleProcessReducer
 from opefo_nemo.parallel import broadcast_from_last_stage, token_stats
 from tests.parallel.collectives import count_collectives
@@ -60,10 +66,10 @@ def _chunk(batch, rows, stats, old_logprob) -> TokenChunk:
     )
 
 
-def _config(name: str) -> MethodConfig:
+def _config(name: str) -> Objective:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
-        return MethodConfig.from_mapping(METHODS[name])
+        return build_objective(method_config(METHODS[name]))
 
 
 def _tensor_parallel_group(tp: int, rank: int):
@@ -88,7 +94,7 @@ def prepare_is_layout_independent(rank: int, world_size: int) -> None:
     old_logprob = full.logprob + batch["old_noise"]
     references = {}
     for name in METHODS:
-        olds = old_logprob if _config(name).updates_per_rollout > 1 else None
+        olds = old_logprob if _config(name).config.updates_per_rollout > 1 else None
         chunk = _chunk(batch, slice(None), full, olds)
         references[name] = prepare(_config(name), [chunk], SingleProcessReducer(), seed=5)
     for name in ("clip_cov", "kl_cov"):
@@ -115,7 +121,7 @@ def prepare_is_layout_independent(rank: int, world_size: int) -> None:
             ]
             for name, ref in references.items():
                 config = _config(name)
-                olds = old_logprob if config.updates_per_rollout > 1 else None
+                olds = old_logprob if config.config.updates_per_rollout > 1 else None
                 chunks = [
                     _chunk(batch, rows, s, olds) for rows, s in zip(row_sets, stats, strict=True)
                 ]

@@ -8,7 +8,13 @@ import warnings
 import torch
 import torch.distributed as dist
 
-from opefo_nemo.core.objectives import MethodConfig, TokenChunk, policy_loss, prepare
+from opefo_nemo.core.objectives import (
+    TokenChunk,
+    build_objective,
+    method_config,
+    policy_loss,
+    prepare,
+)
 from opefo_nemo.core.reduction import SingleProcessReducer
 from opefo_nemo.parallel import token_stats
 
@@ -25,7 +31,7 @@ def _losses(logits: torch.Tensor, batch: dict[str, torch.Tensor], group) -> torc
     )
     total = torch.zeros(())
     for spec in (OPEFO, ENTROPY_REG):
-        config = MethodConfig.from_mapping(spec)
+        config = build_objective(method_config(spec))
         chunk = TokenChunk(
             logprob=stats.logprob.detach(),
             entropy=stats.entropy.detach(),

@@ -10,7 +10,7 @@ import torch
 
 from opefo_nemo.config import load_method
 from opefo_nemo.config.engines import EngineConfig
-from opefo_nemo.core.objectives import LossOutput
+from opefo_nemo.core.objectives import LossOutput, build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
@@ -64,7 +64,7 @@ def captured_gradient(model_dir, method_name, micro_batch_size):
     batch = build_batch(prompts, responses, adv, pad_id=0)
     micros = batch.split(micro_batch_size)
     metrics, skipped = optimizer_step(
-        policy, method, micros, stats_pass(policy, batch, micros, False), None, 0
+        policy, build_objective(method), micros, stats_pass(policy, batch, micros, False), None, 0
     )
     assert not skipped
     return grads, metrics
@@ -117,7 +117,9 @@ def test_bfloat16_policy_trains_with_fp32_statistics(model_dir):
     policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=1.0)
     assert next(policy.model.parameters()).dtype == torch.bfloat16
     prompts, responses, adv = random_rollout()
-    outcome = update_rollout_batch(policy, method, build_batch(prompts, responses, adv, 0), 4, 0)
+    outcome = update_rollout_batch(
+        policy, build_objective(method), build_batch(prompts, responses, adv, 0), 4, 0
+    )
     assert outcome.skipped_steps == 0 and math.isfinite(outcome.metrics["grad/norm"])
     micro = build_batch(prompts, responses, adv, 0)
     assert policy.token_stats(micro).logprob.dtype == torch.float32
@@ -130,13 +132,13 @@ def test_non_finite_loss_skips_the_step_and_keeps_the_weights(model_dir):
     prompts, responses, adv = random_rollout()
     micros = build_batch(prompts, responses, adv, pad_id=0).split(3)
     result = policy.train_step(
-        micros, lambda i, stats: LossOutput(stats.logprob.sum() * float("nan"), {})
+        micros, lambda i, stats: LossOutput(stats.logprob.sum() * float("nan"), {}), ()
     )
     assert result.skipped and math.isnan(result.grad_norm)
     for name, param in policy.model.named_parameters():
         assert torch.equal(param.detach(), before[name]), name
     assert not policy.train_step(
-        micros, lambda i, stats: LossOutput(-stats.logprob.sum(), {})
+        micros, lambda i, stats: LossOutput(-stats.logprob.sum(), {}), ()
     ).skipped
     changed = any(
         not torch.equal(p.detach(), before[n]) for n, p in policy.model.named_parameters()
@@ -152,7 +154,9 @@ def test_nan_weights_raise_in_the_token_stats_pass(model_dir):
         next(policy.model.parameters()).fill_(float("nan"))
     prompts, responses, adv = random_rollout()
     with pytest.raises(NonFiniteLogitsError):
-        update_rollout_batch(policy, method, build_batch(prompts, responses, adv, 0), 2, seed=0)
+        update_rollout_batch(
+            policy, build_objective(method), build_batch(prompts, responses, adv, 0), 2, seed=0
+        )
 
 
 def test_nan_guard_aborts_after_the_configured_streak():

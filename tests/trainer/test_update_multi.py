@@ -12,13 +12,14 @@ import copy
 import torch
 
 from opefo_nemo.config import load_method
+from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.trainer.update import update_rollout_batch
 
 from .test_update import ENGINE, TEMPERATURE, model_dir, random_rollout  # noqa: F401
 
-ROWS, UPDATES, EPS = 6, 2, 0.05
+ROWS, UPDATES, EPS, DUAL_C = 6, 2, 0.05, 3.0  # grpo's default dual clip c = 3
 
 
 def response_logprobs(model, prompts, responses) -> list[torch.Tensor]:
@@ -32,12 +33,14 @@ def response_logprobs(model, prompts, responses) -> list[torch.Tensor]:
 
 
 def reference_gradient(model, prompts, responses, adv, old) -> tuple[dict, float]:
-    """``∇ Σ max(−A ρ, −A clip(ρ, 1 ± ε)) / N`` over the given rows; also ``max |ρ − 1|``."""
+    """``∇ Σ ℓ / N`` over the given rows with ``ℓ = max(−A ρ, −A clip(ρ, 1 ± ε))``, capped at
+    ``−c A`` where ``A < 0`` (dual clip); also ``max |ρ − 1|``."""
     model = copy.deepcopy(model)
     new = torch.cat(response_logprobs(model, prompts, responses))
     a = torch.cat([torch.full((len(r),), float(x)) for r, x in zip(responses, adv, strict=True)])
     rho = torch.exp(new - torch.cat(old))
     terms = torch.maximum(-a * rho, -a * rho.clamp(1 - EPS, 1 + EPS))
+    terms = torch.where(a < 0, torch.minimum(terms, -DUAL_C * a), terms)
     (terms.sum() / new.numel()).backward()
     grads = {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
     return grads, float((rho.detach() - 1).abs().max())
@@ -55,12 +58,12 @@ def test_every_mini_batch_step_uses_the_rollout_policy_as_old(model_dir):  # noq
     references, taken = [], []
     train_step, step = policy.train_step, policy.optimizer.step
 
-    def reference_then_train(micro_batches, loss_fn):
+    def reference_then_train(micro_batches, loss_fn, sum_names):
         rows = slice(len(references) * size, (len(references) + 1) * size)
         references.append(
             reference_gradient(policy.model, prompts[rows], responses[rows], adv[rows], old[rows])
         )
-        return train_step(micro_batches, loss_fn)
+        return train_step(micro_batches, loss_fn, sum_names)
 
     def capture_then_step(*args, **kwargs):
         taken.append({n: p.grad.clone() for n, p in policy.model.named_parameters()})
@@ -69,7 +72,9 @@ def test_every_mini_batch_step_uses_the_rollout_policy_as_old(model_dir):  # noq
     policy.train_step = reference_then_train
     policy.optimizer.step = capture_then_step
     batch = build_batch(prompts, responses, adv, pad_id=0)
-    outcome = update_rollout_batch(policy, method, batch, micro_batch_size=2, seed=0)
+    outcome = update_rollout_batch(
+        policy, build_objective(method), batch, micro_batch_size=2, seed=0
+    )
 
     assert outcome.skipped_steps == 0 and len(taken) == len(references) == UPDATES
     assert references[0][1] < 1e-6  # the first step sees the rollout weights: ρ ≡ 1

@@ -8,32 +8,35 @@ micro-batches or ranks must undo that scaling).
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
 
 import torch
 from torch import Tensor
 
 from ..validation import as_bool_mask, check_finite, check_same_shape
-from .config import MethodConfig
-from .registry import get_objective
+from .base import Objective
 from .tokens import Coefficients, LossInputs
-
-#: The keys of :attr:`LossOutput.sums`, in this order (engines reduce them as one vector).
-LOSS_SUMS = ("loss", "clip_upper", "clip_lower", "dh_upper", "dh_lower", "selected")
 
 
 @dataclass(frozen=True)
 class LossOutput:
     """``loss``: 0-d, differentiable share of the global mean. ``sums``: 0-d float64 metric
-    numerators of this micro-batch (add them over micro-batches and ranks, then
-    :func:`opefo_nemo.core.metrics.loss_metrics`)."""
+    numerators of this micro-batch, keys :func:`loss_sum_names` (add them over micro-batches and
+    ranks, then :func:`step_loss_metrics`)."""
 
     loss: Tensor
     sums: dict[str, Tensor]
 
 
+def loss_sum_names(objective: Objective) -> tuple[str, ...]:
+    """The keys of every :attr:`LossOutput.sums` of ``objective``, in a fixed order (engines
+    reduce them as one vector)."""
+    return ("loss", *objective.loss_sum_names)
+
+
 def policy_loss(
-    config: MethodConfig,
+    objective: Objective,
     logprob: Tensor,
     advantages: Tensor,
     mask: Tensor,
@@ -43,14 +46,13 @@ def policy_loss(
     old_logprob: Tensor | None = None,
     entropy: Tensor | None = None,
 ) -> LossOutput:
-    """The micro-batch's share of the step loss, for the method named by ``config``.
+    """The micro-batch's share of the step loss of ``objective``.
 
     ``logprob`` ``[*]``: with gradient. ``old_logprob``: the rollout policy's (multi-update
     baselines); ``None`` means strict on-policy, ``logprob.detach()``, so ρ ≡ 1. ``entropy``: with
     gradient, required by objectives that differentiate it. ``n_tokens``: the global count from
     :func:`~opefo_nemo.core.objectives.prepare.prepare`.
     """
-    objective = get_objective(config.name)
     check_same_shape(
         "logprob",
         logprob,
@@ -64,10 +66,13 @@ def policy_loss(
     )
     check_finite("logprob", logprob)
     check_finite("advantages", advantages)
+    name = objective.config.name
     if n_tokens <= 0:
         raise ValueError(f"n_tokens must be the positive global token count, got {n_tokens}")
     if old_logprob is not None and objective.strict:
-        raise ValueError(f"{config.name!r} is strict on-policy: pass old_logprob=None (ρ ≡ 1)")
+        raise ValueError(f"{name!r} is strict on-policy: pass old_logprob=None (ρ ≡ 1)")
+    if objective.differentiates_entropy and entropy is None:
+        raise ValueError(f"{name!r} needs the entropy with gradient in the update pass")
     valid = as_bool_mask(mask)
     inputs = LossInputs(
         logprob=logprob,
@@ -77,38 +82,22 @@ def policy_loss(
         selected=coefficients.selected,
         entropy=entropy,
     )
-    per_token = objective.token_loss(inputs, config)
+    per_token = objective.token_loss(inputs)
     per_token = torch.where(valid, per_token, torch.zeros_like(per_token))
     loss = per_token.sum() / n_tokens
-    sums = _loss_sums(inputs, valid, per_token, coefficients.delta_h, config, objective.ratio_clip)
-    return LossOutput(loss, sums)
+    with torch.no_grad():
+        own = objective.loss_sums(inputs, valid, coefficients.delta_h)
+    if set(own) != set(objective.loss_sum_names):
+        raise ValueError(
+            f"method {name!r} returned loss sums {sorted(own)}, declared "
+            f"{sorted(objective.loss_sum_names)}"
+        )
+    return LossOutput(loss, {"loss": per_token.detach().double().sum(), **own})
 
 
-@torch.no_grad()
-def _loss_sums(
-    inputs: LossInputs,
-    valid: Tensor,
-    per_token: Tensor,
-    delta_h: Tensor,
-    config: MethodConfig,
-    ratio_clip: bool,
-) -> dict[str, Tensor]:
-    """Clip counts and the ΔH of clipped tokens (spec §6, the paper's Fig. 2c), loss numerator.
-
-    ``ratio_clip``: the method's loss clips the ratio; if not (KL-Cov's ``−A ρ``), no token is
-    clipped, whatever ρ is.
-    """
-    clipping = valid if ratio_clip else torch.zeros_like(valid)
-    ratio = inputs.ratio.detach()
-    adv = inputs.advantages
-    upper = clipping & (adv > 0) & (ratio > 1 + config.clip_eps_high)
-    lower = clipping & (adv < 0) & (ratio < 1 - config.clip_eps_low)
-    dh = delta_h.double()
-    return {
-        "loss": per_token.detach().double().sum(),
-        "clip_upper": upper.sum().double(),
-        "clip_lower": lower.sum().double(),
-        "dh_upper": (dh * upper).sum(),
-        "dh_lower": (dh * lower).sum(),
-        "selected": (inputs.selected & valid).sum().double(),
-    }
+def step_loss_metrics(
+    objective: Objective, sums: Mapping[str, float], n_tokens: int
+) -> dict[str, float]:
+    """``loss`` (the global token mean, spec §5) and the objective's own metrics from the sums
+    of every micro-batch and rank."""
+    return {"loss": float(sums["loss"]) / n_tokens, **objective.loss_metrics(sums, n_tokens)}

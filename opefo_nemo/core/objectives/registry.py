@@ -1,82 +1,47 @@
-"""The objective registry: a method of spec §5 is one per-token loss function plus its contract.
+"""The objective registry: method name → :class:`~.base.Objective` subclass, and the way from
+untyped settings (YAML, overrides) to a validated method.
 
-Adding a method is one decorated function, or one more decorator on an existing loss (in
-``losses.py`` or a module of your own, imported before use), and one ``conf/method/<name>.yaml``::
+Adding a method is one module that registers its objective and one ``conf/method/<name>.yaml``::
 
-    @register_objective("my_method", strict=True, balance="adaptive")
-    def my_method(inputs: LossInputs, config: MethodConfig) -> Tensor:
-        return -inputs.weight * inputs.advantages * inputs.logprob
+    @register_objective("my_method")
+    class MyMethod(Objective):
+        config_type = MyMethodConfig
+        def token_loss(self, inputs):
+            return -inputs.weight * inputs.advantages * inputs.logprob
+
+A module outside ``opefo_nemo.core.objectives.methods`` must be imported before the config is
+read (e.g. by the script that starts training).
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
-from ..entropy_flow import BALANCES
+from ..schema import build
+from .base import MethodConfig, Objective
 
-if TYPE_CHECKING:
-    from torch import Tensor
-
-    from .config import MethodConfig
-    from .tokens import LossInputs
-
-TokenLoss = Callable[["LossInputs", "MethodConfig"], "Tensor"]
-SELECTIONS = ("clip_cov", "kl_cov")
+ObjectiveClass = TypeVar("ObjectiveClass", bound=type[Objective])
+_REGISTRY: dict[str, type[Objective]] = {}
 
 
-@dataclass(frozen=True)
-class Objective:
-    """A registered method.
+def register_objective(name: str) -> Callable[[ObjectiveClass], ObjectiveClass]:
+    """Class decorator registering an :class:`Objective` subclass under ``name``."""
 
-    ``strict``: needs ``ρ ≡ 1`` (exactly one update per rollout). ``balance``: the entropy-flow
-    variant of spec §3 it applies. ``selection``: the batch-level token selection it needs
-    (``clip_cov`` or ``kl_cov``), chosen globally in ``prepare``. ``entropy_grad``: its loss
-    differentiates the entropy, so the update pass must produce entropy with gradient.
-    ``ratio_clip``: its loss clips the ratio ρ (the clipped surrogate), so the ``clip/*`` metrics
-    of spec §6 count its clipped tokens; without it nothing is clipped and they are 0.
-    """
-
-    name: str
-    token_loss: TokenLoss
-    strict: bool
-    balance: str = "none"
-    selection: str | None = None
-    entropy_grad: bool = False
-    ratio_clip: bool = False
-
-
-_REGISTRY: dict[str, Objective] = {}
-
-
-def register_objective(
-    name: str,
-    *,
-    strict: bool,
-    balance: str = "none",
-    selection: str | None = None,
-    entropy_grad: bool = False,
-    ratio_clip: bool = False,
-) -> Callable[[TokenLoss], TokenLoss]:
-    """Decorator registering ``fn(inputs, config) -> per-token loss ℓ_t`` under ``name``."""
-    if balance not in BALANCES:
-        raise ValueError(f"objective {name!r}: unknown balance {balance!r}")
-    if selection is not None and selection not in SELECTIONS:
-        raise ValueError(f"objective {name!r}: unknown selection {selection!r}")
-
-    def decorate(fn: TokenLoss) -> TokenLoss:
+    def decorate(cls: ObjectiveClass) -> ObjectiveClass:
         if name in _REGISTRY:
             raise ValueError(f"objective {name!r} is registered twice")
-        _REGISTRY[name] = Objective(name, fn, strict, balance, selection, entropy_grad, ratio_clip)
-        return fn
+        if not issubclass(cls, Objective):
+            raise TypeError(f"objective {name!r} must subclass Objective")
+        _REGISTRY[name] = cls
+        return cls
 
     return decorate
 
 
-def get_objective(name: str) -> Objective:
-    """The registered objective ``name``; the error lists the known names."""
-    from . import losses  # noqa: F401  (registers the built-in methods)
+def objective_class(name: str) -> type[Objective]:
+    """The objective registered as ``name``; the error lists the known names."""
+    from . import methods  # noqa: F401  (registers the built-in methods)
 
     try:
         return _REGISTRY[name]
@@ -88,6 +53,30 @@ def get_objective(name: str) -> Objective:
 
 def registered_objectives() -> list[str]:
     """Names of every registered objective, sorted."""
-    from . import losses  # noqa: F401
+    from . import methods  # noqa: F401
 
     return sorted(_REGISTRY)
+
+
+def method_config(data: Mapping[str, Any], prefix: str = "method") -> MethodConfig:
+    """A validated method config from a plain mapping (``name`` picks the settings dataclass).
+
+    Unknown keys, wrong types, impossible values and contradictions with the method's contract
+    raise ``ValueError`` naming ``prefix.key``.
+    """
+    if not isinstance(data, Mapping):
+        raise ValueError(f"{prefix} must be a mapping, got {type(data).__name__}")
+    if "name" not in data:
+        raise ValueError(f"missing key {prefix}.name")
+    name = data["name"]
+    if not isinstance(name, str):
+        raise ValueError(f"{prefix}.name must be a string, got {name!r}")
+    cls = objective_class(name)
+    config = build(cls.config_type, data, prefix)
+    cls.check(config, prefix)
+    return config
+
+
+def build_objective(config: MethodConfig) -> Objective:
+    """The objective of ``config`` (one per run: it may carry state from step to step)."""
+    return objective_class(config.name)(config)

@@ -25,11 +25,12 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   gradient, skips the step on every rank (gradients dropped, ``UpdateResult(nan, lr,
   skipped=True)``), as ``HFPolicy`` does.
 - Metric sums: ``loss_fn`` returns each micro-batch's ``LossOutput``; the last stage adds its
-  ``sums`` into one float64 device vector (``LOSS_SUMS`` order), which is all-reduced over the
-  pipeline (the other stages hold zeros) and data-parallel groups after the backward: every
-  rank's ``UpdateResult.sums`` cover all ``M`` micro-batches (added in another order than on one
-  device: float64 round-off). Nothing is read back to the host per micro-batch: the statistics
-  stay on the device and the loss's finiteness is a device flag read once, in the reduction.
+  ``sums`` into one float64 device vector (in ``train_step``'s ``sum_names`` order), which is
+  all-reduced over the pipeline (the other stages hold zeros) and data-parallel groups after
+  the backward: every rank's ``UpdateResult.sums`` cover all ``M`` micro-batches (added in
+  another order than on one device: float64 round-off). Nothing is read back to the host per
+  micro-batch: the statistics stay on the device and the loss's finiteness is a device flag
+  read once, in the reduction.
 - Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), the
   schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
 - :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
@@ -70,7 +71,6 @@ from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
 from ...config.engines import MegatronEngineConfig
-from ...core.objectives import LOSS_SUMS
 from ...models.megatron_weights.layout import MegatronLayout
 from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weights
 from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
@@ -261,7 +261,9 @@ class MegatronPolicy:
             )
         return TokenStats(*full, *([None] * (len(_STATS) - len(names))))
 
-    def train_step(self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn) -> UpdateResult:
+    def train_step(
+        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+    ) -> UpdateResult:
         """Phase 3: one optimizer step over all ``micro_batches`` of the step (module docstring).
 
         The statistics reach ``loss_fn`` on the rank's device (the trainer has moved the step's
@@ -272,7 +274,8 @@ class MegatronPolicy:
         scaling = MegatronScaling(len(mine), size)
         self.updates.zero_grad()
         failed = torch.zeros((), device=self.device)
-        sums = torch.zeros(len(LOSS_SUMS), dtype=torch.float64, device=self.device)
+        names = tuple(sum_names)
+        sums = torch.zeros(len(names), dtype=torch.float64, device=self.device)
         order = iter(mine)
 
         def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
@@ -290,7 +293,7 @@ class MegatronPolicy:
                     index, TokenStats(stats.logprob[:rows, :width], stats.entropy[:rows, :width])
                 )
                 failed = failed + (~torch.isfinite(out.loss.detach())).float()
-                sums = sums + _sum_vector(out.sums, sums)
+                sums = sums + _sum_vector(out.sums, names, sums)
                 return out.loss * scaling.factor, {}
 
             return compute
@@ -305,17 +308,17 @@ class MegatronPolicy:
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
             return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
-        totals = self._reduce_sums(sums)
+        totals = self._reduce_sums(sums, names)
         grad_norm = self.updates.step()
         return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
 
-    def _reduce_sums(self, sums: Tensor) -> dict[str, float]:
+    def _reduce_sums(self, sums: Tensor, names: Sequence[str]) -> dict[str, float]:
         """This rank's metric sums (non-zero on the last pipeline stage only) added over the
         pipeline and data-parallel groups: every rank returns the step's totals."""
         for group in (self.pp_group, self.dp_group):
             if dist.get_world_size(group) > 1:
                 dist.all_reduce(sums, group=group)
-        return dict(zip(LOSS_SUMS, sums.tolist(), strict=True))
+        return dict(zip(names, sums.tolist(), strict=True))
 
     def advance_schedule(self) -> None:
         self.updates.advance()
@@ -361,15 +364,11 @@ class MegatronPolicy:
             self.updates.scheduler.load_state_dict(extra[_SCHEDULE])
 
 
-def _sum_vector(part: Mapping[str, Tensor], like: Tensor) -> Tensor:
-    """``LossOutput.sums`` as a vector in :data:`LOSS_SUMS` order (absent keys 0)."""
-    unknown = set(part) - set(LOSS_SUMS)
-    if unknown:
-        raise ValueError(f"loss sums {sorted(unknown)} are not among {LOSS_SUMS}")
-    zero = like.new_zeros(())
-    return torch.stack(
-        [part[k].detach().reshape(()).to(like) if k in part else zero for k in LOSS_SUMS]
-    )
+def _sum_vector(part: Mapping[str, Tensor], names: Sequence[str], like: Tensor) -> Tensor:
+    """``LossOutput.sums`` as a vector in ``names`` order (the keys must be exactly ``names``)."""
+    if set(part) != set(names):
+        raise ValueError(f"loss sums {sorted(part)} are not {sorted(names)}")
+    return torch.stack([part[k].detach().reshape(()).to(like) for k in names])
 
 
 def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:

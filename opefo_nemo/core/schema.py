@@ -1,8 +1,10 @@
 """Plain mappings (composed Hydra config) → frozen dataclasses, rejecting unknown keys.
 
-:func:`build` walks a dataclass's fields: nested dataclasses recurse, scalars are type-checked
-(``int`` refuses floats and bools; ``float`` accepts ints), ``X | None`` accepts ``None``, and
-``list[str]`` / ``list[int]`` become tuples. Every error names the full key (``trainer.max_steps``).
+The one validator of every configuration section, the trainer's and each method's
+(``core.objectives``). :func:`build` walks a dataclass's fields: nested dataclasses recurse,
+scalars are type-checked (``int`` refuses floats and bools; ``float`` accepts ints), ``X | None``
+accepts ``None``, ``float | str`` tries the types in order, and ``list[str]`` / ``list[int]``
+become tuples. Every error names the full key (``trainer.max_steps``). Pure Python.
 """
 
 from __future__ import annotations
@@ -40,7 +42,12 @@ def _value(kind: Any, value: Any, path: str) -> Any:
         options = [k for k in typing.get_args(kind) if k is not type(None)]
         if value is None:
             return None
-        return _value(options[0], value, path)
+        for option in options[:-1]:
+            try:
+                return _value(option, value, path)
+            except ValueError:
+                continue
+        return _value(options[-1], value, path)
     if dataclasses.is_dataclass(kind):
         return build(kind, value if value is not None else {}, path)
     if origin in (list, tuple):

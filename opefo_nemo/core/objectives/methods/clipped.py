@@ -1,0 +1,111 @@
+"""The clipped surrogate of the approximate on-policy baselines (spec §5): grpo, clip_higher.
+
+``ℓ_t = max(−A ρ, −A clip(ρ, 1 − ε_low, 1 + ε_high))`` and, with dual clip (``clip_ratio_c = c``,
+default 3, ``null`` disables), for ``A < 0`` the loss is capped: ``ℓ_t = min(ℓ_t, −c A)``, so a
+token whose ratio has grown far beyond the clip range cannot dominate the batch.
+
+Metrics (spec §6, the paper's Fig. 2c): ``clip/frac_upper`` (A > 0, ρ > 1 + ε_high),
+``clip/frac_lower`` (A < 0, ρ < 1 − ε_low), the summed ΔH of those tokens ``clip/dh_upper`` /
+``clip/dh_lower``, and ``clip/frac_dual``: tokens with A < 0 whose clipped loss exceeds ``−c A``
+(the dual clip's cap is active), each as a fraction of the batch's tokens.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from ...schema import require
+from ..base import MethodConfig, Objective, positive
+from ..registry import register_objective
+from ..tokens import LossInputs
+
+
+@dataclass(frozen=True)
+class ClippedConfig(MethodConfig):
+    """Settings of the clipped surrogate (module docstring)."""
+
+    clip_eps_low: float = 0.2
+    clip_eps_high: float = 0.2
+    clip_ratio_c: float | None = 3.0
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        positive(self.clip_eps_low, f"{prefix}.clip_eps_low")
+        positive(self.clip_eps_high, f"{prefix}.clip_eps_high")
+        require(self.clip_eps_low < 1, f"{prefix}.clip_eps_low", "must be < 1")
+        c = self.clip_ratio_c
+        require(
+            c is None or (math.isfinite(c) and c > 1),
+            f"{prefix}.clip_ratio_c",
+            f"must be > 1 (or null: no dual clip), got {c}",
+        )
+
+
+def surrogate_terms(inputs: LossInputs, config: ClippedConfig) -> tuple[Tensor, Tensor]:
+    """``(clipped, ℓ)``: the PPO surrogate ``max(−A ρ, −A clip(ρ))`` and the same with the dual
+    clip's cap ``min(·, −c A)`` on ``A < 0`` (equal when ``clip_ratio_c`` is null)."""
+    ratio, adv = inputs.ratio, inputs.advantages
+    bounded = torch.clamp(ratio, 1.0 - config.clip_eps_low, 1.0 + config.clip_eps_high)
+    clipped = torch.maximum(-adv * ratio, -adv * bounded)
+    if config.clip_ratio_c is None:
+        return clipped, clipped
+    capped = torch.minimum(clipped, -adv * config.clip_ratio_c)
+    return clipped, torch.where(adv < 0, capped, clipped)
+
+
+class ClippedSurrogate(Objective):
+    """The clipped surrogate with its clip metrics (module docstring)."""
+
+    config_type = ClippedConfig
+    strict = False
+    loss_sum_names = ("clip_upper", "clip_lower", "dh_upper", "dh_lower", "clip_dual")
+
+    @property
+    def clipping(self) -> ClippedConfig:
+        assert isinstance(self.config, ClippedConfig)
+        return self.config
+
+    def token_loss(self, inputs: LossInputs) -> Tensor:
+        return surrogate_terms(inputs, self.clipping)[1]
+
+    def loss_sums(self, inputs: LossInputs, valid: Tensor, delta_h: Tensor) -> dict[str, Tensor]:
+        config = self.clipping
+        ratio, adv = inputs.ratio.detach(), inputs.advantages
+        upper = valid & (adv > 0) & (ratio > 1 + config.clip_eps_high)
+        lower = valid & (adv < 0) & (ratio < 1 - config.clip_eps_low)
+        dual = torch.zeros_like(valid)
+        if config.clip_ratio_c is not None:
+            clipped = surrogate_terms(inputs, config)[0].detach()
+            dual = valid & (adv < 0) & (clipped > -adv * config.clip_ratio_c)
+        dh = delta_h.double()
+        return {
+            "clip_upper": upper.sum().double(),
+            "clip_lower": lower.sum().double(),
+            "dh_upper": (dh * upper).sum(),
+            "dh_lower": (dh * lower).sum(),
+            "clip_dual": dual.sum().double(),
+        }
+
+    def loss_metrics(self, sums: Mapping[str, float], n_tokens: int) -> dict[str, float]:
+        return {
+            "clip/frac_upper": float(sums["clip_upper"]) / n_tokens,
+            "clip/frac_lower": float(sums["clip_lower"]) / n_tokens,
+            "clip/dh_upper": float(sums["dh_upper"]),
+            "clip/dh_lower": float(sums["dh_lower"]),
+            "clip/frac_dual": float(sums["clip_dual"]) / n_tokens,
+        }
+
+
+@register_objective("grpo")
+class Grpo(ClippedSurrogate):
+    """GRPO with ratio clipping (paper: ε 0.2 / 0.2, 8 updates per rollout)."""
+
+
+@register_objective("clip_higher")
+class ClipHigher(ClippedSurrogate):
+    """The same loss with a relaxed upper bound (paper: ε_low 0.2, ε_high 0.28)."""

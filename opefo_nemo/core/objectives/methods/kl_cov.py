@@ -1,0 +1,87 @@
+"""KL-Cov (Cui et al. 2025; spec §5): ``ℓ_t = −A ρ`` plus ``κ |logprob − logprob_old|`` on the
+``k = max(⌊r_k · N⌋, 1)`` tokens of largest covariance over the whole optimizer-step batch.
+
+No ratio clip, so no ``clip/*`` metrics; ``select/frac`` logs the penalised fraction. With one
+update per rollout (ρ ≡ 1) the penalty is identically zero and only the selection runs (a
+warning says so at start-up).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+
+import torch
+from torch import Tensor
+
+from ...reduction import BatchReducer
+from ..base import BatchStatistics, MethodConfig, Objective, fraction, non_negative
+from ..registry import register_objective
+from ..tokens import Coefficients, LossInputs, TokenChunk
+from .covariance import covariance, covariance_means, covariance_sums, select_top_k, selection_count
+
+
+@dataclass(frozen=True)
+class KLCovSettings:
+    ratio: float = 2e-3
+    coef: float = 1.0
+
+
+@dataclass(frozen=True)
+class KLCovConfig(MethodConfig):
+    kl_cov: KLCovSettings = field(default_factory=KLCovSettings)
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        fraction(self.kl_cov.ratio, f"{prefix}.kl_cov.ratio")
+        non_negative(self.kl_cov.coef, f"{prefix}.kl_cov.coef")
+        if self.strict_on_policy:
+            warnings.warn(
+                f"{prefix}: KL-Cov's penalty |logprob - logprob_old| is identically zero with one "
+                "update per rollout (strict on-policy, ratio = 1); only its top-k selection runs",
+                stacklevel=2,
+            )
+
+
+@register_objective("kl_cov")
+class KLCov(Objective):
+    config_type = KLCovConfig
+    strict = False
+    loss_sum_names = ("selected",)
+
+    @property
+    def settings(self) -> KLCovConfig:
+        assert isinstance(self.config, KLCovConfig)
+        return self.config
+
+    def local_sums(self, chunk: TokenChunk, delta_h: Tensor) -> dict[str, Tensor]:
+        return covariance_sums(chunk)
+
+    def coefficients(
+        self, batch: BatchStatistics, reducer: BatchReducer, seed: int
+    ) -> list[Coefficients]:
+        adv_mean, logprob_mean = covariance_means(batch)
+        minus_inf = float("-inf")
+        scores = [
+            torch.where(c.mask, covariance(c, adv_mean, logprob_mean), minus_inf)
+            for c in batch.chunks
+        ]
+        k = selection_count(self.settings.kl_cov.ratio, batch.n_tokens)
+        selected = select_top_k(batch, scores, k, reducer)
+        return [
+            Coefficients(delta_h=dh, weight=torch.ones_like(dh), selected=s)
+            for dh, s in zip(batch.delta_h, selected, strict=True)
+        ]
+
+    def token_loss(self, inputs: LossInputs) -> Tensor:
+        penalty = self.settings.kl_cov.coef * (inputs.logprob - inputs.old_logprob).abs()
+        return -inputs.advantages * inputs.ratio + torch.where(
+            inputs.selected, penalty, torch.zeros_like(penalty)
+        )
+
+    def loss_sums(self, inputs: LossInputs, valid: Tensor, delta_h: Tensor) -> dict[str, Tensor]:
+        return {"selected": (inputs.selected & valid).sum().double()}
+
+    def loss_metrics(self, sums: Mapping[str, float], n_tokens: int) -> dict[str, float]:
+        return {"select/frac": float(sums["selected"]) / n_tokens}

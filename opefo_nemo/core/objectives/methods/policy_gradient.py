@@ -1,0 +1,167 @@
+"""The strict on-policy methods: ``−w_t A_t log π(y_t)`` with ρ ≡ 1 (spec §3, §5).
+
+``grpo_strict`` applies no weight (w ≡ 1). ``opefo`` and its ablations weigh the entropy-increasing
+tokens S+ by ``w₊`` and the entropy-decreasing tokens S− by ``w₋`` (``core.entropy_flow``):
+
+* ``opefo``: ``balance: adaptive`` (``1 ± λ*``, zero predicted net flow) or ``target``
+  (``λ = clip(λ* + g (H_target − H_batch), −1, 1)``: the predicted net flow is
+  ``g (H_target − H_batch)(P + N)``, steering the batch entropy toward ``H_target``, a number or
+  ``initial``, the first step's token-mean entropy, kept in the checkpoint);
+* ``static``: a fixed λ; ``pos_only`` / ``neg_only``: only one side weighted.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass, field
+from typing import Any, ClassVar
+
+from torch import Tensor
+
+from ...entropy_flow import balance, side_weights, target_shift
+from ...reduction import BatchReducer
+from ...schema import one_of, require
+from ..base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
+from ..registry import register_objective
+from ..tokens import Coefficients, LossInputs
+
+INITIAL = "initial"
+
+
+@register_objective("grpo_strict")
+class StrictPolicyGradient(Objective):
+    """``ℓ_t = −w_t A_t log π(y_t)``; here ``w ≡ 1`` (the paper's strict GRPO baseline)."""
+
+    def token_loss(self, inputs: LossInputs) -> Tensor:
+        return -inputs.weight * inputs.advantages * inputs.logprob
+
+
+@dataclass(frozen=True)
+class BalancedFlowConfig(EntropyFlowConfig):
+    """spec §3: the balancing variant and its settings (module docstring)."""
+
+    balance: str = "adaptive"
+    static_lambda: float = 0.001
+    target_entropy: float | str = INITIAL
+    target_gain: float = 1.0
+
+
+@dataclass(frozen=True)
+class BalancedConfig(MethodConfig):
+    entropy_flow: BalancedFlowConfig = field(default_factory=BalancedFlowConfig)
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        flow, path = self.entropy_flow, f"{prefix}.entropy_flow"
+        require(
+            math.isfinite(flow.static_lambda) and -1 < flow.static_lambda < 1,
+            f"{path}.static_lambda",
+            "must lie in (-1, 1)",
+        )
+        target = flow.target_entropy
+        require(
+            target == INITIAL
+            or (isinstance(target, float) and math.isfinite(target) and target >= 0),
+            f"{path}.target_entropy",
+            f"must be a number >= 0 (nats) or {INITIAL!r}, got {target!r}",
+        )
+        require(
+            math.isfinite(flow.target_gain) and flow.target_gain > 0,
+            f"{path}.target_gain",
+            f"must be > 0, got {flow.target_gain}",
+        )
+
+
+class BalancedPolicyGradient(StrictPolicyGradient):
+    """``w_t = w₊`` on S+, ``w₋`` on S− from the global P and N (spec §3)."""
+
+    config_type = BalancedConfig
+    balances: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: MethodConfig):
+        super().__init__(config)
+        target = self.flow.target_entropy
+        self.target_entropy: float | None = None if target == INITIAL else float(target)
+        self.applied_lambda = 0.0
+
+    @property
+    def flow(self) -> BalancedFlowConfig:
+        assert isinstance(self.config, BalancedConfig)
+        return self.config.entropy_flow
+
+    @classmethod
+    def check(cls, config: MethodConfig, prefix: str) -> None:
+        super().check(config, prefix)
+        assert isinstance(config, BalancedConfig)
+        one_of(config.entropy_flow.balance, cls.balances, f"{prefix}.entropy_flow.balance")
+
+    def coefficients(
+        self, batch: BatchStatistics, reducer: BatchReducer, seed: int
+    ) -> list[Coefficients]:
+        flow, pos, neg = self.flow, batch.sums["flow_pos"], batch.sums["flow_neg"]
+        shift = 0.0
+        if flow.balance == "target":
+            if self.target_entropy is None:
+                self.target_entropy = batch.mean_entropy
+            shift = target_shift(batch.mean_entropy, self.target_entropy, flow.target_gain)
+        lam, _, _ = side_weights(pos, neg, flow.balance, flow.static_lambda, shift)
+        self.applied_lambda = float(lam)
+        return [
+            Coefficients(
+                delta_h=dh,
+                weight=balance(dh, c.mask, pos, neg, flow.balance, flow.static_lambda, shift)[0],
+                selected=c.mask.new_zeros(c.mask.shape),
+            )
+            for c, dh in zip(batch.chunks, batch.delta_h, strict=True)
+        ]
+
+    def metrics(self, batch: BatchStatistics) -> dict[str, float]:
+        metrics = {"flow/lambda_applied": self.applied_lambda}
+        if self.flow.balance == "target" and self.target_entropy is not None:
+            metrics["flow/target_entropy"] = self.target_entropy
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        if self.flow.balance != "target" or self.flow.target_entropy != INITIAL:
+            return {}
+        return {"target_entropy": self.target_entropy}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            raise ValueError(
+                f"method {self.config.name!r}: checkpoint state has {sorted(state)}, "
+                f"expected {sorted(expected)}"
+            )
+        if "target_entropy" in state:
+            value = state["target_entropy"]
+            self.target_entropy = None if value is None else float(value)
+
+
+@register_objective("opefo")
+class Opefo(BalancedPolicyGradient):
+    """OPEFO: ``1 ± λ*`` (adaptive) or the closed-loop ``target`` balance."""
+
+    balances = ("adaptive", "target")
+
+
+@register_objective("static")
+class StaticBalance(BalancedPolicyGradient):
+    """Ablation: ``1 ± λ`` with a fixed ``static_lambda``."""
+
+    balances = ("static",)
+
+
+@register_objective("pos_only")
+class PositiveSideOnly(BalancedPolicyGradient):
+    """Ablation: only S+ weighted (``1 + λ*``)."""
+
+    balances = ("pos_only",)
+
+
+@register_objective("neg_only")
+class NegativeSideOnly(BalancedPolicyGradient):
+    """Ablation: only S− weighted (``1 − λ*``)."""
+
+    balances = ("neg_only",)
