@@ -145,6 +145,7 @@ class WandbConfig:
 @dataclass(frozen=True)
 class MetricsConfig:
     realized_every: int = 0
+    fidelity_threshold: float = 0.2
     tensorboard: bool = True
     progress: bool = True
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -260,6 +261,9 @@ class TrainConfig:
         require(self.validation.every >= 0, "validation.every", "must be >= 0 (0 = never)")
         require(self.validation.k >= 1, "validation.k", "must be >= 1")
         require(self.metrics.realized_every >= 0, "metrics.realized_every", "must be >= 0")
+        require(
+            self.metrics.fidelity_threshold > 0, "metrics.fidelity_threshold", "must be > 0 (nats)"
+        )
         one_of(self.metrics.wandb.mode, ("offline", "online", "disabled"), "metrics.wandb.mode")
 
 

@@ -63,3 +63,40 @@ def add_sums(total: Mapping[str, Tensor], part: Mapping[str, Tensor]) -> dict[st
     if set(total) != set(part):
         raise ValueError(f"cannot add sums with keys {sorted(total)} and {sorted(part)}")
     return {name: total[name] + part[name] for name in total}
+
+
+class RunningCorrelation:
+    """Pearson correlation of the pairs ``(x, y)`` added so far (``flow/predictor_corr``: the
+    predicted net flow against ``flow/realized``, spec §6).
+
+    Co-moments are updated one pair at a time (Welford), so no history is kept; the state is three
+    means-and-moments that a checkpoint stores as a dict.
+    """
+
+    def __init__(self) -> None:
+        self.n, self.mean_x, self.mean_y = 0, 0.0, 0.0
+        self.m_xx, self.m_yy, self.m_xy = 0.0, 0.0, 0.0
+
+    def add(self, x: float, y: float) -> None:
+        self.n += 1
+        dx = x - self.mean_x
+        self.mean_x += dx / self.n
+        dy = y - self.mean_y
+        self.mean_y += dy / self.n
+        self.m_xx += dx * (x - self.mean_x)
+        self.m_yy += dy * (y - self.mean_y)
+        self.m_xy += dx * (y - self.mean_y)
+
+    def value(self) -> float | None:
+        """The correlation, or ``None`` with fewer than 3 pairs or a constant ``x`` or ``y``."""
+        if self.n < 3 or self.m_xx <= 0 or self.m_yy <= 0:
+            return None
+        return self.m_xy / (self.m_xx * self.m_yy) ** 0.5
+
+    def state_dict(self) -> dict[str, float]:
+        return dict(vars(self))
+
+    def load_state_dict(self, state: Mapping[str, float]) -> None:
+        for name in vars(self):
+            setattr(self, name, state[name])
+        self.n = int(self.n)

@@ -22,7 +22,9 @@ class TrainBatch:
     ``input_ids`` int64 ``[B, T]`` (right-padded with ``pad_id``), ``attention_mask`` bool
     ``[B, T]``. Per predicted token ``[B, T − 1]``: ``targets`` (``input_ids[:, 1:]``),
     ``response_mask`` (bool), ``advantages`` (fp32) and ``token_ids`` (int64 unique global ids
-    ``row * (T − 1) + t``, for the layout-independent Clip-Cov/KL-Cov selections).
+    ``row * (T − 1) + t``, for the layout-independent Clip-Cov/KL-Cov selections) and, when the
+    rollout engine reported them, ``rollout_logprob`` (fp32, its log-probability of each response
+    token, 0 elsewhere).
     """
 
     input_ids: Tensor
@@ -30,6 +32,7 @@ class TrainBatch:
     response_mask: Tensor
     advantages: Tensor
     token_ids: Tensor
+    rollout_logprob: Tensor | None = None
 
     def __post_init__(self) -> None:
         rows, width = self.input_ids.shape
@@ -38,9 +41,9 @@ class TrainBatch:
             raise ValueError(
                 f"attention_mask shape {tuple(self.attention_mask.shape)} != {rows, width}"
             )
-        for name in ("response_mask", "advantages", "token_ids"):
+        for name in ("response_mask", "advantages", "token_ids", "rollout_logprob"):
             tensor = getattr(self, name)
-            if tuple(tensor.shape) != per_token:
+            if tensor is not None and tuple(tensor.shape) != per_token:
                 raise ValueError(f"{name} has shape {tuple(tensor.shape)}, expected {per_token}")
 
     @property
@@ -59,7 +62,11 @@ class TrainBatch:
     def select(self, rows: Sequence[int] | Tensor) -> TrainBatch:
         """The sub-batch of ``rows``, trimmed to its longest row (padding only sits at the end)."""
         index = torch.as_tensor(rows, dtype=torch.long)
-        picked = {f.name: getattr(self, f.name)[index] for f in fields(self)}
+        picked = {
+            f.name: getattr(self, f.name)[index]
+            for f in fields(self)
+            if getattr(self, f.name) is not None
+        }
         width = max(int(picked["attention_mask"].sum(dim=1).max()), 2)
         trimmed = {
             name: value[:, : width if name in _FULL else width - 1]
@@ -82,11 +89,13 @@ def build_batch(
     responses: Sequence[Sequence[int]],
     advantages: Tensor,
     pad_id: int,
+    rollout_logprobs: Sequence[Sequence[float]] | None = None,
 ) -> TrainBatch:
     """Pack ``B`` (prompt, response) token lists and per-response advantages ``[B]``.
 
     Every prompt needs at least one token and every response at least one (an empty response
-    has nothing to learn from: the caller drops it before).
+    has nothing to learn from: the caller drops it before). ``rollout_logprobs``: the rollout
+    engine's log-probability of each response token (one list per response, its length).
     """
     if not (len(prompts) == len(responses) == advantages.numel()):
         raise ValueError(
@@ -111,4 +120,15 @@ def build_batch(
     adv = advantages.float().reshape(rows, 1).expand(rows, width - 1)
     adv = torch.where(response_mask, adv, torch.zeros_like(adv)).contiguous()
     token_ids = torch.arange(rows * (width - 1), dtype=torch.long).reshape(rows, width - 1)
-    return TrainBatch(input_ids, attention, response_mask, adv, token_ids)
+    rollout = None
+    if rollout_logprobs is not None:
+        rollout = torch.zeros((rows, width - 1), dtype=torch.float32)
+        for row, (prompt, logprobs) in enumerate(zip(prompts, rollout_logprobs, strict=True)):
+            if len(logprobs) != len(responses[row]):
+                raise ValueError(
+                    f"row {row}: {len(logprobs)} rollout logprobs for "
+                    f"{len(responses[row])} response tokens"
+                )
+            start = len(prompt) - 1
+            rollout[row, start : start + len(logprobs)] = torch.tensor(logprobs)
+    return TrainBatch(input_ids, attention, response_mask, adv, token_ids, rollout)

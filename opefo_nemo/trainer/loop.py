@@ -24,7 +24,7 @@ import torch
 
 from ..config.train import TrainConfig
 from ..core import group_advantages
-from ..core.metrics import rollout_metrics, rollout_sums
+from ..core.metrics import RunningCorrelation, rollout_metrics, rollout_sums
 from ..core.objectives import build_objective
 from ..data import Problem
 from ..engines.batch import build_batch
@@ -115,6 +115,7 @@ class Trainer:
         self.checkpoint_dir = output_dir / "checkpoints"
         self.step = 0
         self.objective = build_objective(config.method)
+        self.flow_predictor = RunningCorrelation()
         self.nan_guard = NanGuard(config.trainer.max_nan_steps)
         self.sampler = PromptSampler(
             len(train.problems), config.trainer.prompts_per_step, config.run.seed
@@ -154,6 +155,7 @@ class Trainer:
             [c.token_ids for c in completions],
             advantages,
             self.codec.pad_id,
+            [c.logprobs for c in completions],
         )
         timings["time/reward_s"] = time.perf_counter() - start - timings["time/rollout_s"]
         self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
@@ -162,7 +164,12 @@ class Trainer:
         micro = cfg.engine.micro_batch_size
         try:
             outcome = update_rollout_batch(
-                self.policy, self.objective, batch, micro, seed=cfg.run.seed * 1_000_003 + self.step
+                self.policy,
+                self.objective,
+                batch,
+                micro,
+                seed=cfg.run.seed * 1_000_003 + self.step,
+                fidelity_threshold=cfg.metrics.fidelity_threshold,
             )
         except NonFiniteLogitsError as error:
             log.warning("step %d: non-finite logits in the token-stats pass (%s)", self.step, error)
@@ -173,6 +180,7 @@ class Trainer:
             metrics["flow/realized"] = realized_entropy_change(
                 self.policy, batch, micro, outcome.entropy_before
             )
+            metrics.update(self._predictor_quality(metrics))
         self.policy.advance_schedule()
         timings["time/update_s"] = time.perf_counter() - mark
 
@@ -191,6 +199,16 @@ class Trainer:
         metrics["data/epoch"] = float(self.sampler.epoch)
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics
+
+    def _predictor_quality(self, metrics: dict[str, float]) -> dict[str, float]:
+        """``flow/predictor_corr``: correlation of the predicted net flow with ``flow/realized``
+        over every measured step so far. Steps whose prediction is zero by construction (adaptive
+        OPEFO's, up to the fp32 weights' rounding) predict nothing and are left out."""
+        predicted = metrics["flow/net_after_balance"]
+        if abs(predicted) > 1e-6 * (metrics["flow/pos"] + metrics["flow/neg"]):
+            self.flow_predictor.add(predicted, metrics["flow/realized"])
+        value = self.flow_predictor.value()
+        return {} if value is None else {"flow/predictor_corr": value}
 
     def _sampling(self, step: int) -> SamplingConfig:
         """Seeded per step, so a resumed run samples what the uninterrupted one would have."""
@@ -233,6 +251,7 @@ class Trainer:
         return {
             "sampler": self.sampler.state_dict(),
             "method": self.objective.state_dict(),
+            "flow_predictor": self.flow_predictor.state_dict(),
             "nan_streak": self.nan_guard.streak,
             "rollout_restarts": self.rollout.restarts,
         }
@@ -258,6 +277,8 @@ class Trainer:
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
         self.objective.load_state_dict(state.get("method", {}))
+        if "flow_predictor" in state:
+            self.flow_predictor.load_state_dict(state["flow_predictor"])
         self.nan_guard.streak = int(state["nan_streak"])
         self.rollout.update_weights(self.policy.named_weights())
         log.info("resumed from %s at step %d", path, self.step)

@@ -24,6 +24,8 @@ import torch
 from torch import Tensor
 
 from ..core import SingleProcessReducer
+from ..core.fidelity import DEFAULT_THRESHOLD, fidelity_metrics, fidelity_sums
+from ..core.metrics import add_sums
 from ..core.objectives import (
     Coefficients,
     LossOutput,
@@ -127,6 +129,7 @@ def optimizer_step(
             token_ids=m.token_ids,
             sum_p2=s.sum_p2,
             sum_p2_logp=s.sum_p2_logp,
+            rollout_logprob=m.rollout_logprob,
         )
         for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
     ]
@@ -158,10 +161,31 @@ def optimizer_step(
     return metrics, result.skipped
 
 
+def rollout_fidelity(
+    micro_batches: Sequence[TrainBatch], stats: Sequence[TokenStats], threshold: float
+) -> dict[str, float]:
+    """``fidelity/*`` (:mod:`opefo_nemo.core.fidelity`) of the trainer's logprobs under the
+    rollout's weights against the rollout engine's; empty when the batch carries none."""
+    if any(m.rollout_logprob is None for m in micro_batches):
+        return {}
+    sums: dict[str, Tensor] = {}
+    for micro, s in zip(micro_batches, stats, strict=True):
+        part = fidelity_sums(s.logprob, micro.rollout_logprob, micro.response_mask, threshold)
+        sums = add_sums(sums, part)
+    return fidelity_metrics(sums)
+
+
 def update_rollout_batch(
-    policy: Policy, objective: Objective, batch: TrainBatch, micro_batch_size: int, seed: int
+    policy: Policy,
+    objective: Objective,
+    batch: TrainBatch,
+    micro_batch_size: int,
+    seed: int,
+    *,
+    fidelity_threshold: float = DEFAULT_THRESHOLD,
 ) -> UpdateOutcome:
-    """All optimizer steps of one rollout batch (see the module docstring)."""
+    """All optimizer steps of one rollout batch (see the module docstring); its metrics include
+    :func:`rollout_fidelity` when the batch carries the rollout engine's logprobs."""
     method = objective.config
     tabular = method.entropy_flow.estimator == "tabular"
     k = method.updates_per_rollout
@@ -172,10 +196,12 @@ def update_rollout_batch(
     flat = stats_pass(policy, batch, [m for ms in micros for m in ms], tabular)
     counts = [len(ms) for ms in micros]
     first = [flat[sum(counts[:j]) : sum(counts[: j + 1])] for j in range(k)]
-    entropy_before = mean_entropy([m for ms in micros for m in ms], [s for ss in first for s in ss])
+    all_micros, all_first = [m for ms in micros for m in ms], [s for ss in first for s in ss]
+    entropy_before = mean_entropy(all_micros, all_first)
+    fidelity = rollout_fidelity(all_micros, all_first, fidelity_threshold)
     if k == 1:
         metrics, skipped = optimizer_step(policy, objective, micros[0], first[0], None, seed)
-        return UpdateOutcome(metrics, int(skipped), entropy_before)
+        return UpdateOutcome({**metrics, **fidelity}, int(skipped), entropy_before)
 
     per_step: list[dict[str, float]] = []
     skipped_steps = 0
@@ -190,7 +216,7 @@ def update_rollout_batch(
         for name in {key for m in per_step for key in m}
     }
     averaged["entropy/mean"] = entropy_before
-    return UpdateOutcome(averaged, skipped_steps, entropy_before)
+    return UpdateOutcome({**averaged, **fidelity}, skipped_steps, entropy_before)
 
 
 @torch.no_grad()

@@ -26,7 +26,8 @@ class TokenChunk:
     policy that generated the rollout, for the multi-update baselines; ``None`` in strict mode.
     ``token_ids``: unique global int64 id of each token (e.g. ``sample * max_len + position``),
     needed by the Clip-Cov / KL-Cov selections so they do not depend on the layout.
-    ``sum_p2``/``sum_p2_logp``: for the ``tabular`` estimator.
+    ``sum_p2``/``sum_p2_logp``: for the ``tabular`` estimator. ``rollout_logprob``: the rollout
+    engine's log-probability of each token (for a truncated importance-sampling correction).
     """
 
     logprob: Tensor
@@ -37,6 +38,7 @@ class TokenChunk:
     token_ids: Tensor | None = None
     sum_p2: Tensor | None = None
     sum_p2_logp: Tensor | None = None
+    rollout_logprob: Tensor | None = None
 
     def __post_init__(self) -> None:
         check_same_shape(
@@ -49,8 +51,10 @@ class TokenChunk:
             token_ids=self.token_ids,
             sum_p2=self.sum_p2,
             sum_p2_logp=self.sum_p2_logp,
+            rollout_logprob=self.rollout_logprob,
         )
-        for name in ("logprob", "entropy", "advantages", "old_logprob", "sum_p2", "sum_p2_logp"):
+        checked = ("logprob", "entropy", "advantages", "old_logprob", "sum_p2", "sum_p2_logp")
+        for name in (*checked, "rollout_logprob"):
             check_finite(name, getattr(self, name))
         if self.token_ids is not None and torch.is_floating_point(self.token_ids):
             raise ValueError(f"token_ids must be integers, got dtype {self.token_ids.dtype}")

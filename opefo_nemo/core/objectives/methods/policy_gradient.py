@@ -1,6 +1,9 @@
 """The strict on-policy methods: ``−w_t A_t log π(y_t)`` with ρ ≡ 1 (spec §3, §5).
 
-``grpo_strict`` applies no weight (w ≡ 1). ``opefo`` and its ablations weigh the entropy-increasing
+``grpo_strict`` applies no weight (w ≡ 1). Every strict method can multiply its weights by the
+truncated importance-sampling weight ``min(π_train/π_rollout, rollout_is_cap)`` of each sampled
+token (``core.fidelity``; off by default, as in the paper), which corrects for the rollout
+engine sampling with its own kernels and precision. ``opefo`` and its ablations weigh the entropy-increasing
 tokens S+ by ``w₊`` and the entropy-decreasing tokens S− by ``w₋`` (``core.entropy_flow``):
 
 * ``opefo``: ``balance: adaptive`` (``1 ± λ*``, zero predicted net flow) or ``target``
@@ -13,28 +16,69 @@ tokens S+ by ``w₊`` and the entropy-decreasing tokens S− by ``w₋`` (``core
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, ClassVar
 
 from torch import Tensor
 
 from ...entropy_flow import balance, side_weights, target_shift
+from ...fidelity import truncated_is_weight
 from ...reduction import BatchReducer
 from ...schema import one_of, require
 from ..base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
 from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs
+from ..tokens import Coefficients, LossInputs, TokenChunk
 
 INITIAL = "initial"
+
+
+@dataclass(frozen=True)
+class StrictConfig(MethodConfig):
+    rollout_is_cap: float | None = None
+
+    def validate(self, prefix: str) -> None:
+        super().validate(prefix)
+        cap = self.rollout_is_cap
+        require(
+            cap is None or (math.isfinite(cap) and cap >= 1),
+            f"{prefix}.rollout_is_cap",
+            f"must be >= 1 (or null: no correction), got {cap}",
+        )
 
 
 @register_objective("grpo_strict")
 class StrictPolicyGradient(Objective):
     """``ℓ_t = −w_t A_t log π(y_t)``; here ``w ≡ 1`` (the paper's strict GRPO baseline)."""
 
+    config_type: ClassVar[type[MethodConfig]] = StrictConfig
+
     def token_loss(self, inputs: LossInputs) -> Tensor:
         return -inputs.weight * inputs.advantages * inputs.logprob
+
+    def coefficients(
+        self, batch: BatchStatistics, reducer: BatchReducer, seed: int
+    ) -> list[Coefficients]:
+        return self.corrected(super().coefficients(batch, reducer, seed), batch.chunks)
+
+    def corrected(
+        self, coefficients: list[Coefficients], chunks: Sequence[TokenChunk]
+    ) -> list[Coefficients]:
+        """The weights times the truncated importance-sampling weight, when configured."""
+        assert isinstance(self.config, StrictConfig)
+        cap = self.config.rollout_is_cap
+        if cap is None:
+            return coefficients
+        out = []
+        for chunk, c in zip(chunks, coefficients, strict=True):
+            if chunk.rollout_logprob is None:
+                raise ValueError(
+                    f"method.rollout_is_cap needs the rollout engine's logprobs "
+                    f"(TokenChunk.rollout_logprob) for method {self.config.name!r}"
+                )
+            weight = c.weight * truncated_is_weight(chunk.logprob, chunk.rollout_logprob, cap)
+            out.append(Coefficients(c.delta_h, weight, c.selected))
+        return out
 
 
 @dataclass(frozen=True)
@@ -48,7 +92,7 @@ class BalancedFlowConfig(EntropyFlowConfig):
 
 
 @dataclass(frozen=True)
-class BalancedConfig(MethodConfig):
+class BalancedConfig(StrictConfig):
     entropy_flow: BalancedFlowConfig = field(default_factory=BalancedFlowConfig)
 
     def validate(self, prefix: str) -> None:
@@ -107,7 +151,7 @@ class BalancedPolicyGradient(StrictPolicyGradient):
             shift = target_shift(batch.mean_entropy, self.target_entropy, flow.target_gain)
         lam, _, _ = side_weights(pos, neg, flow.balance, flow.static_lambda, shift)
         self.applied_lambda = float(lam)
-        return [
+        weighted = [
             Coefficients(
                 delta_h=dh,
                 weight=balance(dh, c.mask, pos, neg, flow.balance, flow.static_lambda, shift)[0],
@@ -115,6 +159,7 @@ class BalancedPolicyGradient(StrictPolicyGradient):
             )
             for c, dh in zip(batch.chunks, batch.delta_h, strict=True)
         ]
+        return self.corrected(weighted, batch.chunks)
 
     def metrics(self, batch: BatchStatistics) -> dict[str, float]:
         metrics = {"flow/lambda_applied": self.applied_lambda}
