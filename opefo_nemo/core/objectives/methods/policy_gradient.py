@@ -3,8 +3,9 @@
 ``grpo_strict`` applies no weight (w ≡ 1). Every strict method can multiply its weights by the
 truncated importance-sampling weight ``min(π_train/π_rollout, rollout_is_cap)`` of each sampled
 token (``core.fidelity``; off by default, as in the paper), which corrects for the rollout
-engine sampling with its own kernels and precision. ``opefo`` and its ablations weigh the entropy-increasing
-tokens S+ by ``w₊`` and the entropy-decreasing tokens S− by ``w₋`` (``core.entropy_flow``):
+engine sampling with its own kernels and precision. ``opefo`` and its ablations weigh the
+entropy-increasing tokens S+ by ``w₊`` and the entropy-decreasing tokens S− by ``w₋``
+(``core.entropy_flow``):
 
 * ``opefo``: ``balance: adaptive`` (``1 ± λ*``, zero predicted net flow) or ``target``
   (``λ = clip(λ* + g (H_target − H_batch), −1, 1)``: the predicted net flow is
