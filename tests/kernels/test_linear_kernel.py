@@ -15,14 +15,14 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
 from opefo_nemo.kernels.linear_stats import LinearBlocks
-from opefo_nemo.parallel import NonFiniteLogitsError, token_stats
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
 from tests.kernels.reference import reference_stats
 from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy on ±inf
 
-FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 VOCAB, WIDTH, HIDDEN, TOKENS = 37, 40, 24, 21  # odd V, 3 padded weight rows, h not a tile multiple
 BLOCKS = LinearBlocks(n=16, v=16, k=16, num_warps=1)  # several tiles in every direction
 
@@ -53,7 +53,7 @@ def test_stats_match_float64(dtype, temperature):
         targets,
         temperature=temperature,
         vocab_size=VOCAB,
-        tabular=True,
+        sums=VOCAB_SUMS,
         blocks=BLOCKS,
     )
     x64, w64 = hidden.double(), weight[:VOCAB].double()

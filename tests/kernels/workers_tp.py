@@ -7,14 +7,14 @@ import torch
 import torch.distributed as dist
 
 from opefo_nemo.kernels.linear_stats import LinearBlocks
-from opefo_nemo.parallel import NonFiniteLogitsError, token_stats
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
 from tests.kernels.reference import reference_grads, reference_stats
 from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
 from tests.parallel.collectives import count_collectives
 
 VOCAB, WIDTH, TOKENS, HIDDEN = 37, 20, 9, 24  # 37 real of 2 × 20 columns
-FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 TEMPERATURE = 0.7
 ONE_PASS = {"all_reduce:MAX": 1, "all_reduce:SUM": 1}
 
@@ -55,7 +55,7 @@ def logits_kernel(rank: int, world_size: int) -> None:
         local = rounded[:, columns].clone().requires_grad_()
         kw = {"temperature": TEMPERATURE, "group": group, "vocab_size": VOCAB, "kernel": "triton"}
         with count_collectives() as forward:
-            stats = token_stats(local, targets, tabular=True, **kw)
+            stats = token_stats(local, targets, sums=VOCAB_SUMS, **kw)
         assert dict(forward) == ONE_PASS, dict(forward)
         z64 = rounded[:, :VOCAB].double()
         _check(stats, z64, targets)
@@ -98,9 +98,9 @@ def linear_kernel(rank: int, world_size: int) -> None:
         kw = {"temperature": TEMPERATURE, "group": group, "vocab_size": VOCAB}
         with count_collectives() as forward:
             if fused:
-                stats = linear_token_stats(x, w, targets, tabular=True, blocks=blocks, **kw)
+                stats = linear_token_stats(x, w, targets, sums=VOCAB_SUMS, blocks=blocks, **kw)
             else:
-                stats = token_stats(x @ w.T, targets, tabular=True, kernel="torch", **kw)
+                stats = token_stats(x @ w.T, targets, sums=VOCAB_SUMS, kernel="torch", **kw)
         assert dict(forward) == ONE_PASS, dict(forward)
         ((stats.logprob * g_l).sum() + (stats.entropy * g_h).sum()).backward()
         return stats, x.grad, w.grad

@@ -7,7 +7,8 @@ from torch import Tensor
 
 
 def reference_stats(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
-    """``logprob``, ``entropy``, ``sum_p2``, ``sum_p2_logp`` of ``softmax(logits / T)`` in float64.
+    """``logprob``, ``entropy`` and the vocabulary sums ``Σ p^k``, ``Σ p^k log p`` (k = 2, 3) of
+    ``softmax(logits / T)`` in float64.
 
     ``logits`` ``[*, V]`` hold the real vocabulary only (no padding); results ``[*]``.
     Differentiable w.r.t. ``logits`` if it requires grad.
@@ -19,6 +20,8 @@ def reference_stats(logits: Tensor, targets: Tensor, temperature: float = 1.0) -
         "entropy": -(p * log_p).sum(-1),
         "sum_p2": (p * p).sum(-1),
         "sum_p2_logp": (p * p * log_p).sum(-1),
+        "sum_p3": (p * p * p).sum(-1),
+        "sum_p3_logp": (p * p * p * log_p).sum(-1),
     }
 
 
