@@ -41,6 +41,8 @@ SUM_COLUMNS = 6
 
 def requested_sums(sums: Sequence[str]) -> tuple[str, ...]:
     """``sums`` deduplicated in :data:`VOCAB_SUMS` order; an unknown name raises naming it."""
+    if isinstance(sums, str):
+        raise TypeError(f"sums is a sequence of names, got the string {sums!r}")
     unknown = [name for name in sums if name not in VOCAB_SUMS]
     if unknown:
         raise ValueError(f"unknown vocabulary sum {unknown[0]!r}; expected names from {VOCAB_SUMS}")

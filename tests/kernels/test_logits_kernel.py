@@ -142,6 +142,36 @@ def test_non_finite_logits_raise(bad):
         token_stats(logits, targets, vocab_size=VOCAB, kernel="triton")
 
 
+@pytest.mark.parametrize("powers", [(), (2,), (3,)])
+def test_only_the_requested_powers_are_computed(powers):
+    """The kernel fills the pairs ``Σ e^k``, ``Σ e^k·d`` of the powers asked for and leaves the
+    others 0; each pair is the same bits whether or not the other power is computed."""
+    logits, targets = _batch()
+    local = torch.where(targets < VOCAB, targets, -1)
+    both = logits_stats.shard_partials(logits, local, VOCAB, 0.7, (2, 3))
+    some = logits_stats.shard_partials(logits, local, VOCAB, 0.7, powers)
+    for k in (1, 2, 3):
+        pair = slice(2 * k - 2, 2 * k)
+        if k == 1 or k in powers:
+            assert torch.equal(some.sums[:, pair], both.sums[:, pair]), k
+        else:
+            assert bool((some.sums[:, pair] == 0).all()), k
+    assert bool((both.sums[:, 2:] > 0).any())
+
+
+@pytest.mark.parametrize(
+    "sums", [(), ("sum_p2",), ("sum_p3_logp",), ("sum_p2_logp", "sum_p3")], ids=str
+)
+def test_token_stats_returns_exactly_the_requested_sums(sums):
+    logits, targets = _batch()
+    kw = {"temperature": 0.7, "vocab_size": VOCAB, "kernel": "triton"}
+    everything = token_stats(logits, targets, sums=VOCAB_SUMS, **kw)
+    stats = token_stats(logits, targets, sums=sums, **kw)
+    assert set(stats.present()) == {"logprob", "entropy", *sums}
+    for name, value in stats.present().items():
+        assert torch.equal(value, getattr(everything, name)), name
+
+
 def test_padding_may_hold_anything():
     """Padded columns are never read: NaN there changes nothing."""
     logits, targets = _batch()

@@ -34,3 +34,26 @@ def reference_grads(
     loss = (ref["logprob"] * g_logprob.double()).sum() + (ref["entropy"] * g_entropy.double()).sum()
     (grad,) = torch.autograd.grad(loss, full)
     return grad
+
+
+def brute_force_rows(logits: Tensor, temperature: float) -> dict[str, Tensor]:
+    """Token by token, an explicit float64 softmax over the real vocabulary of ``logits``
+    ``[tokens, V]``: ``entropy``, the four vocabulary sums, and the literal expectation
+    ``Σ_a π(a)(1 − π(a))² (log π(a) + H)`` (spec §2), each ``[tokens]`` float64."""
+    rows: dict[str, list[float]] = {}
+    for row in logits.detach().double():
+        shifted = row / temperature - (row / temperature).max()
+        log_p = shifted - torch.log(torch.exp(shifted).sum())
+        p = torch.exp(log_p)
+        h = float(-(p * log_p).sum())
+        values = {
+            "entropy": h,
+            "sum_p2": float((p**2).sum()),
+            "sum_p2_logp": float((p**2 * log_p).sum()),
+            "sum_p3": float((p**3).sum()),
+            "sum_p3_logp": float((p**3 * log_p).sum()),
+            "expectation": float((p * (1 - p) ** 2 * (log_p + h)).sum()),
+        }
+        for name, value in values.items():
+            rows.setdefault(name, []).append(value)
+    return {name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()}

@@ -165,3 +165,7 @@ def test_bad_inputs_are_named() -> None:
         token_stats(logits, targets[:-1])
     with pytest.raises(TypeError, match="int64"):
         token_stats(logits, targets.float())
+    with pytest.raises(ValueError, match="unknown vocabulary sum 'sum_p4'"):
+        token_stats(logits, targets, sums=("sum_p2", "sum_p4"))
+    with pytest.raises(TypeError, match="sequence of names, got the string 'sum_p2'"):
+        token_stats(logits, targets, sums="sum_p2")
