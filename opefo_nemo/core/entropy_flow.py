@@ -13,7 +13,13 @@ from torch import Tensor
 
 from .validation import as_bool_mask, check_finite, check_same_shape
 
-ESTIMATORS = ("paper", "tabular")
+#: The vocabulary sums (``TokenStats`` field names) each ΔH estimator needs from ``token_stats``.
+ESTIMATOR_SUMS: dict[str, tuple[str, ...]] = {
+    "paper": (),
+    "tabular": ("sum_p2", "sum_p2_logp"),
+    "expectation": ("sum_p2", "sum_p2_logp", "sum_p3", "sum_p3_logp"),
+}
+ESTIMATORS = tuple(ESTIMATOR_SUMS)
 BALANCES = ("adaptive", "target", "static", "pos_only", "neg_only", "none")
 LAMBDA_EPS = 1e-12
 
@@ -26,38 +32,60 @@ def delta_entropy(
     estimator: str = "paper",
     sum_p2: Tensor | None = None,
     sum_p2_logp: Tensor | None = None,
+    sum_p3: Tensor | None = None,
+    sum_p3_logp: Tensor | None = None,
 ) -> Tensor:
     """First-order entropy change of each token's state under its own policy-gradient step.
 
-    spec §2, with ``p = exp(logprob)`` and the learning rate η omitted:
+    spec §2, with ``p = exp(logprob)``, ``s2 = Σπ²``, ``s2l = Σπ² log π``, ``s3 = Σπ³``,
+    ``s3l = Σπ³ log π`` over the vocabulary, and the learning rate η omitted:
 
     * ``paper``:   ``ΔH = −A (1 − p)² (logprob + H)`` (the paper's Eq. 5 at the sampled token);
-    * ``tabular``: ``ΔH = −A [p (logprob + H) − (Σπ² log π + H Σπ²)]``, the exact first-order change
-      of ``H(·|s)`` for the logit step ``A (onehot(y) − π)``; needs ``sum_p2`` and ``sum_p2_logp``.
+    * ``tabular``: ``ΔH = −A [p (logprob + H) − (s2l + H s2)]``, the exact first-order change
+      of ``H(·|s)`` for the logit step ``A (onehot(y) − π)``; needs ``sum_p2``, ``sum_p2_logp``;
+    * ``expectation``: ``ΔH = −A Σ_a π(a)(1 − π(a))² (log π(a) + H)``, the paper's integrand
+      averaged over the token drawn from ``π`` instead of taken at the sampled one. Expanding
+      ``(1 − π)² = 1 − 2π + π²`` and using ``Σ π log π = −H``:
+      ``Σ_a π(1 − π)²(log π + H) = −2 (s2l + H s2) + (s3l + H s3)``; needs all four sums.
+      The sum is ``Cov_π((1 − π)², log π) ≤ 0`` (a decreasing and an increasing function of
+      ``π(a)``), so this ΔH always has the sign of ``A`` (or is 0).
 
     All inputs have the same shape ``[*]``; the result is fp32 of that shape, without gradient.
+    ``ESTIMATOR_SUMS[estimator]`` names the sums an estimator needs; a missing one is an error
+    naming it.
     """
     if estimator not in ESTIMATORS:
         raise ValueError(f"unknown entropy estimator {estimator!r}; expected one of {ESTIMATORS}")
+    given = {
+        "sum_p2": sum_p2,
+        "sum_p2_logp": sum_p2_logp,
+        "sum_p3": sum_p3,
+        "sum_p3_logp": sum_p3_logp,
+    }
+    needed = ESTIMATOR_SUMS[estimator]
+    missing = [name for name in needed if given[name] is None]
+    if missing:
+        raise ValueError(
+            f"the {estimator!r} estimator needs {', '.join(needed)} from token_stats; "
+            f"missing: {', '.join(missing)}"
+        )
     check_same_shape("logprob", logprob, entropy=entropy, advantages=advantages)
+    check_same_shape("logprob", logprob, **{name: given[name] for name in needed})
     for name, tensor in (("logprob", logprob), ("entropy", entropy), ("advantages", advantages)):
         check_finite(name, tensor)
+    for name in needed:
+        check_finite(name, given[name])
     lp = logprob.detach().float()
     h = entropy.detach().float()
     adv = advantages.detach().float()
-    p = lp.exp()
+    s = {name: given[name].detach().float() for name in needed}
     if estimator == "paper":
-        return -adv * (1.0 - p).square() * (lp + h)
-    if sum_p2 is None or sum_p2_logp is None:
-        raise ValueError(
-            "the 'tabular' estimator needs sum_p2 and sum_p2_logp (token_stats tabular=True)"
-        )
-    check_same_shape("logprob", logprob, sum_p2=sum_p2, sum_p2_logp=sum_p2_logp)
-    check_finite("sum_p2", sum_p2)
-    check_finite("sum_p2_logp", sum_p2_logp)
-    s2 = sum_p2.detach().float()
-    s2l = sum_p2_logp.detach().float()
-    return -adv * (p * (lp + h) - (s2l + h * s2))
+        return -adv * (1.0 - lp.exp()).square() * (lp + h)
+    centred_p2 = s["sum_p2_logp"] + h * s["sum_p2"]
+    if estimator == "tabular":
+        return -adv * (lp.exp() * (lp + h) - centred_p2)
+    centred_p3 = s["sum_p3_logp"] + h * s["sum_p3"]
+    return -adv * (centred_p3 - 2.0 * centred_p2)
 
 
 @torch.no_grad()

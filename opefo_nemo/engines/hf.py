@@ -65,7 +65,7 @@ class HFPolicy:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
-    def _stats(self, batch: TrainBatch, tabular: bool) -> TokenStats:
+    def _stats(self, batch: TrainBatch, sums: Sequence[str] = ()) -> TokenStats:
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
         logits = self.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1]
@@ -73,28 +73,26 @@ class HFPolicy:
             logits,
             ids[:, 1:],
             temperature=self.temperature,
-            tabular=tabular,
+            sums=sums,
             chunk_size=self.config.stats_chunk_tokens,
             kernel=self.config.stats_kernel,
         )
 
     @torch.no_grad()
-    def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
-        """Phase 1: ``[B, T − 1]`` fp32 statistics on the CPU, no graph; forwards of
-        ``engine.micro_batch_size`` rows at a time (each trimmed to its longest row; the
-        columns past it are 0)."""
-        out: list[Tensor | None] = [None] * 4
+    def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
+        """Phase 1: ``[B, T − 1]`` fp32 statistics (with the vocabulary ``sums`` asked for) on
+        the CPU, no graph; forwards of ``engine.micro_batch_size`` rows at a time (each trimmed
+        to its longest row; the columns past it are 0)."""
+        out: dict[str, Tensor] = {}
         start = 0
         for micro in batch.split(self.config.micro_batch_size):
             rows, width = slice(start, start + micro.rows), micro.targets.shape[1]
-            for i, field in enumerate(_fields(self._stats(micro, tabular))):
-                if field is None:
-                    continue
-                if out[i] is None:
-                    out[i] = torch.zeros(batch.targets.shape, dtype=field.dtype)
-                out[i][rows, :width] = field.cpu()
+            for name, field in self._stats(micro, sums).present().items():
+                if name not in out:
+                    out[name] = torch.zeros(batch.targets.shape, dtype=field.dtype)
+                out[name][rows, :width] = field.cpu()
             start += micro.rows
-        return TokenStats(*out)
+        return TokenStats(**out)
 
     def train_step(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
@@ -109,7 +107,7 @@ class HFPolicy:
         nonfinite = torch.zeros((), device=self.device)
         for index, micro in enumerate(micro_batches):
             try:
-                stats = self._stats(micro, tabular=False)
+                stats = self._stats(micro)
             except NonFiniteLogitsError:
                 nonfinite += 1
                 break
@@ -175,7 +173,3 @@ class HFPolicy:
         state = torch.load(directory / _STATE_FILE, map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
-
-
-def _fields(stats: TokenStats) -> tuple[Tensor | None, ...]:
-    return (stats.logprob, stats.entropy, stats.sum_p2, stats.sum_p2_logp)

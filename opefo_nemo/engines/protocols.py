@@ -48,8 +48,9 @@ class Policy(Protocol):
         tensors there once, before :meth:`train_step`."""
         ...
 
-    def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
-        """Phase 1: per-token statistics ``[B, T − 1]`` of ``batch``, forward only, no grad."""
+    def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
+        """Phase 1: per-token statistics ``[B, T − 1]`` of ``batch``, forward only, no grad; with
+        the vocabulary ``sums`` asked for (``parallel.token_stats``), the others ``None``."""
         ...
 
     def train_step(

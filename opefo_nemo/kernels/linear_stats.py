@@ -31,9 +31,9 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .partials import ShardPartials
+from .partials import SUM_COLUMNS, ShardPartials
 from .select import triton_interpreted
-from .tiles import count_bad, dot_acc, grad_tile, merge_tile
+from .tiles import count_bad, dot_acc, grad_tile, merge_tile, store_sums
 
 
 @dataclass(frozen=True)
@@ -92,7 +92,8 @@ def _forward_kernel(
     valid,
     hidden,
     inv_t,
-    TABULAR: tl.constexpr,
+    SQUARES: tl.constexpr,
+    CUBES: tl.constexpr,
     PRECISION: tl.constexpr,
     UPCAST: tl.constexpr,
     BLOCK_N: tl.constexpr,
@@ -107,6 +108,8 @@ def _forward_kernel(
     s1 = tl.zeros((BLOCK_N,), tl.float32)
     s2 = tl.zeros((BLOCK_N,), tl.float32)
     s3 = tl.zeros((BLOCK_N,), tl.float32)
+    s4 = tl.zeros((BLOCK_N,), tl.float32)
+    s5 = tl.zeros((BLOCK_N,), tl.float32)
     z_y = tl.zeros((BLOCK_N,), tl.float32)
     bad = tl.zeros((BLOCK_N,), tl.int32)
     for v0 in range(0, valid, BLOCK_V):
@@ -116,14 +119,11 @@ def _forward_kernel(
             x_ptr, w_ptr, rows, cols, row_ok, col_ok, hidden, PRECISION, UPCAST, BLOCK_K
         )
         z = tl.where(row_ok[:, None] & col_ok[None, :], z, float("-inf"))
-        m, s0, s1, s2, s3 = merge_tile(z, m, s0, s1, s2, s3, inv_t, TABULAR)
+        m, s0, s1, s2, s3, s4, s5 = merge_tile(z, m, s0, s1, s2, s3, s4, s5, inv_t, SQUARES, CUBES)
         bad += count_bad(z)
         z_y += tl.sum(tl.where(cols[None, :] == target[:, None], z, 0.0), axis=1)
     tl.store(max_ptr + rows, m, mask=row_ok)
-    tl.store(sums_ptr + rows * 4, s0, mask=row_ok)
-    tl.store(sums_ptr + rows * 4 + 1, s1, mask=row_ok)
-    tl.store(sums_ptr + rows * 4 + 2, s2, mask=row_ok)
-    tl.store(sums_ptr + rows * 4 + 3, s3, mask=row_ok)
+    store_sums(sums_ptr, rows, row_ok, s0, s1, s2, s3, s4, s5)
     tl.store(target_logit_ptr + rows, z_y, mask=row_ok)
     tl.store(bad_ptr + rows, bad, mask=row_ok)
 
@@ -293,19 +293,20 @@ def linear_partials(
     local_target: Tensor,
     valid: int,
     inv_t: float,
-    tabular: bool,
+    powers: tuple[int, ...],
     blocks: LinearBlocks = LinearBlocks(),
 ) -> ShardPartials:
     """:class:`ShardPartials` of the logits ``hidden @ weight[:valid]ᵀ`` without forming them.
 
     ``local_target`` ``[tokens]`` int64: the target's row of ``weight``, −1 where another shard
-    owns it. ``inv_t`` = 1/T. ``S2``, ``S3`` only with ``tabular``.
+    owns it. ``inv_t`` = 1/T. ``powers``: the pairs beyond ``k = 1`` to compute, as for
+    ``logits_stats.shard_partials``.
     """
     hidden, weight, matmul = _check(hidden, weight)
     tokens, h = hidden.shape
     kw = {"device": hidden.device, "dtype": torch.float32}
     local_max, target_logit = torch.empty(tokens, **kw), torch.empty(tokens, **kw)
-    sums = torch.zeros(tokens, 4, **kw)
+    sums = torch.zeros(tokens, SUM_COLUMNS, **kw)
     bad = torch.zeros(tokens, dtype=torch.int32, device=hidden.device)
     if tokens > 0:
         _forward_kernel[(triton.cdiv(tokens, blocks.n),)](
@@ -320,7 +321,8 @@ def linear_partials(
             valid,
             h,
             float(inv_t),
-            TABULAR=tabular,
+            SQUARES=2 in powers,
+            CUBES=3 in powers,
             **matmul,
             BLOCK_N=blocks.n,
             BLOCK_V=blocks.v,

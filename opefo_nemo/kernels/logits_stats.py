@@ -18,8 +18,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .partials import ShardPartials
-from .tiles import count_bad, grad_tile, merge_tile
+from .partials import SUM_COLUMNS, ShardPartials
+from .tiles import count_bad, grad_tile, merge_tile, store_sums
 
 #: Widest vocabulary tile a program holds (fp32 registers per row).
 MAX_BLOCK_V = 4096
@@ -37,7 +37,8 @@ def _partials_kernel(
     tokens,
     valid,
     inv_t,
-    TABULAR: tl.constexpr,
+    SQUARES: tl.constexpr,
+    CUBES: tl.constexpr,
     BLOCK_N: tl.constexpr,
     BLOCK_V: tl.constexpr,
 ):
@@ -49,22 +50,21 @@ def _partials_kernel(
     s1 = tl.zeros((BLOCK_N,), tl.float32)
     s2 = tl.zeros((BLOCK_N,), tl.float32)
     s3 = tl.zeros((BLOCK_N,), tl.float32)
+    s4 = tl.zeros((BLOCK_N,), tl.float32)
+    s5 = tl.zeros((BLOCK_N,), tl.float32)
     bad = tl.zeros((BLOCK_N,), tl.int32)
     row_ptrs = logits_ptr + rows[:, None] * stride_row
     for start in range(0, valid, BLOCK_V):
         c = start + cols
         mask = row_ok[:, None] & (c[None, :] < valid)
         z = tl.load(row_ptrs + c[None, :], mask=mask, other=float("-inf")).to(tl.float32)
-        m, s0, s1, s2, s3 = merge_tile(z, m, s0, s1, s2, s3, inv_t, TABULAR)
+        m, s0, s1, s2, s3, s4, s5 = merge_tile(z, m, s0, s1, s2, s3, s4, s5, inv_t, SQUARES, CUBES)
         bad += count_bad(z)
     target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
     owned = row_ok & (target >= 0)
     z_y = tl.load(logits_ptr + rows * stride_row + target, mask=owned, other=0.0).to(tl.float32)
     tl.store(max_ptr + rows, m, mask=row_ok)
-    tl.store(sums_ptr + rows * 4, s0, mask=row_ok)
-    tl.store(sums_ptr + rows * 4 + 1, s1, mask=row_ok)
-    tl.store(sums_ptr + rows * 4 + 2, s2, mask=row_ok)
-    tl.store(sums_ptr + rows * 4 + 3, s3, mask=row_ok)
+    store_sums(sums_ptr, rows, row_ok, s0, s1, s2, s3, s4, s5)
     tl.store(target_logit_ptr + rows, z_y, mask=row_ok)
     tl.store(bad_ptr + rows, bad, mask=row_ok)
 
@@ -124,7 +124,7 @@ def shard_partials(
     local_target: Tensor,
     valid: int,
     inv_t: float,
-    tabular: bool,
+    powers: tuple[int, ...],
     *,
     block_n: int = 1,
     block_v: int | None = None,
@@ -132,14 +132,15 @@ def shard_partials(
     """One read of ``logits`` ``[tokens, width]`` (columns ``>= valid`` are padding, never read).
 
     ``local_target`` ``[tokens]`` int64: the target's column in this shard, −1 where another
-    shard owns it. ``inv_t`` = 1/T. The sums ``S2``, ``S3`` are computed only with ``tabular``.
+    shard owns it. ``inv_t`` = 1/T. ``powers`` (a subset of ``(2, 3)``): which pairs
+    ``Σ e^k``, ``Σ e^k·d`` beyond ``k = 1`` to compute (:mod:`.partials`); the others stay 0.
     """
     logits = _rows_last_contiguous(logits)
     tokens = logits.shape[0]
     device = logits.device
     out = ShardPartials(
         local_max=torch.empty(tokens, dtype=torch.float32, device=device),
-        sums=torch.zeros(tokens, 4, dtype=torch.float32, device=device),
+        sums=torch.zeros(tokens, SUM_COLUMNS, dtype=torch.float32, device=device),
         target_logit=torch.empty(tokens, dtype=torch.float32, device=device),
         bad=torch.empty(tokens, dtype=torch.int32, device=device),
     )
@@ -157,7 +158,8 @@ def shard_partials(
         tokens,
         valid,
         float(inv_t),
-        TABULAR=tabular,
+        SQUARES=2 in powers,
+        CUBES=3 in powers,
         BLOCK_N=block_n,
         BLOCK_V=block_v,
     )

@@ -3,7 +3,7 @@
 A tile is ``z`` ``[BLOCK_N, BLOCK_V]`` fp32 raw logits of ``BLOCK_N`` token rows and ``BLOCK_V``
 vocabulary columns, ``−inf`` in the columns that are not real vocabulary (past the shard's
 ``valid`` columns). Per row the running state is the max ``m`` and the sums
-``S0..S3`` of :mod:`opefo_nemo.kernels.partials`, each ``[BLOCK_N]`` fp32.
+``S0..S5`` of :mod:`opefo_nemo.kernels.partials`, each ``[BLOCK_N]`` fp32.
 """
 
 from __future__ import annotations
@@ -13,33 +13,49 @@ import triton.language as tl
 
 
 @triton.jit
-def merge_tile(z, m, s0, s1, s2, s3, inv_t, TABULAR: tl.constexpr):
-    """Fold tile ``z`` into the running state; returns ``(m, s0, s1, s2, s3)``.
+def _merge_power(s_k, s_kd, alpha_k, delta, e_k, d):
+    """Move one power's running sums ``Σ e^k``, ``Σ e^k·d`` to the new max and add the tile's
+    ``e^k`` ``[BLOCK_N, BLOCK_V]``; terms with ``e = 0`` add 0, not ``0·(−inf)``."""
+    s_kd = alpha_k * (s_kd + delta * s_k) + tl.sum(tl.where(e_k == 0.0, 0.0, e_k * d), axis=1)
+    s_k = alpha_k * s_k + tl.sum(e_k, axis=1)
+    return s_k, s_kd
+
+
+@triton.jit
+def merge_tile(z, m, s0, s1, s2, s3, s4, s5, inv_t, SQUARES: tl.constexpr, CUBES: tl.constexpr):
+    """Fold tile ``z`` into the running state; returns ``(m, s0, s1, s2, s3, s4, s5)``.
 
     The new max ``m' = max(m, max z)``; the sums so far move to it (``δ = (m − m')/T``,
-    ``α = exp(δ)``: ``S0 ↦ α S0``, ``S1 ↦ α(S1 + δ S0)``, ``S2 ↦ α² S2``, ``S3 ↦ α²(S3 + δ S2)``),
-    then the tile adds ``Σ e``, ``Σ e·d``, ``Σ e²``, ``Σ e²·d`` with ``d = (z − m')/T``,
-    ``e = exp(d)``; a term with ``e = 0`` (``z = −inf``) adds 0, not ``0·(−inf)``.
+    ``α = exp(δ)``: ``Σ e^k ↦ α^k Σ e^k``, ``Σ e^k·d ↦ α^k (Σ e^k·d + δ Σ e^k)``), then the tile
+    adds ``Σ e^k``, ``Σ e^k·d`` with ``d = (z − m')/T``, ``e = exp(d)``: ``k = 1`` always
+    (``s0``, ``s1``), ``k = 2`` with ``SQUARES`` (``s2``, ``s3``), ``k = 3`` with ``CUBES``
+    (``s4``, ``s5``); the others are returned unchanged.
     """
     new_m = tl.maximum(m, tl.max(z, axis=1))
     was_empty = m == float("-inf")
     delta = tl.where(was_empty, 0.0, (m - new_m) * inv_t)
     alpha = tl.where(was_empty, 0.0, tl.exp(delta))
-    s1 = alpha * (s1 + delta * s0)
-    s0 = alpha * s0
     base = tl.where(new_m == float("-inf"), 0.0, new_m)
     d = (z - base[:, None]) * inv_t
     e = tl.exp(d)
-    s0 += tl.sum(e, axis=1)
-    s1 += tl.sum(tl.where(e == 0.0, 0.0, e * d), axis=1)
-    if TABULAR:
-        alpha2 = alpha * alpha
-        s3 = alpha2 * (s3 + delta * s2)
-        s2 = alpha2 * s2
-        e2 = e * e
-        s2 += tl.sum(e2, axis=1)
-        s3 += tl.sum(tl.where(e == 0.0, 0.0, e2 * d), axis=1)
-    return new_m, s0, s1, s2, s3
+    s0, s1 = _merge_power(s0, s1, alpha, delta, e, d)
+    if SQUARES:
+        s2, s3 = _merge_power(s2, s3, alpha * alpha, delta, e * e, d)
+    if CUBES:
+        s4, s5 = _merge_power(s4, s5, alpha * alpha * alpha, delta, e * e * e, d)
+    return new_m, s0, s1, s2, s3, s4, s5
+
+
+@triton.jit
+def store_sums(sums_ptr, rows, row_ok, s0, s1, s2, s3, s4, s5):
+    """Write the running sums into the row-major ``[tokens, 6]`` fp32 buffer at ``sums_ptr``."""
+    out = sums_ptr + rows * 6
+    tl.store(out, s0, mask=row_ok)
+    tl.store(out + 1, s1, mask=row_ok)
+    tl.store(out + 2, s2, mask=row_ok)
+    tl.store(out + 3, s3, mask=row_ok)
+    tl.store(out + 4, s4, mask=row_ok)
+    tl.store(out + 5, s5, mask=row_ok)
 
 
 @triton.jit

@@ -12,6 +12,7 @@ Importing this module imports Triton.
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import torch
@@ -20,6 +21,7 @@ from torch import Tensor
 
 from opefo_nemo.kernels import resolve_stats_kernel
 from opefo_nemo.kernels.linear_stats import LinearBlocks, linear_grads, linear_partials
+from opefo_nemo.kernels.partials import powers_of, requested_sums
 from opefo_nemo.parallel.groups import VocabShard
 from opefo_nemo.parallel.token_stats import TokenStats, check_finite, check_targets
 from opefo_nemo.parallel.triton_stats import finish_partials, local_target, row_stats
@@ -30,17 +32,18 @@ class _LinearPlan:
     shard: VocabShard
     inv_t: float
     group: dist.ProcessGroup | None
-    tabular: bool
+    sums: tuple[str, ...]  # the requested vocabulary sums, in VOCAB_SUMS order
     blocks: LinearBlocks
 
 
 def _stats(hidden: Tensor, weight: Tensor, target: Tensor, plan: _LinearPlan):
+    powers = powers_of(plan.sums)
     partials = linear_partials(
-        hidden, weight, target, plan.shard.valid, plan.inv_t, plan.tabular, plan.blocks
+        hidden, weight, target, plan.shard.valid, plan.inv_t, powers, plan.blocks
     )
     check_widths = plan.shard.world > 1
     return finish_partials(
-        partials, target >= 0, plan.shard, plan.inv_t, plan.group, plan.tabular, check_widths
+        partials, target >= 0, plan.shard, plan.inv_t, plan.group, powers, check_widths
     )
 
 
@@ -52,8 +55,7 @@ class _LinearTokenStats(torch.autograd.Function):
     def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, plan: _LinearPlan):  # type: ignore[override]
         chunk = _stats(hidden, weight, target, plan)
         outputs = (chunk.logprob, chunk.entropy, chunk.local_bad)
-        if plan.tabular:
-            outputs += (chunk.sum_p2, chunk.sum_p2_logp)
+        outputs += tuple(chunk.sums[name] for name in plan.sums)
         ctx.save_for_backward(hidden, weight, target, chunk.row_max, chunk.log_sum_exp, outputs[1])
         ctx.plan = plan
         ctx.set_materialize_grads(False)
@@ -88,7 +90,7 @@ def linear_token_stats(
     temperature: float = 1.0,
     group: dist.ProcessGroup | None = None,
     vocab_size: int | None = None,
-    tabular: bool = False,
+    sums: Sequence[str] = (),
     blocks: LinearBlocks | None = None,
 ) -> TokenStats:
     """Per-token statistics of ``softmax(hidden @ weightᵀ / T)`` over the (vocab-parallel)
@@ -101,7 +103,7 @@ def linear_token_stats(
         weight: this rank's output-layer shard ``[V/TP, h]``, the dtype of ``hidden`` (rank ``r``
             holds rows ``[r·V/TP, (r+1)·V/TP)`` of the padded vocabulary).
         targets: int64 global vocabulary ids shaped like ``hidden[..., 0]``.
-        temperature, group, vocab_size, tabular: as for ``token_stats``.
+        temperature, group, vocab_size, sums: as for ``token_stats``.
         blocks: tile sizes (default :class:`~opefo_nemo.kernels.linear_stats.LinearBlocks`).
 
     Returns ``TokenStats`` shaped like ``targets``; ``logprob`` and ``entropy`` differentiable
@@ -121,24 +123,21 @@ def linear_token_stats(
         raise ValueError(f"expected weight [V/TP, {hidden.shape[-1]}], got {tuple(weight.shape)}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    wanted = requested_sums(sums)
     resolve_stats_kernel("triton", hidden.is_cuda)
     shard = VocabShard.of(weight.shape[0], group, vocab_size)
     check_targets(targets, shard.vocab_size)
-    plan = _LinearPlan(shard, 1.0 / temperature, group, tabular, blocks or LinearBlocks())
+    plan = _LinearPlan(shard, 1.0 / temperature, group, wanted, blocks or LinearBlocks())
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     target = local_target(targets.reshape(-1).long(), shard)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):
         outs = _LinearTokenStats.apply(flat_hidden, weight, target, plan)
     else:
         chunk = _stats(flat_hidden, weight, target, plan)
-        outs = (chunk.logprob, chunk.entropy, chunk.local_bad, chunk.sum_p2, chunk.sum_p2_logp)
-    shape = targets.shape
-    extra = outs[3:] if tabular else (None, None)
-    stats = TokenStats(
-        logprob=outs[0].reshape(shape),
-        entropy=outs[1].reshape(shape),
-        sum_p2=None if extra[0] is None else extra[0].reshape(shape),
-        sum_p2_logp=None if extra[1] is None else extra[1].reshape(shape),
-    )
-    check_finite(stats, outs[2], shard)
+        outs = (chunk.logprob, chunk.entropy, chunk.local_bad)
+        outs += tuple(chunk.sums[name] for name in wanted)
+    values = dict(zip(("logprob", "entropy", "local_bad", *wanted), outs, strict=True))
+    local_bad = values.pop("local_bad")
+    stats = TokenStats(**values).map(lambda t: t.reshape(targets.shape))
+    check_finite(stats, local_bad, shard)
     return stats

@@ -8,14 +8,15 @@ non-finite results into errors.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, fields
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
 from opefo_nemo.kernels import resolve_stats_kernel
+from opefo_nemo.kernels.partials import powers_of, requested_sums
 from opefo_nemo.parallel import vocab_stats
 from opefo_nemo.parallel.groups import VocabShard
 from opefo_nemo.parallel.vocab_stats import ChunkStats
@@ -28,15 +29,27 @@ DEFAULT_CHUNK_BYTES = 256 * 2**20
 class TokenStats:
     """Per-token statistics, fp32, shaped like the targets (``[tokens]`` or ``[batch, seq]``).
 
-    ``logprob`` = log π(y_t) and ``entropy`` = H_t carry autograd when the logits do;
-    ``sum_p2`` = Σ_a π(a)² and ``sum_p2_logp`` = Σ_a π(a)² log π(a) are ``None`` unless requested
-    (``tabular=True``) and never carry gradient.
+    ``logprob`` = log π(y_t) and ``entropy`` = H_t carry autograd when the logits do. The
+    vocabulary sums ``sum_p2`` = Σ_a π(a)², ``sum_p2_logp`` = Σ_a π(a)² log π(a), ``sum_p3`` =
+    Σ_a π(a)³ and ``sum_p3_logp`` = Σ_a π(a)³ log π(a) are ``None`` unless requested
+    (``token_stats(sums=...)``) and never carry gradient.
     """
 
     logprob: Tensor
     entropy: Tensor
     sum_p2: Tensor | None = None
     sum_p2_logp: Tensor | None = None
+    sum_p3: Tensor | None = None
+    sum_p3_logp: Tensor | None = None
+
+    def present(self) -> dict[str, Tensor]:
+        """The statistics that are not ``None``, by field name, in field order."""
+        values = {f.name: getattr(self, f.name) for f in fields(self)}
+        return {name: value for name, value in values.items() if value is not None}
+
+    def map(self, fn: Callable[[Tensor], Tensor]) -> TokenStats:
+        """The same statistics with ``fn`` applied to each present one (absent ones stay absent)."""
+        return TokenStats(**{name: fn(value) for name, value in self.present().items()})
 
 
 class NonFiniteLogitsError(FloatingPointError):
@@ -48,7 +61,7 @@ class _Plan:
     shard: VocabShard
     inv_t: float
     group: dist.ProcessGroup | None
-    tabular: bool
+    sums: tuple[str, ...]  # the requested vocabulary sums, in VOCAB_SUMS order
     chunk_size: int
     chunk_forward: Callable[..., ChunkStats]  # vocab_stats.chunk_forward's signature
     chunk_backward_into: Callable[..., None]  # vocab_stats.chunk_backward_into's signature
@@ -76,7 +89,7 @@ def _forward(logits: Tensor, targets: Tensor, plan: _Plan) -> tuple[ChunkStats, 
                 plan.shard,
                 plan.inv_t,
                 plan.group,
-                plan.tabular,
+                powers_of(plan.sums),
                 check_widths,
             )
         )
@@ -85,7 +98,8 @@ def _forward(logits: Tensor, targets: Tensor, plan: _Plan) -> tuple[ChunkStats, 
 
 
 def _cat(chunks: tuple[ChunkStats, ...], field: str, like: Tensor) -> Tensor:
-    parts = [getattr(c, field) for c in chunks]
+    """A field of the chunks (a ``ChunkStats`` attribute or a vocabulary sum's name), joined."""
+    parts = [c.sums[field] if field in c.sums else getattr(c, field) for c in chunks]
     return torch.cat(parts) if parts else torch.empty(0, dtype=torch.float32, device=like.device)
 
 
@@ -96,10 +110,8 @@ class _VocabParallelTokenStats(torch.autograd.Function):
     @staticmethod
     def forward(ctx, logits: Tensor, targets: Tensor, plan: _Plan):  # type: ignore[override]
         chunks = _forward(logits, targets, plan)
-        fields = ["logprob", "entropy", "local_bad"] + (
-            ["sum_p2", "sum_p2_logp"] if plan.tabular else []
-        )
-        outputs = tuple(_cat(chunks, f, logits) for f in fields)
+        names = ("logprob", "entropy", "local_bad", *plan.sums)
+        outputs = tuple(_cat(chunks, name, logits) for name in names)
         ctx.save_for_backward(
             logits,
             targets,
@@ -170,11 +182,11 @@ def token_stats(
     temperature: float = 1.0,
     group: dist.ProcessGroup | None = None,
     vocab_size: int | None = None,
-    tabular: bool = False,
+    sums: Sequence[str] = (),
     chunk_size: int | None = None,
     kernel: str = "auto",
 ) -> TokenStats:
-    """Per-token ``logprob``, ``entropy`` (and with ``tabular`` Σπ², Σπ² log π) of ``targets``.
+    """Per-token ``logprob``, ``entropy`` and the requested vocabulary sums of ``targets``.
 
     Args:
         logits: this rank's vocabulary slice, ``[tokens, V/TP]`` or ``[batch, seq, V/TP]``,
@@ -186,7 +198,10 @@ def token_stats(
         group: the tensor-parallel group (megatron-core's or a plain one); ``None`` = TP 1.
         vocab_size: the true vocabulary size; columns with global index ``>= vocab_size`` are
             padding and excluded. Default: no padding (``V/TP × TP``).
-        tabular: also return ``sum_p2`` and ``sum_p2_logp`` (no gradient).
+        sums: vocabulary sums to add, any of ``sum_p2`` (Σπ²), ``sum_p2_logp`` (Σπ² log π),
+            ``sum_p3`` (Σπ³), ``sum_p3_logp`` (Σπ³ log π), e.g.
+            ``core.entropy_flow.ESTIMATOR_SUMS[estimator]``; no gradient. Each power of π asked
+            for adds two columns to the one all-reduce SUM; ``()`` adds none.
         chunk_size: tokens per chunk; default: for ``torch`` as many as fit
             ``DEFAULT_CHUNK_BYTES`` of fp32 working buffer, for ``triton`` (which has none) all.
         kernel: ``torch``, ``triton`` (CUDA tensors; CPU ones under ``TRITON_INTERPRET=1``) or
@@ -199,8 +214,8 @@ def token_stats(
 
     Raises:
         ValueError: a target outside ``[0, vocab_size)``, a bad shape, ``vocab_size`` larger than
-            the sharded vocabulary, shards of different widths across the group, or a
-            ``kernel`` that cannot run here.
+            the sharded vocabulary, shards of different widths across the group, an unknown
+            name in ``sums``, or a ``kernel`` that cannot run here.
         NonFiniteLogitsError: NaN or +inf logits (on every rank of the group, naming the count).
     """
     if logits.dim() not in (2, 3) or tuple(targets.shape) != tuple(logits.shape[:-1]):
@@ -212,6 +227,7 @@ def token_stats(
         raise TypeError(f"logits must be floating point, got {logits.dtype}")
     if not temperature > 0:
         raise ValueError(f"temperature must be > 0, got {temperature}")
+    wanted = requested_sums(sums)
     width = logits.shape[-1]
     shard = VocabShard.of(width, group, vocab_size)
     check_targets(targets, shard.vocab_size)
@@ -222,28 +238,16 @@ def token_stats(
         chunk_size = max(1, budget if resolved == "torch" else flat_logits.shape[0])
     if chunk_size < 1:
         raise ValueError(f"chunk_size must be >= 1, got {chunk_size}")
-    plan = _Plan(shard, 1.0 / temperature, group, tabular, chunk_size, *_chunk_steps(resolved))
+    plan = _Plan(shard, 1.0 / temperature, group, wanted, chunk_size, *_chunk_steps(resolved))
     flat_targets = targets.reshape(-1).long()
+    names = ("logprob", "entropy", "local_bad", *wanted)
     if torch.is_grad_enabled() and logits.requires_grad:
         outs = _VocabParallelTokenStats.apply(flat_logits, flat_targets, plan)
-        logprob, entropy, local_bad = outs[:3]
-        extra = outs[3:] if tabular else (None, None)
     else:
         chunks = _forward(flat_logits, flat_targets, plan)
-        logprob, entropy, local_bad = (
-            _cat(chunks, f, logits) for f in ("logprob", "entropy", "local_bad")
-        )
-        extra = (
-            (_cat(chunks, "sum_p2", logits), _cat(chunks, "sum_p2_logp", logits))
-            if tabular
-            else (None, None)
-        )
-    shape = targets.shape
-    stats = TokenStats(
-        logprob=logprob.reshape(shape),
-        entropy=entropy.reshape(shape),
-        sum_p2=None if extra[0] is None else extra[0].reshape(shape),
-        sum_p2_logp=None if extra[1] is None else extra[1].reshape(shape),
-    )
+        outs = tuple(_cat(chunks, name, logits) for name in names)
+    values = dict(zip(names, outs, strict=True))
+    local_bad = values.pop("local_bad")
+    stats = TokenStats(**values).map(lambda t: t.reshape(targets.shape))
     check_finite(stats, local_bad, shard)
     return stats

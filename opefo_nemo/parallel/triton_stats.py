@@ -5,9 +5,9 @@ shard (:func:`~opefo_nemo.kernels.logits_stats.shard_partials`: row max and sums
 the target's logit, a NaN/+inf flag), one all-reduce MAX of the row maxima (with the shard-width
 check on the first chunk), the local sums moved to the global max
 (:func:`~opefo_nemo.kernels.partials.to_global_max`), one all-reduce SUM of the packed
-``[S0, Σ e·d, d_y, (Σ e², Σ e²·d)]``. A row whose real columns hold NaN or ``+inf`` on some rank
-contributes NaN there, so every rank of the group sees it. Backward: one kernel per chunk writes
-the gradient in the logits' dtype, no communication.
+``[S0, Σ e·d, d_y, (Σ e^k, Σ e^k·d for each requested power k)]``. A row whose real columns
+hold NaN or ``+inf`` on some rank contributes NaN there, so every rank of the group sees it.
+Backward: one kernel per chunk writes the gradient in the logits' dtype, no communication.
 
 Importing this module imports Triton: ``token_stats`` does so only when the kernel is chosen.
 """
@@ -41,19 +41,20 @@ def finish_partials(
     shard: VocabShard,
     inv_t: float,
     group: dist.ProcessGroup | None,
-    tabular: bool,
+    powers: tuple[int, ...],
     check_widths: bool,
 ) -> ChunkStats:
     """The two collectives and the statistics from one shard's :class:`ShardPartials`;
-    ``owned`` ``[c]`` bool: this shard holds the target."""
+    ``owned`` ``[c]`` bool: this shard holds the target; ``powers``: the pairs of sums
+    (``kernels.partials``) that go into the packet beside ``S0``, ``S1`` and ``d_y``."""
     row_max = global_row_max(partials.local_max, shard, group, check_widths)
     sums = to_global_max(partials, row_max, inv_t)
     d_target = torch.where(owned, (partials.target_logit - row_max) * inv_t, 0.0)
     partial = [sums[:, 0], sums[:, 1], d_target]
-    if tabular:
-        partial += [sums[:, 2], sums[:, 3]]
+    for k in powers:
+        partial += [sums[:, 2 * k - 2], sums[:, 2 * k - 1]]
     partial = [torch.where(partials.bad, float("nan"), t) for t in partial]
-    return reduce_and_finish(partial, row_max, partials.bad, group, tabular)
+    return reduce_and_finish(partial, row_max, partials.bad, group, powers)
 
 
 def chunk_forward(
@@ -62,13 +63,13 @@ def chunk_forward(
     shard: VocabShard,
     inv_t: float,
     group: dist.ProcessGroup | None,
-    tabular: bool,
+    powers: tuple[int, ...],
     check_widths: bool,
 ) -> ChunkStats:
     """``vocab_stats.chunk_forward`` on the Triton kernel: ``logits`` ``[c, width]``."""
     target = local_target(targets, shard)
-    partials = shard_partials(logits, target, shard.valid, inv_t, tabular)
-    return finish_partials(partials, target >= 0, shard, inv_t, group, tabular, check_widths)
+    partials = shard_partials(logits, target, shard.valid, inv_t, powers)
+    return finish_partials(partials, target >= 0, shard, inv_t, group, powers, check_widths)
 
 
 def row_stats(

@@ -6,13 +6,16 @@ Notation for one token row: ``z`` the raw logits of the whole vocabulary, ``T`` 
 ``m = max_a z_a``, ``d_a = (z_a - m) / T`` (so ``max_a d_a = 0``), ``e_a = exp(d_a)``,
 ``S0 = Σ_a e_a``. Every global sum is a sum of per-shard partial sums, so one all-reduce MAX
 (of ``m``) and one all-reduce SUM of the packed partials
-``[S0, Σ e·d, d_y, (Σ e², Σ e²·d)]`` (``d_y`` contributed only by the rank owning the target)
-give, with ``p = e / S0``:
+``[S0, Σ e·d, d_y, (Σ e^k, Σ e^k·d for each requested power k)]`` (``d_y`` contributed only by
+the rank owning the target) give, with ``p = e / S0``:
 
 - ``logprob = d_y - log S0``
 - ``entropy = log S0 - Σ e·d / S0``                       (= logsumexp - Σ p z/T)
-- ``sum_p2 = Σ e² / S0²``
-- ``sum_p2_logp = Σ e²·d / S0² - log S0 · sum_p2``         (= Σ p² log p)
+- ``sum_pk = Σ e^k / S0^k``                                (= Σ p^k; k = 2, 3)
+- ``sum_pk_logp = Σ e^k·d / S0^k - log S0 · sum_pk``      (= Σ p^k log p)
+
+The powers ``k`` are those of the vocabulary sums requested (``kernels.partials.POWER_SUMS``);
+without a request the packet is ``[c, 3]``, with power 2 ``[c, 5]``, with 2 and 3 ``[c, 7]``.
 
 Backward needs only the global row statistics ``m``, ``log S0`` and ``H``:
 ``∂logprob/∂z = (onehot(y) - p) / T`` and ``∂H/∂z = -p (log p + H) / T``, so the local shard's
@@ -23,8 +26,8 @@ contribute 0 instead of ``0 · -inf``. Padded columns (global index ``>= vocab_s
 off before any arithmetic, which is the same as giving them logit ``-inf``.
 
 Working memory per chunk of ``c`` tokens: one fp32 ``[c, width]`` buffer for ``logprob``/``entropy``
-(forward) and for the ``logprob``-only gradient; two when the tabular sums or the entropy
-gradient are requested.
+(forward) and for the ``logprob``-only gradient; two when vocabulary sums or the entropy gradient
+are requested.
 """
 
 from __future__ import annotations
@@ -35,6 +38,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from opefo_nemo.kernels.partials import POWER_SUMS
 from opefo_nemo.parallel.groups import VocabShard
 
 
@@ -46,8 +50,7 @@ class ChunkStats:
     log_sum_exp: Tensor  # log S0
     logprob: Tensor
     entropy: Tensor
-    sum_p2: Tensor | None
-    sum_p2_logp: Tensor | None
+    sums: dict[str, Tensor]  # the vocabulary sums of the requested powers, by TokenStats name
     local_bad: Tensor  # bool: this shard's slice of the row holds NaN or +inf
 
 
@@ -118,28 +121,49 @@ def reduce_and_finish(
     row_max: Tensor,
     local_bad: Tensor,
     group: dist.ProcessGroup | None,
-    tabular: bool,
+    powers: tuple[int, ...],
 ) -> ChunkStats:
-    """One all-reduce SUM of the packed partial sums ``[S0, Σ e·d, d_y, (Σ e², Σ e²·d)]``
-    (each ``[c]`` fp32, relative to the global ``row_max``), then the statistics of the module
-    docstring."""
+    """One all-reduce SUM of the packed partial sums ``[S0, Σ e·d, d_y, (Σ e^k, Σ e^k·d)…]``
+    (each ``[c]`` fp32, relative to the global ``row_max``, one pair per power in ``powers``),
+    then the statistics of the module docstring."""
     sums = torch.stack(partial, dim=1)
     _all_reduce(sums, dist.ReduceOp.SUM, group)
     s0, s_ed, d_y = sums[:, 0], sums[:, 1], sums[:, 2]
     log_s0 = torch.log(s0)
-    sum_p2 = sum_p2_logp = None
-    if tabular:
-        sum_p2 = sums[:, 3] / (s0 * s0)
-        sum_p2_logp = sums[:, 4] / (s0 * s0) - log_s0 * sum_p2
+    vocab_sums = {}
+    for i, k in enumerate(powers):
+        s0_k = s0.pow(k)
+        sum_pk = sums[:, 3 + 2 * i] / s0_k
+        name_pk, name_pk_logp = POWER_SUMS[k]
+        vocab_sums[name_pk] = sum_pk
+        vocab_sums[name_pk_logp] = sums[:, 4 + 2 * i] / s0_k - log_s0 * sum_pk
     return ChunkStats(
         row_max=row_max,
         log_sum_exp=log_s0,
         logprob=d_y - log_s0,
         entropy=log_s0 - s_ed / s0,
-        sum_p2=sum_p2,
-        sum_p2_logp=sum_p2_logp,
+        sums=vocab_sums,
         local_bad=local_bad,
     )
+
+
+def _power_partials(d: Tensor, powers: tuple[int, ...]) -> list[Tensor]:
+    """``[Σ e, Σ e·d, (Σ e^k, Σ e^k·d for k in powers)…]`` (each ``[c]``) of the shifted logits
+    ``d`` ``[c, valid]`` fp32, which this overwrites; at most one more fp32 buffer of its size."""
+    if not powers:
+        e = d.exp_()
+        return [e.sum(1), e.xlogy_(e).sum(1)]
+    e = torch.exp(d)
+    e_d = torch.special.xlogy(e, e, out=d)
+    partial = [e.sum(1), e_d.sum(1)]
+    if 2 in powers:
+        partial += [torch.einsum("ij,ij->i", e, e), torch.einsum("ij,ij->i", e, e_d)]
+    if 3 in powers:
+        e2_d = e_d.mul_(e)
+        sum_e3_d = torch.einsum("ij,ij->i", e, e2_d)
+        e2 = torch.mul(e, e, out=e2_d)
+        partial += [torch.einsum("ij,ij->i", e, e2), sum_e3_d]
+    return partial
 
 
 def chunk_forward(
@@ -148,13 +172,14 @@ def chunk_forward(
     shard: VocabShard,
     inv_t: float,
     group: dist.ProcessGroup | None,
-    tabular: bool,
+    powers: tuple[int, ...],
     check_widths: bool,
 ) -> ChunkStats:
-    """Statistics of one chunk: ``logits`` ``[c, width]`` (any float dtype), ``targets`` ``[c]``.
+    """Statistics of one chunk: ``logits`` ``[c, width]`` (any float dtype), ``targets`` ``[c]``;
+    ``powers`` (a subset of ``(2, 3)``): which vocabulary sums to add.
 
-    Collective over ``group``: one all-reduce MAX, then one all-reduce SUM of ``[c, 3]``
-    (``[c, 5]`` with ``tabular``) fp32 partial sums.
+    Collective over ``group``: one all-reduce MAX, then one all-reduce SUM of
+    ``[c, 3 + 2·len(powers)]`` fp32 partial sums.
     """
     logits = logits[:, : shard.valid]
     local_max, local_bad = local_row_max(logits, shard)
@@ -165,21 +190,8 @@ def chunk_forward(
         d_target = torch.where(owned, d.gather(1, local[:, None]).squeeze(1), 0.0)
     else:
         d_target = torch.zeros_like(row_max)
-    if tabular:
-        e = torch.exp(d)
-        e_d = torch.special.xlogy(e, e, out=d)
-        partial = [
-            e.sum(1),
-            e_d.sum(1),
-            d_target,
-            torch.einsum("ij,ij->i", e, e),
-            torch.einsum("ij,ij->i", e, e_d),
-        ]
-    else:
-        e = d.exp_()
-        sum_e = e.sum(1)
-        partial = [sum_e, e.xlogy_(e).sum(1), d_target]
-    return reduce_and_finish(partial, row_max, local_bad, group, tabular)
+    sum_e, sum_e_d, *higher = _power_partials(d, powers)
+    return reduce_and_finish([sum_e, sum_e_d, d_target, *higher], row_max, local_bad, group, powers)
 
 
 def chunk_backward_into(

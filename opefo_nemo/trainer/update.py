@@ -17,6 +17,7 @@ statistics of the optimizer-step batch, which is the mini-batch (spec §3, §5).
 from __future__ import annotations
 
 import dataclasses
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -24,6 +25,7 @@ import torch
 from torch import Tensor
 
 from ..core import SingleProcessReducer
+from ..core.entropy_flow import ESTIMATOR_SUMS
 from ..core.fidelity import DEFAULT_THRESHOLD, fidelity_metrics, fidelity_sums
 from ..core.metrics import add_sums
 from ..core.objectives import (
@@ -55,7 +57,7 @@ class UpdateOutcome:
 
 
 def stats_pass(
-    policy: Policy, batch: TrainBatch, pieces: Sequence[TrainBatch], tabular: bool
+    policy: Policy, batch: TrainBatch, pieces: Sequence[TrainBatch], sums: Sequence[str]
 ) -> list[TokenStats]:
     """Phase 1 over ``batch`` in one engine call, forward only, returned split like ``pieces``
     (consecutive row blocks of ``batch``: its micro-batches).
@@ -67,12 +69,11 @@ def stats_pass(
     sizes = [piece.rows for piece in pieces]
     if sum(sizes) != batch.rows:
         raise ValueError(f"pieces of {sum(sizes)} rows do not tile a batch of {batch.rows}")
-    stats = policy.token_stats(batch, tabular=tabular)
-    fields = (stats.logprob, stats.entropy, stats.sum_p2, stats.sum_p2_logp)
+    stats = policy.token_stats(batch, sums=sums)
     result, start = [], 0
     for piece in pieces:  # each piece is trimmed to its own longest row
-        rows, width = slice(start, start + piece.rows), piece.targets.shape[1]
-        result.append(TokenStats(*(None if f is None else f[rows, :width] for f in fields)))
+        rows, columns = slice(start, start + piece.rows), slice(piece.targets.shape[1])
+        result.append(stats.map(operator.itemgetter((rows, columns))))
         start += piece.rows
     return result
 
@@ -129,6 +130,8 @@ def optimizer_step(
             token_ids=m.token_ids,
             sum_p2=s.sum_p2,
             sum_p2_logp=s.sum_p2_logp,
+            sum_p3=s.sum_p3,
+            sum_p3_logp=s.sum_p3_logp,
             rollout_logprob=m.rollout_logprob,
         )
         for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
@@ -187,13 +190,13 @@ def update_rollout_batch(
     """All optimizer steps of one rollout batch (see the module docstring); its metrics include
     :func:`rollout_fidelity` when the batch carries the rollout engine's logprobs."""
     method = objective.config
-    tabular = method.entropy_flow.estimator == "tabular"
+    sums = ESTIMATOR_SUMS[method.entropy_flow.estimator]
     k = method.updates_per_rollout
     if batch.rows % k:
         raise ValueError(f"{batch.rows} responses cannot be cut into {k} equal mini-batches")
     minis = batch.split(batch.rows // k)
     micros = [mini.split(micro_batch_size) for mini in minis]
-    flat = stats_pass(policy, batch, [m for ms in micros for m in ms], tabular)
+    flat = stats_pass(policy, batch, [m for ms in micros for m in ms], sums)
     counts = [len(ms) for ms in micros]
     first = [flat[sum(counts[:j]) : sum(counts[: j + 1])] for j in range(k)]
     all_micros, all_first = [m for ms in micros for m in ms], [s for ss in first for s in ss]
@@ -206,7 +209,7 @@ def update_rollout_batch(
     per_step: list[dict[str, float]] = []
     skipped_steps = 0
     for j, mini_micros in enumerate(micros):
-        stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, tabular)
+        stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, sums)
         old = [s.logprob for s in first[j]]
         metrics, skipped = optimizer_step(policy, objective, mini_micros, stats, old, seed * k + j)
         skipped_steps += int(skipped)
@@ -225,4 +228,4 @@ def realized_entropy_change(
 ) -> float:
     """``flow/realized``: token-mean entropy of ``batch`` now minus ``entropy_before`` (spec §6)."""
     micros = batch.split(micro_batch_size)
-    return mean_entropy(micros, stats_pass(policy, batch, micros, tabular=False)) - entropy_before
+    return mean_entropy(micros, stats_pass(policy, batch, micros, sums=())) - entropy_before

@@ -18,6 +18,15 @@ def delta_h_tabular(lp: float, h: float, a: float, s2: float, s2l: float) -> flo
     return -a * (p * (lp + h) - (s2l + h * s2))
 
 
+def delta_h_expectation(logits: list[float], a: float) -> float:
+    """``−A Σ_a π(a)(1 − π(a))² (log π(a) + H)`` of ``softmax(logits)``, term by term."""
+    m = max(logits)
+    z = sum(math.exp(x - m) for x in logits)
+    log_probs = [x - m - math.log(z) for x in logits]
+    h = -sum(math.exp(lp) * lp for lp in log_probs)
+    return -a * sum(math.exp(lp) * (1 - math.exp(lp)) ** 2 * (lp + h) for lp in log_probs)
+
+
 def flow(delta_h: list[float], mask: list[bool]) -> tuple[float, float]:
     pos = neg = 0.0
     for d, m in zip(delta_h, mask, strict=True):

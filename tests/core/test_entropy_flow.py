@@ -81,6 +81,89 @@ def test_full_expectation_of_the_paper_integrand_is_never_positive():
         assert expectation.max() <= 1e-12
 
 
+def _vocab_sums(logits: torch.Tensor) -> dict[str, torch.Tensor]:
+    """fp32 ``logprob`` of a sampled token, ``entropy`` and the four vocabulary sums of
+    ``softmax(logits)`` ``[n, V]``, computed in float64 and rounded once (as token_stats returns
+    them)."""
+    log_p = logits.double().log_softmax(-1)
+    p = log_p.exp()
+    y = p.argmin(-1)  # any token: the expectation estimator does not depend on it
+    stats = {
+        "logprob": log_p.gather(-1, y[:, None]).squeeze(-1),
+        "entropy": -(p * log_p).sum(-1),
+        "sum_p2": (p**2).sum(-1),
+        "sum_p2_logp": (p**2 * log_p).sum(-1),
+        "sum_p3": (p**3).sum(-1),
+        "sum_p3_logp": (p**3 * log_p).sum(-1),
+    }
+    return {name: value.float() for name, value in stats.items()}
+
+
+def _expectation_tol(stats: dict[str, torch.Tensor], adv: torch.Tensor) -> torch.Tensor:
+    """fp32 error bound of ``−A[(s3l + H s3) − 2(s2l + H s2)]`` from inputs rounded to fp32
+    (relative u each) and about eight fp32 operations: ``16 u |A| Σ|terms|``."""
+    s = {name: value.double() for name, value in stats.items()}
+    h = s["entropy"]
+    terms = (
+        s["sum_p3_logp"].abs() + h * s["sum_p3"] + 2 * (s["sum_p2_logp"].abs() + h * s["sum_p2"])
+    )
+    return 16 * 2.0**-24 * adv.double().abs() * terms
+
+
+def test_expectation_estimator_matches_the_literal_vocabulary_sum():
+    """spec §2: ``expectation`` from the four sums equals ``−A Σ_a π(1 − π)²(log π + H)`` summed
+    term by term in float64, for peaked, flat and odd-sized vocabularies."""
+    g = torch.Generator().manual_seed(4)
+    for vocab, scale in ((7, 0.05), (13, 1.0), (31, 4.0), (50, 12.0)):
+        logits = torch.randn(40, vocab, generator=g, dtype=torch.float64) * scale
+        adv = torch.randn(40, generator=g)
+        stats = _vocab_sums(logits)
+        got = ef.delta_entropy(advantages=adv, estimator="expectation", **stats)
+        assert got.dtype == torch.float32 and got.shape == (40,)
+        tol = _expectation_tol(stats, adv)
+        for i in range(40):
+            want = ref.delta_h_expectation(logits[i].tolist(), float(adv[i]))
+            assert abs(float(got[i]) - want) <= float(tol[i]) + 1e-12, (vocab, i)
+
+
+def test_expectation_estimator_has_the_sign_of_the_advantage():
+    """spec §2: ``Σ_a π(1 − π)²(log π + H) ≤ 0`` for every distribution, so ``expectation`` ΔH
+    has the sign of A: ``ΔH · A ≥ 0`` up to its fp32 rounding, on random logits of every scale;
+    it is 0 for a uniform distribution."""
+    g = torch.Generator().manual_seed(5)
+    for scale in (0.01, 0.3, 1.0, 5.0, 30.0):
+        logits = torch.randn(3000, 11, generator=g, dtype=torch.float64) * scale
+        adv = torch.randn(3000, generator=g)
+        stats = _vocab_sums(logits)
+        dh = ef.delta_entropy(advantages=adv, estimator="expectation", **stats).double()
+        assert bool((dh * adv.double() >= -_expectation_tol(stats, adv) * adv.abs()).all()), scale
+        assert float((dh * adv.double() > 0).double().mean()) > 0.9, scale
+    uniform = _vocab_sums(torch.zeros(4, 9, dtype=torch.float64))
+    flat = ef.delta_entropy(advantages=torch.ones(4), estimator="expectation", **uniform)
+    assert float(flat.abs().max()) <= 1e-6
+
+
+def test_estimator_sums_name_what_each_estimator_reads():
+    """``ESTIMATOR_SUMS`` lists exactly the sums an estimator needs: with them it runs, without
+    any one of them it fails naming the missing one."""
+    stats = _vocab_sums(torch.randn(6, 9, generator=torch.Generator().manual_seed(6)))
+    adv = torch.ones(6)
+    base = {"logprob": stats["logprob"], "entropy": stats["entropy"], "advantages": adv}
+    for estimator, needed in ef.ESTIMATOR_SUMS.items():
+        ef.delta_entropy(**base, estimator=estimator, **{n: stats[n] for n in needed})
+        for missing in needed:
+            given = {n: stats[n] for n in needed if n != missing}
+            with pytest.raises(ValueError, match=f"missing: {missing}$"):
+                ef.delta_entropy(**base, estimator=estimator, **given)
+    assert ef.ESTIMATOR_SUMS["paper"] == ()
+    assert set(ef.ESTIMATOR_SUMS["expectation"]) == {
+        "sum_p2",
+        "sum_p2_logp",
+        "sum_p3",
+        "sum_p3_logp",
+    }
+
+
 def test_flow_sums_lambda_and_weights_match_loop_reference():
     g = torch.Generator().manual_seed(3)
     dh = torch.randn(200, generator=g)

@@ -1,6 +1,6 @@
 """Float64 full-vocabulary references that allow masked (``−inf``) logits.
 
-``H = log S − Σ p·d`` and ``Σ p² log p = Σ p² (d − log S)`` with ``d = z/T`` set to 0 where
+``H = log S − Σ p·d`` and ``Σ p^k log p = Σ p^k (d − log S)`` with ``d = z/T`` set to 0 where
 ``z = −inf`` (there ``p = 0``): no ``0·(−inf)``, and autograd stays finite.
 """
 
@@ -11,18 +11,21 @@ from torch import Tensor
 
 
 def reference_stats(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
-    """``logprob``, ``entropy``, ``sum_p2``, ``sum_p2_logp`` of ``softmax(logits / T)``, float64
+    """``logprob``, ``entropy``, ``sum_p2``, ``sum_p2_logp``, ``sum_p3``, ``sum_p3_logp`` of
+    ``softmax(logits / T)``, float64
     ``[tokens]``; ``logits`` ``[tokens, V]`` (real vocabulary only), differentiable."""
     d = logits.double() / temperature
     log_s = torch.logsumexp(d, dim=-1)
     p = torch.exp(d - log_s[:, None])
     safe = torch.where(torch.isfinite(d), d, 0.0)
-    p2 = p * p
+    p2, p3 = p * p, p * p * p
     return {
         "logprob": d.gather(1, targets[:, None]).squeeze(1) - log_s,
         "entropy": log_s - (p * safe).sum(-1),
         "sum_p2": p2.sum(-1),
         "sum_p2_logp": (p2 * (safe - log_s[:, None])).sum(-1),
+        "sum_p3": p3.sum(-1),
+        "sum_p3_logp": (p3 * (safe - log_s[:, None])).sum(-1),
     }
 
 

@@ -15,7 +15,7 @@ from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
-from opefo_nemo.parallel import TokenStats
+from opefo_nemo.parallel import VOCAB_SUMS, TokenStats
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy on ±inf
 
@@ -56,7 +56,7 @@ def test_triton_equals_torch_on_the_tiny_model(model_dir):
     results = {}
     for kernel in ("torch", "triton"):
         policy = _policy(model_dir, kernel)
-        stats = policy.token_stats(batch, tabular=True)
+        stats = policy.token_stats(batch, sums=VOCAB_SUMS)
 
         def loss_fn(index: int, s: TokenStats):
             loss = -(s.logprob * batch.response_mask).sum() - 0.1 * s.entropy.sum()
@@ -65,6 +65,6 @@ def test_triton_equals_torch_on_the_tiny_model(model_dir):
         update = policy.train_step([batch], loss_fn, ())
         results[kernel] = (stats, update.grad_norm)
     (ours, norm), (theirs, ref_norm) = results["triton"], results["torch"]
-    for name in ("logprob", "entropy", "sum_p2", "sum_p2_logp"):
+    for name in ("logprob", "entropy", *VOCAB_SUMS):
         torch.testing.assert_close(getattr(ours, name), getattr(theirs, name), atol=1e-4, rtol=1e-4)
     assert abs(norm - ref_norm) <= 1e-4 * ref_norm

@@ -14,15 +14,15 @@ import torch
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
-from opefo_nemo.kernels.linear_stats import LinearBlocks
-from opefo_nemo.parallel import NonFiniteLogitsError, token_stats
+from opefo_nemo.kernels.linear_stats import LinearBlocks, linear_partials
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
 from tests.kernels.reference import reference_stats
 from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy on ±inf
 
-FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 VOCAB, WIDTH, HIDDEN, TOKENS = 37, 40, 24, 21  # odd V, 3 padded weight rows, h not a tile multiple
 BLOCKS = LinearBlocks(n=16, v=16, k=16, num_warps=1)  # several tiles in every direction
 
@@ -53,7 +53,7 @@ def test_stats_match_float64(dtype, temperature):
         targets,
         temperature=temperature,
         vocab_size=VOCAB,
-        tabular=True,
+        sums=VOCAB_SUMS,
         blocks=BLOCKS,
     )
     x64, w64 = hidden.double(), weight[:VOCAB].double()
@@ -63,6 +63,22 @@ def test_stats_match_float64(dtype, temperature):
     for name in FIELDS:
         err = (getattr(stats, name).double() - ref[name]).abs()
         assert bool((err <= stats_tol(eps, ref[name])).all()), f"{name}: {err.max():.3g}"
+
+
+@pytest.mark.parametrize("powers", [(), (3,)])
+def test_only_the_requested_powers_are_computed(powers):
+    """As for the logits kernel: the pairs of the powers not asked for stay 0, the others are
+    the bits of the request for both powers."""
+    hidden, weight, targets = _inputs(torch.float32)
+    both = linear_partials(hidden, weight, targets, VOCAB, 0.7, (2, 3), BLOCKS)
+    some = linear_partials(hidden, weight, targets, VOCAB, 0.7, powers, BLOCKS)
+    for k in (1, 2, 3):
+        pair = slice(2 * k - 2, 2 * k)
+        if k == 1 or k in powers:
+            assert torch.equal(some.sums[:, pair], both.sums[:, pair]), k
+        else:
+            assert bool((some.sums[:, pair] == 0).all()), k
+    assert bool((both.sums[:, 2:] > 0).any())
 
 
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])

@@ -13,13 +13,13 @@ import torch
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
 from opefo_nemo.kernels import logits_stats
-from opefo_nemo.parallel import NonFiniteLogitsError, token_stats
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from tests.kernels.reference import reference_grads, reference_stats
 from tests.kernels.tolerances import UNIT, grad_scale, row_eps, stats_tol
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy on ±inf
 
-FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 VOCAB, WIDTH, TOKENS = 37, 40, 11  # odd vocabulary, 3 padded columns
 
 
@@ -52,7 +52,7 @@ def _assert_stats(stats, z64: torch.Tensor, targets: torch.Tensor, temperature: 
 def test_stats_match_float64_and_torch(tile, dtype, temperature):
     logits, targets = _batch()
     low = logits.to(dtype)
-    kw = {"temperature": temperature, "vocab_size": VOCAB, "tabular": True}
+    kw = {"temperature": temperature, "vocab_size": VOCAB, "sums": VOCAB_SUMS}
     stats = token_stats(low, targets, kernel="triton", **kw)
     _assert_stats(stats, low[:, :VOCAB].double(), targets, temperature)
     torch_stats = token_stats(low, targets, kernel="torch", **kw)
@@ -76,7 +76,7 @@ def test_extreme_and_masked_logits(tile):
             targets,
             temperature=temperature,
             vocab_size=VOCAB,
-            tabular=True,
+            sums=VOCAB_SUMS,
             kernel="triton",
         )
         _assert_stats(stats, logits[:, :VOCAB].double(), targets, temperature)
@@ -117,12 +117,12 @@ def test_chunks_and_layout_do_not_change_results():
     """Rows are independent: any chunking and a ``[batch, seq]`` layout give the same bits."""
     logits, targets = _batch()
     logits = logits[:10]
-    whole = token_stats(logits, targets[:10], vocab_size=VOCAB, tabular=True, kernel="triton")
+    whole = token_stats(logits, targets[:10], vocab_size=VOCAB, sums=VOCAB_SUMS, kernel="triton")
     parts = token_stats(
         logits.view(2, 5, WIDTH),
         targets[:10].view(2, 5),
         vocab_size=VOCAB,
-        tabular=True,
+        sums=VOCAB_SUMS,
         chunk_size=3,
         kernel="triton",
     )
@@ -140,6 +140,36 @@ def test_non_finite_logits_raise(bad):
     logits[6, :] = float("-inf")
     with pytest.raises(NonFiniteLogitsError, match="0 of them have NaN"):
         token_stats(logits, targets, vocab_size=VOCAB, kernel="triton")
+
+
+@pytest.mark.parametrize("powers", [(), (2,), (3,)])
+def test_only_the_requested_powers_are_computed(powers):
+    """The kernel fills the pairs ``Σ e^k``, ``Σ e^k·d`` of the powers asked for and leaves the
+    others 0; each pair is the same bits whether or not the other power is computed."""
+    logits, targets = _batch()
+    local = torch.where(targets < VOCAB, targets, -1)
+    both = logits_stats.shard_partials(logits, local, VOCAB, 0.7, (2, 3))
+    some = logits_stats.shard_partials(logits, local, VOCAB, 0.7, powers)
+    for k in (1, 2, 3):
+        pair = slice(2 * k - 2, 2 * k)
+        if k == 1 or k in powers:
+            assert torch.equal(some.sums[:, pair], both.sums[:, pair]), k
+        else:
+            assert bool((some.sums[:, pair] == 0).all()), k
+    assert bool((both.sums[:, 2:] > 0).any())
+
+
+@pytest.mark.parametrize(
+    "sums", [(), ("sum_p2",), ("sum_p3_logp",), ("sum_p2_logp", "sum_p3")], ids=str
+)
+def test_token_stats_returns_exactly_the_requested_sums(sums):
+    logits, targets = _batch()
+    kw = {"temperature": 0.7, "vocab_size": VOCAB, "kernel": "triton"}
+    everything = token_stats(logits, targets, sums=VOCAB_SUMS, **kw)
+    stats = token_stats(logits, targets, sums=sums, **kw)
+    assert set(stats.present()) == {"logprob", "entropy", *sums}
+    for name, value in stats.present().items():
+        assert torch.equal(value, getattr(everything, name)), name
 
 
 def test_padding_may_hold_anything():

@@ -7,14 +7,14 @@ import torch
 import torch.distributed as dist
 
 from opefo_nemo.kernels.linear_stats import LinearBlocks
-from opefo_nemo.parallel import NonFiniteLogitsError, token_stats
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
 from tests.kernels.reference import reference_grads, reference_stats
 from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
-from tests.parallel.collectives import count_collectives
+from tests.parallel.collectives import all_reduce_payloads, count_collectives
 
 VOCAB, WIDTH, TOKENS, HIDDEN = 37, 20, 9, 24  # 37 real of 2 × 20 columns
-FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 TEMPERATURE = 0.7
 ONE_PASS = {"all_reduce:MAX": 1, "all_reduce:SUM": 1}
 
@@ -54,9 +54,10 @@ def logits_kernel(rank: int, world_size: int) -> None:
         rounded = full.to(dtype)
         local = rounded[:, columns].clone().requires_grad_()
         kw = {"temperature": TEMPERATURE, "group": group, "vocab_size": VOCAB, "kernel": "triton"}
-        with count_collectives() as forward:
-            stats = token_stats(local, targets, tabular=True, **kw)
+        with count_collectives() as forward, all_reduce_payloads() as payloads:
+            stats = token_stats(local, targets, sums=VOCAB_SUMS, **kw)
         assert dict(forward) == ONE_PASS, dict(forward)
+        assert ("SUM", (TOKENS, 7)) in payloads, payloads
         z64 = rounded[:, :VOCAB].double()
         _check(stats, z64, targets)
         with count_collectives() as backward:
@@ -72,6 +73,9 @@ def logits_kernel(rank: int, world_size: int) -> None:
         err = (local.grad[:, :real].double() - ref[:, cols]).abs()
         assert bool((err <= bound[:, cols]).all()), f"{dtype}: gradient error {err.max():.3g}"
         assert bool((local.grad[:, real:] == 0).all())
+    with all_reduce_payloads() as payloads:
+        token_stats(full[:, columns], targets, group=group, vocab_size=VOCAB, kernel="triton")
+    assert ("SUM", (TOKENS, 3)) in payloads, "without a request the packet is as before"
     bad = full[:, columns].clone()
     if rank == 1:
         bad[4, 0] = float("nan")
@@ -96,12 +100,13 @@ def linear_kernel(rank: int, world_size: int) -> None:
     def run(fused: bool):
         x, w = hidden.clone().requires_grad_(), weight[rows].clone().requires_grad_()
         kw = {"temperature": TEMPERATURE, "group": group, "vocab_size": VOCAB}
-        with count_collectives() as forward:
+        with count_collectives() as forward, all_reduce_payloads() as payloads:
             if fused:
-                stats = linear_token_stats(x, w, targets, tabular=True, blocks=blocks, **kw)
+                stats = linear_token_stats(x, w, targets, sums=VOCAB_SUMS, blocks=blocks, **kw)
             else:
-                stats = token_stats(x @ w.T, targets, tabular=True, kernel="torch", **kw)
+                stats = token_stats(x @ w.T, targets, sums=VOCAB_SUMS, kernel="torch", **kw)
         assert dict(forward) == ONE_PASS, dict(forward)
+        assert ("SUM", (TOKENS, 7)) in payloads, payloads
         ((stats.logprob * g_l).sum() + (stats.entropy * g_h).sum()).backward()
         return stats, x.grad, w.grad
 

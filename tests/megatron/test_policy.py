@@ -6,7 +6,7 @@ a real megatron-core ``GPTModel`` on every spawned gloo rank; the trainer's own
 ``update_rollout_batch`` (phases 1–3, OPEFO or multi-update Entropy-Reg) then runs on
 ``MegatronPolicy`` through megatron's real schedules at TP 1, TP 2, DP 2, TP 2 × DP 2, PP 2 (tied
 and untied) and TP 2 × PP 2, with 1 to 3 responses per micro-batch, and on ``HFPolicy`` with the
-whole batch as one micro-batch. Equal: the token statistics of the whole batch (tabular sums too),
+whole batch as one micro-batch. Equal: the whole batch's token statistics (vocabulary sums too),
 every metric of the update (loss, flow, λ*, ``grad/norm``, ``lr``), the clipped gradient of every
 weight before each optimizer step (Hugging Face names), every weight after the step (AdamW, fp32);
 the loss pass's logprobs equal the stats pass's; the warm-up lr of the next step.
@@ -22,6 +22,7 @@ import torch
 from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import build_objective
+from opefo_nemo.parallel import VOCAB_SUMS
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
 
@@ -60,7 +61,7 @@ def _hf_reference(hf_dir, method_overrides, engine, batch) -> dict:
     method = load_method(*method_overrides)
     config = EngineConfig(dtype="float32", micro_batch_size=batch.rows, **engine)
     policy = HFPolicy(hf_dir, config, lr=method.lr, temperature=workers_policy.TEMPERATURE)
-    stats = policy.token_stats(batch, tabular=True)
+    stats = policy.token_stats(batch, sums=VOCAB_SUMS)
     names = {param: name for name, param in policy.model.named_parameters()}
     captured = []
     policy.optimizer.register_step_pre_hook(

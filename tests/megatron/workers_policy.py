@@ -22,6 +22,7 @@ from opefo_nemo.models.megatron_weights import (
     hf_named_weights,
     hf_to_megatron,
 )
+from opefo_nemo.parallel import VOCAB_SUMS
 from opefo_nemo.trainer.update import update_rollout_batch
 
 from .tiny import megatron_gpt
@@ -29,7 +30,7 @@ from .workers_ckpt import checkpoint_on_cpu
 
 #: Vocabulary 100 padded to a multiple of 8 × TP: 104 at TP 1, 112 at TP 2 (padded columns exist).
 DIVISIBLE_BY = 8
-STAT_FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+STAT_FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 #: The rollout's sampling temperature in these tests (spec §1: statistics of softmax(z / T)).
 TEMPERATURE = 0.7
 
@@ -123,7 +124,7 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
     method = load_method(*case["method"])
     policy = _policy(case, hf_dir)
     model, optimizer, layout = policy.model, policy.optimizer, policy.layout
-    stats = policy.token_stats(batch, tabular=True)
+    stats = policy.token_stats(batch, sums=VOCAB_SUMS)
 
     names = {param: name for name, param in model.named_parameters()}
     captured: list[dict[str, torch.Tensor]] = []

@@ -1,4 +1,5 @@
-"""Count the torch.distributed collectives a piece of code issues (the real ones still run)."""
+"""Count the torch.distributed collectives a piece of code issues and record the shapes of its
+all-reduces (the real collectives still run)."""
 
 from __future__ import annotations
 
@@ -38,3 +39,21 @@ def count_collectives() -> Iterator[Counter]:
     finally:
         for name, original in originals.items():
             setattr(dist, name, original)
+
+
+@contextlib.contextmanager
+def all_reduce_payloads() -> Iterator[list[tuple[str, tuple[int, ...]]]]:
+    """Yield a list of ``(op, shape)`` of every all-reduce issued while inside, in order."""
+    payloads: list[tuple[str, tuple[int, ...]]] = []
+    original = dist.all_reduce
+
+    def call(tensor, *args, **kwargs):
+        op = kwargs.get("op", args[0] if args else dist.ReduceOp.SUM)
+        payloads.append((_OP_NAMES.get(op, str(op)), tuple(tensor.shape)))
+        return original(tensor, *args, **kwargs)
+
+    dist.all_reduce = call
+    try:
+        yield payloads
+    finally:
+        dist.all_reduce = original

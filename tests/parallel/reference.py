@@ -7,7 +7,8 @@ from torch import Tensor
 
 
 def reference_stats(logits: Tensor, targets: Tensor, temperature: float = 1.0) -> dict[str, Tensor]:
-    """``logprob``, ``entropy``, ``sum_p2``, ``sum_p2_logp`` of ``softmax(logits / T)`` in float64.
+    """``logprob``, ``entropy`` and the vocabulary sums ``Σ p^k``, ``Σ p^k log p`` (k = 2, 3) of
+    ``softmax(logits / T)`` in float64.
 
     ``logits`` ``[*, V]`` hold the real vocabulary only (no padding); results ``[*]``.
     Differentiable w.r.t. ``logits`` if it requires grad.
@@ -19,6 +20,8 @@ def reference_stats(logits: Tensor, targets: Tensor, temperature: float = 1.0) -
         "entropy": -(p * log_p).sum(-1),
         "sum_p2": (p * p).sum(-1),
         "sum_p2_logp": (p * p * log_p).sum(-1),
+        "sum_p3": (p * p * p).sum(-1),
+        "sum_p3_logp": (p * p * p * log_p).sum(-1),
     }
 
 
@@ -31,3 +34,26 @@ def reference_grads(
     loss = (ref["logprob"] * g_logprob.double()).sum() + (ref["entropy"] * g_entropy.double()).sum()
     (grad,) = torch.autograd.grad(loss, full)
     return grad
+
+
+def brute_force_rows(logits: Tensor, temperature: float) -> dict[str, Tensor]:
+    """Token by token, an explicit float64 softmax over the real vocabulary of ``logits``
+    ``[tokens, V]``: ``entropy``, the four vocabulary sums, and the literal expectation
+    ``Σ_a π(a)(1 − π(a))² (log π(a) + H)`` (spec §2), each ``[tokens]`` float64."""
+    rows: dict[str, list[float]] = {}
+    for row in logits.detach().double():
+        shifted = row / temperature - (row / temperature).max()
+        log_p = shifted - torch.log(torch.exp(shifted).sum())
+        p = torch.exp(log_p)
+        h = float(-(p * log_p).sum())
+        values = {
+            "entropy": h,
+            "sum_p2": float((p**2).sum()),
+            "sum_p2_logp": float((p**2 * log_p).sum()),
+            "sum_p3": float((p**3).sum()),
+            "sum_p3_logp": float((p**3 * log_p).sum()),
+            "expectation": float((p * (1 - p) ** 2 * (log_p + h)).sum()),
+        }
+        for name, value in values.items():
+            rows.setdefault(name, []).append(value)
+    return {name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()}

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.parallel import NonFiniteLogitsError, token_stats
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from tests.parallel.reference import reference_grads, reference_stats
 
-FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 
 
 def _batch(tokens: int = 23, vocab: int = 37, scale: float = 4.0, seed: int = 0):
@@ -23,7 +23,7 @@ def _batch(tokens: int = 23, vocab: int = 37, scale: float = 4.0, seed: int = 0)
 def test_fp32_matches_reference(temperature: float, chunk_size: int | None) -> None:
     logits, targets = _batch()
     stats = token_stats(
-        logits, targets, temperature=temperature, tabular=True, chunk_size=chunk_size
+        logits, targets, temperature=temperature, sums=VOCAB_SUMS, chunk_size=chunk_size
     )
     ref = reference_stats(logits, targets, temperature)
     for name in FIELDS:
@@ -38,7 +38,7 @@ def test_low_precision_input(dtype: torch.dtype) -> None:
     unrounded fp32 logits it is the input rounding alone (documented in docs/parallel.md)."""
     logits, targets = _batch()
     low = logits.to(dtype)
-    stats = token_stats(low, targets, tabular=True, chunk_size=5)
+    stats = token_stats(low, targets, sums=VOCAB_SUMS, chunk_size=5)
     ref_rounded = reference_stats(low.double(), targets)
     ref_exact = reference_stats(logits, targets)
     for name in FIELDS:
@@ -62,8 +62,8 @@ def test_padded_columns_are_excluded() -> None:
     logits, targets = _batch(vocab=37)
     padding = torch.full((logits.shape[0], 3), 50.0)  # would dominate the softmax if counted
     padded = torch.cat([logits, padding], dim=1)
-    stats = token_stats(padded, targets, vocab_size=37, tabular=True)
-    plain = token_stats(logits, targets, tabular=True)
+    stats = token_stats(padded, targets, vocab_size=37, sums=VOCAB_SUMS)
+    plain = token_stats(logits, targets, sums=VOCAB_SUMS)
     for name in FIELDS:
         torch.testing.assert_close(getattr(stats, name), getattr(plain, name), atol=0, rtol=0)
 
@@ -73,7 +73,7 @@ def test_masked_minus_inf_logits_are_allowed() -> None:
     logits[:, :5] = float("-inf")
     targets = targets.clamp(min=5)
     leaf = logits.clone().requires_grad_()
-    stats = token_stats(leaf, targets, tabular=True, chunk_size=6)
+    stats = token_stats(leaf, targets, sums=VOCAB_SUMS, chunk_size=6)
     ref = reference_stats(logits[:, 5:], targets - 5)
     for name in FIELDS:
         torch.testing.assert_close(getattr(stats, name).double(), ref[name], atol=1e-5, rtol=1e-5)
@@ -89,7 +89,7 @@ def test_gradients_match_autograd_on_full_logits(which: str, temperature: float)
     g_l = torch.randn(logits.shape[0], generator=gen) * (which != "entropy")
     g_h = torch.randn(logits.shape[0], generator=gen) * (which != "logprob")
     leaf = logits.clone().requires_grad_()
-    stats = token_stats(leaf, targets, temperature=temperature, chunk_size=4, tabular=True)
+    stats = token_stats(leaf, targets, temperature=temperature, chunk_size=4, sums=VOCAB_SUMS)
     loss = torch.zeros(())
     if which != "entropy":
         loss = loss + (stats.logprob * g_l).sum()
@@ -121,7 +121,7 @@ def test_backward_saves_no_softmax() -> None:
         return t
 
     with torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t):
-        stats = token_stats(leaf, targets, tabular=True, chunk_size=4)
+        stats = token_stats(leaf, targets, sums=VOCAB_SUMS, chunk_size=4)
     big = [t for t in saved if t.numel() >= leaf.numel()]
     assert len(big) == 1 and big[0].data_ptr() == leaf.data_ptr()
     assert all(t.dim() <= 1 for t in saved if t is not big[0])
@@ -133,7 +133,7 @@ def test_forward_only_builds_no_graph() -> None:
     logits, targets = _batch()
     leaf = logits.clone().requires_grad_()
     with torch.no_grad():
-        stats = token_stats(leaf, targets, tabular=True)
+        stats = token_stats(leaf, targets, sums=VOCAB_SUMS)
     assert stats.logprob.grad_fn is None and not stats.entropy.requires_grad
     plain = token_stats(logits, targets)
     assert plain.logprob.grad_fn is None
@@ -165,3 +165,7 @@ def test_bad_inputs_are_named() -> None:
         token_stats(logits, targets[:-1])
     with pytest.raises(TypeError, match="int64"):
         token_stats(logits, targets.float())
+    with pytest.raises(ValueError, match="unknown vocabulary sum 'sum_p4'"):
+        token_stats(logits, targets, sums=("sum_p2", "sum_p4"))
+    with pytest.raises(TypeError, match="sequence of names, got the string 'sum_p2'"):
+        token_stats(logits, targets, sums="sum_p2")

@@ -16,7 +16,7 @@ from opefo_nemo.core.objectives import (
     prepare,
 )
 from opefo_nemo.core.reduction import SingleProcessReducer
-from opefo_nemo.parallel import broadcast_from_last_stage, token_stats
+from opefo_nemo.parallel import VOCAB_SUMS, broadcast_from_last_stage, token_stats
 from tests.parallel.collectives import count_collectives
 from tests.parallel.world import GROUP_TIMEOUT
 
@@ -90,7 +90,7 @@ def prepare_is_layout_independent(rank: int, world_size: int) -> None:
     them to the trainer).
     """
     batch = shared_rollout()
-    full = token_stats(batch["logits"], batch["targets"], tabular=True)
+    full = token_stats(batch["logits"], batch["targets"], sums=VOCAB_SUMS)
     old_logprob = full.logprob + batch["old_noise"]
     references = {}
     for name in METHODS:
@@ -115,7 +115,7 @@ def prepare_is_layout_independent(rank: int, world_size: int) -> None:
                     batch["targets"][rows],
                     group=tp_group if tp > 1 else None,
                     vocab_size=VOCAB,
-                    tabular=True,
+                    sums=VOCAB_SUMS,
                 )
                 for rows in row_sets
             ]

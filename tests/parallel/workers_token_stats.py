@@ -7,14 +7,14 @@ import datetime
 import torch
 import torch.distributed as dist
 
-from opefo_nemo.parallel import NonFiniteLogitsError, ShardWidthError, token_stats
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, ShardWidthError, token_stats
 from tests.parallel.collectives import count_collectives
 from tests.parallel.reference import reference_grads, reference_stats
 from tests.parallel.world import subgroups
 
 VOCAB = 50  # the true vocabulary; padded to a multiple of 4 × TP as Megatron does
 TOKENS = 20
-FIELDS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
+FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 
 
 def padded_vocab(tp: int, divisible_by: int = 4) -> int:
@@ -61,7 +61,7 @@ def stats_match_reference(rank: int, world_size: int) -> None:
                         temperature=temperature,
                         group=group,
                         vocab_size=VOCAB,
-                        tabular=True,
+                        sums=VOCAB_SUMS,
                         chunk_size=chunk,
                     )
                 expected = {"all_reduce:MAX": 3, "all_reduce:SUM": 3} if tp > 1 else {}

@@ -14,7 +14,7 @@ from opefo_nemo.core.objectives import LossOutput, build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
-from opefo_nemo.parallel import NonFiniteLogitsError
+from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
 from opefo_nemo.trainer.loop import NanGuard, NanStreakError
 from opefo_nemo.trainer.update import optimizer_step, stats_pass, update_rollout_batch
 
@@ -64,7 +64,7 @@ def captured_gradient(model_dir, method_name, micro_batch_size):
     batch = build_batch(prompts, responses, adv, pad_id=0)
     micros = batch.split(micro_batch_size)
     metrics, skipped = optimizer_step(
-        policy, build_objective(method), micros, stats_pass(policy, batch, micros, False), None, 0
+        policy, build_objective(method), micros, stats_pass(policy, batch, micros, ()), None, 0
     )
     assert not skipped
     return grads, metrics
@@ -187,12 +187,12 @@ def test_stats_pass_is_one_call_split_like_the_micro_batches(model_dir, micro_ba
     policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=TEMPERATURE)
     batch = build_batch(*random_rollout(), pad_id=0)
     micros = batch.split(3)
-    got = stats_pass(policy, batch, micros, True)
+    got = stats_pass(policy, batch, micros, VOCAB_SUMS)
     assert len(got) == len(micros)
     for stats, micro in zip(got, micros, strict=True):
-        want = policy.token_stats(micro, tabular=True)
+        want = policy.token_stats(micro, sums=VOCAB_SUMS)
         real = micro.attention_mask[:, 1:]
-        for field in ("logprob", "entropy", "sum_p2", "sum_p2_logp"):
+        for field in ("logprob", "entropy", *VOCAB_SUMS):
             torch.testing.assert_close(getattr(stats, field)[real], getattr(want, field)[real])
     with pytest.raises(ValueError, match="do not tile a batch"):
-        stats_pass(policy, batch, micros[:-1], False)
+        stats_pass(policy, batch, micros[:-1], ())

@@ -59,7 +59,14 @@ def common_sums(chunk: TokenChunk, delta_h: Tensor) -> dict[str, Tensor]:
 def chunk_delta_entropy(chunk: TokenChunk, estimator: str) -> Tensor:
     """ΔH_t of every token of ``chunk`` with ``estimator`` (spec §2)."""
     return delta_entropy(
-        chunk.logprob, chunk.entropy, chunk.advantages, estimator, chunk.sum_p2, chunk.sum_p2_logp
+        chunk.logprob,
+        chunk.entropy,
+        chunk.advantages,
+        estimator,
+        sum_p2=chunk.sum_p2,
+        sum_p2_logp=chunk.sum_p2_logp,
+        sum_p3=chunk.sum_p3,
+        sum_p3_logp=chunk.sum_p3_logp,
     )
 
 

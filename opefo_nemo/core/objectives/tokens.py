@@ -26,7 +26,8 @@ class TokenChunk:
     policy that generated the rollout, for the multi-update baselines; ``None`` in strict mode.
     ``token_ids``: unique global int64 id of each token (e.g. ``sample * max_len + position``),
     needed by the Clip-Cov / KL-Cov selections so they do not depend on the layout.
-    ``sum_p2``/``sum_p2_logp``: for the ``tabular`` estimator. ``rollout_logprob``: the rollout
+    ``sum_p2``/``sum_p2_logp``: for the ``tabular`` and ``expectation`` estimators,
+    ``sum_p3``/``sum_p3_logp``: for ``expectation`` (spec §2). ``rollout_logprob``: the rollout
     engine's log-probability of each token (for a truncated importance-sampling correction).
     """
 
@@ -38,6 +39,8 @@ class TokenChunk:
     token_ids: Tensor | None = None
     sum_p2: Tensor | None = None
     sum_p2_logp: Tensor | None = None
+    sum_p3: Tensor | None = None
+    sum_p3_logp: Tensor | None = None
     rollout_logprob: Tensor | None = None
 
     def __post_init__(self) -> None:
@@ -51,10 +54,12 @@ class TokenChunk:
             token_ids=self.token_ids,
             sum_p2=self.sum_p2,
             sum_p2_logp=self.sum_p2_logp,
+            sum_p3=self.sum_p3,
+            sum_p3_logp=self.sum_p3_logp,
             rollout_logprob=self.rollout_logprob,
         )
-        checked = ("logprob", "entropy", "advantages", "old_logprob", "sum_p2", "sum_p2_logp")
-        for name in (*checked, "rollout_logprob"):
+        statistics = ("logprob", "entropy", "advantages", "old_logprob", "rollout_logprob")
+        for name in (*statistics, "sum_p2", "sum_p2_logp", "sum_p3", "sum_p3_logp"):
             check_finite(name, getattr(self, name))
         if self.token_ids is not None and torch.is_floating_point(self.token_ids):
             raise ValueError(f"token_ids must be integers, got dtype {self.token_ids.dtype}")

@@ -35,7 +35,7 @@ afterwards, instead of slicing the logits.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -87,8 +87,9 @@ class VocabParallelLogits:
     sequence_first: bool = False
     kernel: str = "auto"
 
-    def stats(self, logits: Tensor, targets: Tensor, tabular: bool = False) -> TokenStats:
-        """Per-token statistics ``[batch, seq]`` of ``targets`` (``[batch, seq]`` int64)."""
+    def stats(self, logits: Tensor, targets: Tensor, sums: Sequence[str] = ()) -> TokenStats:
+        """Per-token statistics ``[batch, seq]`` of ``targets`` (``[batch, seq]`` int64), with
+        the vocabulary ``sums`` asked for (``token_stats``)."""
         if logits.dim() != 3:
             raise ValueError(f"expected 3-d vocab-parallel logits, got shape {tuple(logits.shape)}")
         arranged = targets.t() if self.sequence_first else targets
@@ -98,35 +99,28 @@ class VocabParallelLogits:
             temperature=self.temperature,
             group=self.tp_group,
             vocab_size=self.vocab_size,
-            tabular=tabular,
+            sums=sums,
             chunk_size=self.chunk_size,
             kernel=self.kernel,
         )
         if not self.sequence_first:
             return stats
-        return TokenStats(*(None if t is None else t.t() for t in _fields(stats)))
-
-
-def _fields(stats: TokenStats) -> tuple[Tensor | None, ...]:
-    return (stats.logprob, stats.entropy, stats.sum_p2, stats.sum_p2_logp)
+        return stats.map(Tensor.t)
 
 
 def stats_function(
-    targets: Tensor, logits_spec: VocabParallelLogits, tabular: bool = False
+    targets: Tensor, logits_spec: VocabParallelLogits, sums: Sequence[str] = ()
 ) -> LossFunction:
     """The token-stats pass's function for ``forward_backward_func(forward_only=True)`` (phase 1).
 
-    ``fn(logits) -> (0, reduced)`` with ``reduced`` = ``logprob``, ``entropy`` (and with
-    ``tabular`` ``sum_p2``, ``sum_p2_logp``), ``[batch, seq]`` fp32, computed without gradient;
-    the schedule collects one such mapping per micro-batch, in order.
+    ``fn(logits) -> (0, reduced)`` with ``reduced`` = ``logprob``, ``entropy`` and the vocabulary
+    ``sums`` asked for, each ``[batch, seq]`` fp32, computed without gradient; the schedule
+    collects one such mapping per micro-batch, in order.
     """
 
     def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         with torch.no_grad():
-            stats = logits_spec.stats(logits, targets, tabular=tabular)
-        reduced = {"logprob": stats.logprob, "entropy": stats.entropy}
-        if tabular:
-            reduced.update(sum_p2=stats.sum_p2, sum_p2_logp=stats.sum_p2_logp)
-        return torch.zeros((), device=logits.device), reduced
+            stats = logits_spec.stats(logits, targets, sums)
+        return torch.zeros((), device=logits.device), stats.present()
 
     return compute

@@ -40,7 +40,6 @@ FIRST_STAGE_KEYS = ("input_ids", "position_ids")
 STATS_KEYS = ("targets",)
 """What the last stage's token-stats function reads: int64 ``[mbs, T]``."""
 STATS_NAMES = ("logprob", "entropy")
-TABULAR_NAMES = ("sum_p2", "sum_p2_logp")
 
 
 @dataclass(frozen=True)
@@ -114,17 +113,17 @@ class PipelineMicroBatches:
         outputs: Sequence[Mapping[str, Tensor]],
         pp_group: dist.ProcessGroup | None,
         device: torch.device | str = "cpu",
-        tabular: bool = False,
+        sums: Sequence[str] = (),
     ) -> dict[str, Tensor]:
         """The token-stats pass's per-token statistics on every stage of ``pp_group``.
 
         ``outputs``: what the schedule returned (on the last stage one ``stats_function`` dict
-        per micro-batch; ignored elsewhere). Returns ``logprob``, ``entropy`` (and with
-        ``tabular`` ``sum_p2``, ``sum_p2_logp``), each fp32 ``[padded_rows, seq_length]``, equal
+        per micro-batch; ignored elsewhere). Returns ``logprob``, ``entropy`` and the vocabulary
+        ``sums`` the stats function was asked for, each fp32 ``[padded_rows, seq_length]``, equal
         on every stage: one ``broadcast_from_last_stage`` over the pipeline group. ``device``:
         where the other stages receive them.
         """
-        names = STATS_NAMES + (TABULAR_NAMES if tabular else ())
+        names = STATS_NAMES + tuple(sums)
         shape = (self.padded_rows, self.seq_length)
         if is_last_stage(pp_group):
             if len(outputs) != self.num_microbatches:

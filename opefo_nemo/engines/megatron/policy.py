@@ -74,7 +74,7 @@ from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.layout import MegatronLayout
 from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weights
 from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
-from ...parallel import NonFiniteLogitsError, TokenStats
+from ...parallel import NonFiniteLogitsError, TokenStats, requested_sums
 from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
 from . import compat
@@ -85,7 +85,6 @@ from .pipeline_batch import PipelineMicroBatches
 from .schedule_driver import balanced_rows, gather_rows, per_rank, run_schedule
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
-_STATS = ("logprob", "entropy", "sum_p2", "sum_p2_logp")
 _SCHEDULE = "lr_schedule"
 
 
@@ -222,11 +221,12 @@ class MegatronPolicy:
         )
 
     @torch.no_grad()
-    def token_stats(self, batch: TrainBatch, *, tabular: bool = False) -> TokenStats:
-        """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` on every rank (CPU)."""
+    def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
+        """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` (with the vocabulary
+        ``sums`` asked for) on every rank (CPU)."""
         size, rank = self._dp
         rows = balanced_rows(batch.rows, size, rank)
-        names = _STATS if tabular else _STATS[:2]
+        names = ("logprob", "entropy", *requested_sums(sums))
         local = torch.zeros((len(names), len(rows), batch.input_ids.shape[1] - 1))
         error: NonFiniteLogitsError | None = None
         if len(rows):
@@ -235,7 +235,7 @@ class MegatronPolicy:
             )
 
             def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
-                return stats_function(item["targets"], self.logits, tabular)
+                return stats_function(item["targets"], self.logits, names[2:])
 
             try:
                 outputs = run_schedule(self.model, micros, make_fn, forward_only=True)
@@ -244,7 +244,7 @@ class MegatronPolicy:
                 shape = (micros.micro_batch_size, micros.seq_length)
                 nan = torch.full(shape, math.nan)
                 outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
-            stats = micros.gather_stats(outputs, self.pp_group, self.device, tabular)
+            stats = micros.gather_stats(outputs, self.pp_group, self.device, names[2:])
             per_micro = {name: micros.unpad(stats[name]) for name in names}
             start = 0
             for i, micro in enumerate(micros.micros):
@@ -259,7 +259,7 @@ class MegatronPolicy:
             raise NonFiniteLogitsError(
                 "token_stats: non-finite logits on another data-parallel rank's last stage"
             )
-        return TokenStats(*full, *([None] * (len(_STATS) - len(names))))
+        return TokenStats(**dict(zip(names, full, strict=True)))
 
     def train_step(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
