@@ -23,6 +23,8 @@ ALLOWED = {
     ("objectives/prepare.py", "_weighted_flow"): "chunks",
     ("objectives/base.py", "coefficients"): "chunks",
     ("objectives/methods/policy_gradient.py", "coefficients"): "chunks",
+    ("objectives/methods/policy_gradient.py", "corrected"): "chunks",
+    ("metrics.py", "load_state_dict"): "the fields of a running correlation",
     ("objectives/methods/clip_cov.py", "coefficients"): "chunks",
     ("objectives/methods/kl_cov.py", "coefficients"): "chunks",
     ("objectives/methods/covariance.py", "select_top_k"): "chunks",

@@ -45,6 +45,7 @@ def whole_batch(n: int, seed: int, zero_adv_fraction: float) -> dict[str, torch.
     adv = torch.randn(n, generator=g)
     adv[torch.rand(n, generator=g) < zero_adv_fraction] = 0.0
     s2 = probs.square() + torch.rand(n, generator=g) * 0.1
+    s3 = probs.pow(3) + torch.rand(n, generator=g) * 0.05
     return {
         "logprob": probs.log(),
         "entropy": torch.rand(n, generator=g) * 2,
@@ -54,6 +55,8 @@ def whole_batch(n: int, seed: int, zero_adv_fraction: float) -> dict[str, torch.
         "token_ids": torch.randperm(n * 5, generator=g)[:n],
         "sum_p2": s2,
         "sum_p2_logp": s2 * probs.log(),
+        "sum_p3": s3,
+        "sum_p3_logp": s3 * probs.log(),
     }
 
 
