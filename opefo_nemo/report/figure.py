@@ -28,6 +28,16 @@ def _legend_label(group: Group) -> str:
     return f"{group.label}: mean of {len(group.runs)} seeds ({seeds}), min–max band"
 
 
+def _caption(groups: Sequence[Group], smooth: int) -> str:
+    average = f"{smooth}-step moving average" if smooth > 1 else "per-step values (no smoothing)"
+    if all(len(group.runs) == 1 for group in groups):
+        return f"Thick: each run's {average}; faint: per-step values"
+    return (
+        f"Thick: mean over seeds of each run's {average}; faint: per-step values "
+        "(mean over seeds); band: min–max over seeds"
+    )
+
+
 def _draw_panel(ax, panel: Panel, groups: Sequence[Group], colors: Sequence[str], smooth: int):
     drawn = False
     for index, group in enumerate(groups):
@@ -65,6 +75,8 @@ def _draw_panel(ax, panel: Panel, groups: Sequence[Group], colors: Sequence[str]
         ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.set_xticks([])
         ax.set_yticks([])
+        ax.set_xlabel("")
+        ax.set_ylabel("")
 
 
 def draw_report(groups: Sequence[Group], missing: dict[Run, list[str]], smooth: int):
@@ -91,12 +103,7 @@ def draw_report(groups: Sequence[Group], missing: dict[Run, list[str]], smooth: 
         frameon=False,
         bbox_to_anchor=(0.5, 0.955),
     )
-    fig.suptitle(
-        f"Thick: mean over seeds of each run's {smooth}-step moving average; "
-        "faint: per-step values; band: min–max over seeds",
-        fontsize=12,
-        y=0.995,
-    )
+    fig.suptitle(_caption(groups, smooth), fontsize=12, y=0.995)
     bottom = 0.0
     if missing:
         lacking = "; ".join(f"{run.describe()}: {', '.join(keys)}" for run, keys in missing.items())

@@ -27,28 +27,31 @@ class Panel:
 
 
 STYLES = ("-", "--")
+#: Flow sums are over one optimizer step's batch (spec §3): for a method with k updates per rollout,
+#: the mean over its k mini-batch steps of sums over a k-th of the rollout batch (docs/training.md).
+FLOW = "Σ ΔH per optimizer step"
 PANELS = (
     Panel("token-mean entropy H", ("entropy/mean",), "H (nats)"),
     Panel("training reward (mean over responses)", ("reward/mean",), "reward"),
     Panel("response length", ("response/length_mean",), "tokens"),
     Panel("λ* = (N − P) / (N + P)", ("flow/lambda",), "λ*", zero_line=True),
-    Panel("net entropy flow P − N per step", ("flow/net",), "Σ ΔH", zero_line=True),
+    Panel("net entropy flow P − N per step", ("flow/net",), FLOW, zero_line=True),
     Panel(
         "entropy flows P and N",
         ("flow/pos", "flow/neg"),
-        "Σ ΔH",
+        FLOW,
         key_names=("P (ΔH > 0)", "N (|ΔH|, ΔH < 0)"),
     ),
     Panel(
         "net flow after balancing (1+λ)P − (1−λ)N",
         ("flow/net_after_balance",),
-        "Σ ΔH",
+        FLOW,
         zero_line=True,
     ),
     Panel(
         "ΔH of clipped tokens (ratio-clipped methods)",
         ("clip/dh_upper", "clip/dh_lower"),
-        "Σ ΔH",
+        FLOW,
         key_names=("upper-clipped", "lower-clipped"),
         zero_line=True,
         clipped_only=True,

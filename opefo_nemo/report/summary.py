@@ -59,8 +59,8 @@ COLUMNS: tuple[tuple[str, Figure, str], ...] = (
     ("H change %", _relative_change, "{:+.1f}"),
     ("reward first", _first("reward/mean"), "{:.3f}"),
     ("reward last", _last("reward/mean"), "{:.3f}"),
-    ("length first", _first("response/length_mean"), "{:.1f}"),
-    ("length last", _last("response/length_mean"), "{:.1f}"),
+    ("length first", _first("response/length_mean"), "{:.2f}"),
+    ("length last", _last("response/length_mean"), "{:.2f}"),
     ("mean abs λ*", _over_run("flow/lambda", lambda v: np.abs(v).mean()), "{:.3f}"),
     ("mean P − N", _over_run("flow/net", np.mean), "{:.3g}"),
     ("Σ realized", _over_run("flow/realized", np.sum), "{:.3g}"),
@@ -99,8 +99,9 @@ def summary_markdown(
         "",
         f"{len(runs)} run(s) in {len(groups)} group(s). First / last: means over the first and the "
         f"last {window} logged steps of each run; H change = (last − first) / first. With several "
-        "seeds: mean ± sample standard deviation over seeds. Σ ΔH figures are batch sums "
-        "(spec §3); Σ realized sums `flow/realized` (logged every `metrics.realized_every` steps).",
+        "seeds: mean ± sample standard deviation over seeds. P − N sums ΔH over one optimizer "
+        "step's batch (spec §3; with several updates per rollout, the mean over its mini-batch "
+        "steps); Σ realized sums `flow/realized` (logged every `metrics.realized_every` steps).",
         f"Figure (report.png): each run smoothed by a {smooth}-step trailing moving average; "
         "lines are the mean over seeds, bands span their minimum to maximum.",
         "",
