@@ -24,6 +24,7 @@ from ..config.train import TrainConfig
 from ..data import DatasetError
 from ..engines.aligner import AlignerUnavailableError
 from ..report import write_report
+from ..trainer.checkpoint import list_checkpoints
 from ..trainer.ranks import RankLayoutError
 from ..trainer.rollout_guard import GuardedRollout
 from ..trainer.setup import build_trainer, model_dir, start_rollout
@@ -74,7 +75,9 @@ def plan_runs(config: TrainConfig) -> list[PlannedRun]:
 
     Directories: ``<run.output_dir>[/<method>][/seed_<s>]`` (the method level with
     ``run.compare``, the seed level with ``run.seeds``). Each run's overrides empty both lists and
-    set its method, ``run.seed``, name and directory, so its ``config.yaml`` records them.
+    set its method, ``run.seed``, name and directory, so its ``config.yaml`` records them. With
+    ``checkpoint.resume=latest`` (continuing a pre-empted sequence) a run that has no checkpoint
+    yet starts from the beginning; the others resume (a finished one has nothing left to do).
     """
     root = Path(config.run.output_dir)
     plans = []
@@ -89,6 +92,8 @@ def plan_runs(config: TrainConfig) -> list[PlannedRun]:
                 name, out = f"{name}_seed{seed}", out / f"seed_{seed}"
                 overrides.append(f"run.seed={seed}")
             overrides += [f"run.name={name}", f"run.output_dir={out}"]
+            if config.checkpoint.resume == "latest" and not list_checkpoints(out / "checkpoints"):
+                overrides.append("checkpoint.resume=null")
             plans.append(PlannedRun(name, out, tuple(overrides)))
     return plans
 
