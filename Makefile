@@ -1,4 +1,5 @@
-# The two commands of the README: `make demo` (the embedded default) and `make test`.
+# The two commands of the README: `make demo` (the embedded default: opefo-train compares
+# grpo_strict and opefo and ends with the opefo-report of both runs) and `make test`.
 # Each runs the idempotent set-up first, so a fresh clone needs nothing else.
 # `make test` runs the suite on .venv (megatron-core 0.16.1), then the Megatron engine's tests
 # (tests/megatron) again on megatron-core 0.11 (scripts/setup_megatron_env.sh). The suite's

@@ -14,6 +14,7 @@ PACKAGE = Path(opefo_nemo.__file__).parent
 #: with the support packages placed where their users put them).
 LAYERS = (
     "cli",
+    "report",
     "trainer",
     "engines",
     "config",

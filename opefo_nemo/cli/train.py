@@ -2,7 +2,12 @@
 
 With no argument it runs the embedded default: it builds (once) the tiny model warm-started on the
 arithmetic task, trains ``grpo_strict`` and ``opefo`` from that same start, and writes
-``outputs/embedded/report.png`` comparing entropy, λ*, flows, reward and response length.
+``outputs/embedded/report.png`` and ``summary.md`` (the ``opefo-report`` of both runs).
+
+``run.compare=[m1,m2,...]`` trains each method into ``<run.output_dir>/<method>``;
+``run.seeds=[s1,s2,...]`` trains each run once per seed into ``.../seed_<s>`` (with or without a
+comparison); either way the runs share one rollout engine, start from the same model, and end
+with the report over all of them under ``run.output_dir``.
 """
 
 from __future__ import annotations
@@ -10,15 +15,17 @@ from __future__ import annotations
 import logging
 import sys
 from collections.abc import Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 from ..config import conf_dir
 from ..config.compose import compose
+from ..config.train import TrainConfig
 from ..data import DatasetError
 from ..engines.aligner import AlignerUnavailableError
-from ..trainer.metrics_log import read_metrics
+from ..report import write_report
+from ..trainer.checkpoint import list_checkpoints
 from ..trainer.ranks import RankLayoutError
-from ..trainer.report import write_comparison
 from ..trainer.rollout_guard import GuardedRollout
 from ..trainer.setup import build_trainer, model_dir, start_rollout
 
@@ -54,25 +61,67 @@ def train_one(overrides: Sequence[str], rollout: GuardedRollout | None = None) -
     return status, output_dir
 
 
+@dataclass(frozen=True)
+class PlannedRun:
+    """One run of a comparison or seed sweep: its name, output directory and extra overrides."""
+
+    name: str
+    output_dir: Path
+    overrides: tuple[str, ...]
+
+
+def plan_runs(config: TrainConfig) -> list[PlannedRun]:
+    """Every (method, seed) run of ``run.compare`` × ``run.seeds``, methods outermost.
+
+    Directories: ``<run.output_dir>[/<method>][/seed_<s>]`` (the method level with
+    ``run.compare``, the seed level with ``run.seeds``). Each run's overrides empty both lists and
+    set its method, ``run.seed``, name and directory, so its ``config.yaml`` records them. With
+    ``checkpoint.resume=latest`` (continuing a pre-empted sequence) a run that has no checkpoint
+    yet starts from the beginning; the others resume (a finished one has nothing left to do).
+    """
+    root = Path(config.run.output_dir)
+    plans = []
+    for method in config.run.compare or (None,):
+        for seed in config.run.seeds or (None,):
+            name = method or config.run.name
+            out = root / method if method else root
+            overrides = ["run.compare=[]", "run.seeds=[]"]
+            if method:
+                overrides.append(f"method={method}")
+            if seed is not None:
+                name, out = f"{name}_seed{seed}", out / f"seed_{seed}"
+                overrides.append(f"run.seed={seed}")
+            overrides += [f"run.name={name}", f"run.output_dir={out}"]
+            if config.checkpoint.resume == "latest" and not list_checkpoints(out / "checkpoints"):
+                overrides.append("checkpoint.resume=null")
+            plans.append(PlannedRun(name, out, tuple(overrides)))
+    return plans
+
+
 def compare(overrides: Sequence[str]) -> Path:
-    """Train each method of ``run.compare`` from the same start (one shared rollout engine);
-    write the comparison report under ``run.output_dir``."""
+    """Train every run of :func:`plan_runs` from the same start (one shared rollout engine),
+    then write the report over all of them under ``run.output_dir``; returns the PNG's path."""
     config, _ = compose(overrides)
     root = Path(config.run.output_dir)
     rollout = start_rollout(config, model_dir(config), lambda: iter(()))
-    runs = {}
+    run_dirs = []
     try:
-        for method in config.run.compare:
-            run = [f"method={method}", "run.compare=[]", f"run.name={method}"]
-            status, out = train_one([*overrides, *run, f"run.output_dir={root / method}"], rollout)
+        for plan in plan_runs(config):
+            status, out = train_one([*overrides, *plan.overrides], rollout)
             if status != "done":
-                raise SystemExit(f"{method} was pre-empted; rerun with checkpoint.resume=latest")
-            runs[method] = read_metrics(out / "metrics.jsonl")
+                raise SystemExit(f"{plan.name} was pre-empted; rerun with checkpoint.resume=latest")
+            run_dirs.append(out)
     finally:
         rollout.close()
-    png = write_comparison(runs, root)
-    log.info("comparison report: %s (and %s)", png, root / "summary.md")
-    return png
+    files = write_report(run_dirs, root)
+    log.info(
+        "report: %s and %s (redraw: opefo-report %s --out %s)",
+        files.png,
+        files.summary,
+        " ".join(str(d) for d in run_dirs),
+        root,
+    )
+    return files.png
 
 
 def main(argv: Sequence[str] | None = None) -> int:
@@ -90,7 +139,7 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"opefo-train: error: {error}", file=sys.stderr)
         return 2
     try:
-        if config.run.compare:
+        if config.run.compare or config.run.seeds:
             compare(overrides)
             return 0
         status, _ = train_one(overrides)

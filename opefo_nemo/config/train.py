@@ -26,6 +26,7 @@ class RunConfig:
     name: str = "run"
     output_dir: str = "outputs/run"
     seed: int = 0
+    seeds: tuple[int, ...] = ()
     compare: tuple[str, ...] = ()
 
 
@@ -196,6 +197,7 @@ class TrainConfig:
     def validate(self) -> None:
         """Ranges and cross-section contradictions (spec §4, §5, §8)."""
         t, e, r = self.trainer, self.engine, self.rollout
+        self._validate_run()
         require(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
         require(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
         require(
@@ -265,6 +267,18 @@ class TrainConfig:
             self.metrics.fidelity_threshold > 0, "metrics.fidelity_threshold", "must be > 0 (nats)"
         )
         one_of(self.metrics.wandb.mode, ("offline", "online", "disabled"), "metrics.wandb.mode")
+
+    def _validate_run(self) -> None:
+        """``run.seed`` / ``run.seeds``: non-negative, no seed twice; no method twice in
+        ``run.compare`` (each run has its own output directory)."""
+        run = self.run
+        require(run.seed >= 0, "run.seed", f"({run.seed}) must be >= 0")
+        negative = [s for s in run.seeds if s < 0]
+        require(not negative, "run.seeds", f"must be >= 0, got {negative}")
+        twice = sorted({s for s in run.seeds if run.seeds.count(s) > 1})
+        require(not twice, "run.seeds", f"lists seed(s) {twice} more than once")
+        repeated = sorted({m for m in run.compare if run.compare.count(m) > 1})
+        require(not repeated, "run.compare", f"lists method(s) {repeated} more than once")
 
 
 def _section_type(name: str, value: Any, hints: Mapping[str, Any]) -> Any:

@@ -1,6 +1,8 @@
 """Where the spec §6 metrics of every step go: a JSONL file, TensorBoard, W&B, a progress bar.
 
-``metrics.jsonl`` has one object per rollout step: ``{"step": s, "<name>": value, ...}``.
+``metrics.jsonl`` has one object per rollout step: ``{"step": s, "<name>": value, ...}``; beside
+it, ``config.yaml`` records the run's composed configuration (method, seed and every setting), so
+that ``opefo-report`` can tell which runs are seeds of the same method without guessing from paths.
 TensorBoard event files go to ``tensorboard/``; W&B (``metrics.wandb.enabled``) is imported only
 when enabled and runs offline by default. The progress bar shows reward, entropy, λ* and the step
 time.
@@ -13,7 +15,11 @@ import math
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from ..config.train import MetricsConfig
+
+RUN_CONFIG = "config.yaml"
 
 PROGRESS_KEYS = {
     "reward/mean": "reward",
@@ -24,9 +30,9 @@ PROGRESS_KEYS = {
 
 
 class MetricsLogger:
-    """Appends to ``<output_dir>/metrics.jsonl``. A run resumed at ``start_step`` continues the
-    same file after dropping any record of a later step (logged after the checkpoint it resumes
-    from), so every step appears exactly once."""
+    """Appends to ``<output_dir>/metrics.jsonl`` and writes ``config.yaml`` beside it. A run
+    resumed at ``start_step`` continues the same file after dropping any record of a later step
+    (logged after the checkpoint it resumes from), so every step appears exactly once."""
 
     def __init__(
         self,
@@ -38,6 +44,7 @@ class MetricsLogger:
         config_dict: dict[str, Any],
     ):
         output_dir.mkdir(parents=True, exist_ok=True)
+        write_run_config(output_dir, config_dict)
         self.path = output_dir / "metrics.jsonl"
         if self.path.is_file():
             kept = [r for r in read_metrics(self.path) if r["step"] <= start_step]
@@ -102,3 +109,10 @@ class MetricsLogger:
 def read_metrics(path: Path) -> list[dict[str, Any]]:
     """The records of a ``metrics.jsonl``, in order."""
     return [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+
+
+def write_run_config(output_dir: Path, config_dict: dict[str, Any]) -> Path:
+    """``<output_dir>/config.yaml``: the run's composed configuration (rewritten on resume)."""
+    path = output_dir / RUN_CONFIG
+    path.write_text(yaml.safe_dump(config_dict, sort_keys=False))
+    return path

@@ -60,6 +60,11 @@ def test_every_method_file_composes(name):
         (["rollout.stop_token_ids=[]"], "rollout.stop_token_ids"),
         (["rollout.stop_token_ids=[2,-1]"], "rollout.stop_token_ids"),
         (["rollout.python=''"], "rollout.python"),
+        (["run.seed=-1"], "run.seed"),
+        (["run.seeds=[0,2,0]"], "run.seeds"),
+        (["run.seeds=[1,-2]"], "run.seeds"),
+        (["run.seeds=[0.5]"], "run.seeds"),
+        (["run.compare=[opefo,grpo_strict,opefo]"], "run.compare"),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):

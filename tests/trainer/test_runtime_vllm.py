@@ -8,6 +8,7 @@ import signal
 import threading
 
 import pytest
+import yaml
 
 from opefo_nemo.cli import eval as eval_cli
 from opefo_nemo.config.compose import compose
@@ -84,13 +85,19 @@ def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_pa
     assert md.splitlines()[0] == "avg@k, verifier integer"
 
 
-def test_opefo_train_compare_mode_writes_the_report(warm_model, tmp_path):
+def test_opefo_train_compares_methods_over_seeds_and_writes_the_report(warm_model, tmp_path):
+    """run.compare × run.seeds: each method trains once per seed from the same start. At one
+    seed both methods' first rollouts are identical (same weights, prompts and sampling seeds);
+    the other seed draws other prompts and samples. Each run records its method and seed, and
+    the report groups the seeds of each method."""
     from opefo_nemo.cli import train as train_cli
 
+    root = tmp_path / "cmp"
     overrides = [
         f"model.path={warm_model}",
-        f"run.output_dir={tmp_path / 'cmp'}",
+        f"run.output_dir={root}",
         "run.compare=[grpo_strict,opefo]",
+        "run.seeds=[0,1]",
         "trainer.max_steps=2",
         "trainer.prompts_per_step=4",
         "trainer.responses_per_prompt=4",
@@ -99,14 +106,22 @@ def test_opefo_train_compare_mode_writes_the_report(warm_model, tmp_path):
         "validation.k=2",
     ]
     assert train_cli.main(overrides) == 0
+    first = {}
     for method in ("grpo_strict", "opefo"):
-        records = read_metrics(tmp_path / "cmp" / method / "metrics.jsonl")
-        assert [r["step"] for r in records] == [1, 2]
-    first = read_metrics(tmp_path / "cmp" / "grpo_strict" / "metrics.jsonl")[0]
-    second = read_metrics(tmp_path / "cmp" / "opefo" / "metrics.jsonl")[0]
-    assert first["reward/mean"] == second["reward/mean"], "same start, same seeds: same rollout"
-    assert (tmp_path / "cmp" / "report.png").is_file()
-    assert (tmp_path / "cmp" / "summary.md").is_file()
-    last = read_metrics(tmp_path / "cmp" / "opefo" / "metrics.jsonl")[-1]
-    assert 0 <= last["val/avg@2"] <= 1
-    assert list((tmp_path / "cmp" / "opefo" / "tensorboard").glob("events.out.tfevents.*"))
+        for seed in (0, 1):
+            run = root / method / f"seed_{seed}"
+            records = read_metrics(run / "metrics.jsonl")
+            assert [r["step"] for r in records] == [1, 2]
+            recorded = yaml.safe_load((run / "config.yaml").read_text())
+            assert (recorded["method"]["name"], recorded["run"]["seed"]) == (method, seed)
+            assert 0 <= records[-1]["val/avg@2"] <= 1
+            assert list((run / "tensorboard").glob("events.out.tfevents.*"))
+            first[method, seed] = records[0]
+    same_start = ("entropy/mean", "reward/mean", "response/length_mean")
+    for seed in (0, 1):
+        for key in same_start:
+            assert first["grpo_strict", seed][key] == first["opefo", seed][key], (seed, key)
+    assert first["opefo", 0]["entropy/mean"] != first["opefo", 1]["entropy/mean"]
+    assert (root / "report.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    table = (root / "summary.md").read_text()
+    assert "| grpo_strict | 0, 1 | 2 |" in table and "| opefo | 0, 1 | 2 |" in table

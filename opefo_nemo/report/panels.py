@@ -1,0 +1,92 @@
+"""The report's panels (the paper's figures, spec §6 keys) and which runs each one can show.
+
+The clipped-token panel (``clip/dh_upper``, ``clip/dh_lower``) shows only methods whose loss clips
+the ratio (the objective registry's ``ratio_clip``, spec §5): for the others nothing is clipped and
+the keys are logged as 0. A run of a method this package does not know is shown if it logged them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from ..core.objectives import get_objective
+from .runs import Run
+
+
+@dataclass(frozen=True)
+class Panel:
+    """One subplot: ``keys`` drawn with ``STYLES`` in order, ``key_names`` saying which is which."""
+
+    title: str
+    keys: tuple[str, ...]
+    ylabel: str
+    key_names: tuple[str, ...] = ()
+    zero_line: bool = False
+    clipped_only: bool = False
+
+
+STYLES = ("-", "--")
+#: Flow sums are over one optimizer step's batch (spec §3): for a method with k updates per rollout,
+#: the mean over its k mini-batch steps of sums over a k-th of the rollout batch (docs/training.md).
+FLOW = "Σ ΔH per optimizer step"
+PANELS = (
+    Panel("token-mean entropy H", ("entropy/mean",), "H (nats)"),
+    Panel("training reward (mean over responses)", ("reward/mean",), "reward"),
+    Panel("response length", ("response/length_mean",), "tokens"),
+    Panel("λ* = (N − P) / (N + P)", ("flow/lambda",), "λ*", zero_line=True),
+    Panel("net entropy flow P − N per step", ("flow/net",), FLOW, zero_line=True),
+    Panel(
+        "entropy flows P and N",
+        ("flow/pos", "flow/neg"),
+        FLOW,
+        key_names=("P (ΔH > 0)", "N (|ΔH|, ΔH < 0)"),
+    ),
+    Panel(
+        "net flow after balancing (1+λ)P − (1−λ)N",
+        ("flow/net_after_balance",),
+        FLOW,
+        zero_line=True,
+    ),
+    Panel(
+        "ΔH of clipped tokens (ratio-clipped methods)",
+        ("clip/dh_upper", "clip/dh_lower"),
+        FLOW,
+        key_names=("upper-clipped", "lower-clipped"),
+        zero_line=True,
+        clipped_only=True,
+    ),
+)
+
+
+def ratio_clipped(method: str | None) -> bool | None:
+    """Whether ``method``'s loss clips the ratio; ``None`` when the method is not known here."""
+    if method is None:
+        return None
+    try:
+        return get_objective(method).ratio_clip
+    except ValueError:
+        return None
+
+
+def shown_runs(panel: Panel, runs: Sequence[Run]) -> list[Run]:
+    """The runs ``panel`` is meant to show (for the clipped panel: the ratio-clipped ones)."""
+    if not panel.clipped_only:
+        return list(runs)
+    shown = []
+    for run in runs:
+        clipped = ratio_clipped(run.method)
+        if clipped or (clipped is None and run.has(panel.keys[0])):
+            shown.append(run)
+    return shown
+
+
+def missing_metrics(runs: Sequence[Run]) -> dict[Run, list[str]]:
+    """For each run that lacks some: the panel keys it was meant to show but never logged."""
+    missing: dict[Run, list[str]] = {}
+    for panel in PANELS:
+        for run in shown_runs(panel, runs):
+            absent = [key for key in panel.keys if not run.has(key)]
+            if absent:
+                missing.setdefault(run, []).extend(absent)
+    return missing

@@ -1,0 +1,83 @@
+"""Reading run directories and grouping runs by what they recorded, not by their paths."""
+
+from __future__ import annotations
+
+import pytest
+
+from opefo_nemo.report import RunDirectoryError, group_runs, load_run
+
+from .run_dirs import records, run_config, write_run
+
+
+def constant(key, step):
+    return 0.5
+
+
+def test_groups_come_from_the_recorded_method_and_settings_not_the_directory(tmp_path):
+    """Directory names that lie: grouping and labels follow config.yaml. Seeds differ in run.*
+    keys only (seed, name, output directory) and group; a different lr is another experiment."""
+    made = {
+        "opefo_a": ("grpo_strict", 3, ()),
+        "opefo_b": ("opefo", 0, ()),
+        "x/seed_9": ("grpo_strict", 4, ()),
+        "y": ("opefo", 1, ("metrics.progress=false", "checkpoint.every=5")),
+        "z": ("opefo", 2, ("method.lr=0.0003",)),
+    }
+    runs = []
+    for name, (method, seed, extra) in made.items():
+        path = tmp_path / name
+        write_run(path, records(range(1, 4), constant), run_config(method, seed, path, extra))
+        runs.append(load_run(path))
+    groups = group_runs(runs)
+    assert [(g.label, g.seeds) for g in groups] == [
+        ("grpo_strict", (3, 4)),
+        ("opefo (method.lr=2.83e-06)", (0, 1)),
+        ("opefo (method.lr=0.0003)", (2,)),
+    ]
+    assert [r.path.name for r in groups[1].runs] == ["opefo_b", "y"]
+
+
+def test_a_run_without_config_reads_its_checkpoint_or_stands_alone(tmp_path):
+    old = write_run(tmp_path / "old", records(range(1, 3), constant), None)
+    write_run(old / "checkpoints" / "step_000001", [], run_config("opefo", 1, old))
+    write_run(old / "checkpoints" / "step_000002", [], run_config("opefo", 5, old))
+    bare = write_run(tmp_path / "bare", records(range(1, 3), constant), None)
+    fresh = tmp_path / "fresh"
+    write_run(fresh, records(range(1, 3), constant), run_config("opefo", 0, fresh))
+    runs = [load_run(p) for p in (old, bare, fresh)]
+    assert (runs[0].method, runs[0].seed) == ("opefo", 5)  # the newest checkpoint's
+    assert (runs[1].method, runs[1].seed) == (None, None)
+    groups = group_runs(runs)
+    assert [(g.label, g.seeds) for g in groups] == [("opefo", (5, 0)), ("bare", (None,))]
+
+
+def test_records_are_read_in_step_order_and_nulls_are_left_out(tmp_path):
+    steps = [3, 1, 2]
+    path = write_run(
+        tmp_path / "r",
+        records(steps, lambda k, s: None if s == 2 else float(s), ["flow/lambda"]),
+        None,
+    )
+    run = load_run(path)
+    logged, values = run.series("flow/lambda")
+    assert logged.tolist() == [1, 3] and values.tolist() == [1.0, 3.0]
+    assert run.has("flow/lambda") and not run.has("entropy/mean")
+
+
+def test_unreadable_run_directories_are_errors_naming_them(tmp_path):
+    (tmp_path / "empty_dir").mkdir()
+    with pytest.raises(RunDirectoryError, match=r"empty_dir holds no metrics\.jsonl"):
+        load_run(tmp_path / "empty_dir")
+    with pytest.raises(RunDirectoryError, match="nowhere is not a directory"):
+        load_run(tmp_path / "nowhere")
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "metrics.jsonl").write_text('{"step": 1}\n{"step": 2, oops\n')
+    with pytest.raises(RunDirectoryError, match=r"broken/metrics\.jsonl:2 is not JSON"):
+        load_run(broken)
+    (broken / "metrics.jsonl").write_text("\n")
+    with pytest.raises(RunDirectoryError, match="empty: the run logged no step"):
+        load_run(broken)
+    (broken / "metrics.jsonl").write_text('{"reward/mean": 1}\n')
+    with pytest.raises(RunDirectoryError, match=":1 is not an object with an integer step"):
+        load_run(broken)

@@ -1,0 +1,54 @@
+"""The run directory's files: ``metrics.jsonl`` across a resume, ``config.yaml``, W&B offline."""
+
+from __future__ import annotations
+
+import yaml
+
+from opefo_nemo.config.compose import compose
+from opefo_nemo.config.train import MetricsConfig, WandbConfig
+from opefo_nemo.trainer.metrics_log import MetricsLogger, read_metrics
+
+
+def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
+    config = MetricsConfig(tensorboard=False, progress=False)
+    logger = MetricsLogger(tmp_path, config, "run", 10, 0, {})
+    for step in range(1, 8):
+        logger.log(step, {"reward/mean": step / 10, "grad/norm": float("nan")})
+    logger.close()
+    resumed = MetricsLogger(tmp_path, config, "run", 10, 5, {})
+    resumed.log(6, {"reward/mean": 0.66})
+    resumed.close()
+    records = read_metrics(tmp_path / "metrics.jsonl")
+    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert records[-1]["reward/mean"] == 0.66
+    assert records[0]["grad/norm"] is None
+
+
+def test_metrics_logger_logs_to_wandb_in_offline_mode(tmp_path):
+    config = MetricsConfig(
+        tensorboard=False, progress=False, wandb=WandbConfig(enabled=True, mode="offline")
+    )
+    logger = MetricsLogger(tmp_path, config, "wandb_run", 2, 0, {"method": {"name": "opefo"}})
+    run = logger._wandb
+    logger.log(1, {"reward/mean": 0.25, "flow/lambda": 0.5})
+    logger.log(2, {"reward/mean": 0.75, "flow/lambda": -0.1})
+    logger.log(3, {"reward/mean": 0.5, "flow/lambda": 0.0})
+    # W&B commits a step's row when the next step starts: step 2 is in the summary now.
+    assert run.summary["reward/mean"] == 0.75
+    assert run.summary["flow/lambda"] == -0.1
+    assert run.config["method"] == {"name": "opefo"}
+    logger.close()
+    assert len(list((tmp_path / "wandb").glob("offline-run-*/run-*.wandb"))) == 1
+
+
+def test_metrics_logger_records_the_runs_configuration(tmp_path):
+    """config.yaml holds the composed configuration, so a report reads method and seed from it."""
+    _, config_dict = compose(["method=clip_higher", "run.seed=7", "trainer.max_steps=3"])
+    logger = MetricsLogger(
+        tmp_path, MetricsConfig(tensorboard=False, progress=False), "r", 3, 0, config_dict
+    )
+    logger.close()
+    written = yaml.safe_load((tmp_path / "config.yaml").read_text())
+    assert written == config_dict
+    assert written["method"]["name"] == "clip_higher"
+    assert written["run"]["seed"] == 7
