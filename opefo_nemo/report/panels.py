@@ -1,8 +1,8 @@
 """The report's panels (the paper's figures, spec §6 keys) and which runs each one can show.
 
 The clipped-token panel (``clip/dh_upper``, ``clip/dh_lower``) shows only methods whose loss clips
-the ratio (the objective registry's ``ratio_clip``, spec §5): for the others nothing is clipped and
-the keys are logged as 0. A run of a method this package does not know is shown if it logged them.
+the ratio (their objective reports the clipped tokens' ΔH, spec §5, §6): the others log no
+``clip/*`` key. A run of a method this package does not know is shown if it logged them.
 """
 
 from __future__ import annotations
@@ -10,7 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..core.objectives import get_objective
+from ..core.objectives import objective_class
 from .runs import Run
 
 
@@ -64,7 +64,7 @@ def ratio_clipped(method: str | None) -> bool | None:
     if method is None:
         return None
     try:
-        return get_objective(method).ratio_clip
+        return "dh_upper" in objective_class(method).loss_sum_names
     except ValueError:
         return None
 
