@@ -368,6 +368,8 @@ def _sum_vector(part: Mapping[str, Tensor], names: Sequence[str], like: Tensor) 
     """``LossOutput.sums`` as a vector in ``names`` order (the keys must be exactly ``names``)."""
     if set(part) != set(names):
         raise ValueError(f"loss sums {sorted(part)} are not {sorted(names)}")
+    if not names:
+        return like.new_zeros((0,))
     return torch.stack([part[k].detach().reshape(()).to(like) for k in names])
 
 
