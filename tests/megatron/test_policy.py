@@ -169,8 +169,11 @@ def test_megatron_policy_equals_hf_policy(runs, world, index):
 
     assert got["skipped"] == 0
     assert got["metrics"].keys() == want["metrics"].keys()
+    flows = want["metrics"]["flow/pos"] + want["metrics"]["flow/neg"]
     for name, value in want["metrics"].items():
-        assert math.isclose(got["metrics"][name], value, rel_tol=1e-4, abs_tol=1e-6), name
+        # OPEFO's net flow after balancing is zero up to the fp32 weights' rounding of each side
+        floor = 4 * 2.0**-23 * flows if name == "flow/net_after_balance" else 1e-6
+        assert math.isclose(got["metrics"][name], value, rel_tol=1e-4, abs_tol=floor), name
     if engine["grad_clip"] > 0:
         assert want["metrics"]["grad/norm"] > engine["grad_clip"]
 
