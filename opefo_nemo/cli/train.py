@@ -2,7 +2,8 @@
 
 With no argument it runs the embedded default: it builds (once) the tiny model warm-started on the
 arithmetic task, trains ``grpo_strict`` and ``opefo`` from that same start, and writes
-``outputs/embedded/report.png`` comparing entropy, λ*, flows, reward and response length.
+``outputs/embedded/report.png`` comparing entropy, λ*, flows, reward and response length, and
+``outputs/embedded/targets.md`` (printed too): the demo's figures against its targets.
 """
 
 from __future__ import annotations
@@ -21,6 +22,7 @@ from ..trainer.ranks import RankLayoutError
 from ..trainer.report import write_comparison
 from ..trainer.rollout_guard import GuardedRollout
 from ..trainer.setup import build_trainer, model_dir, start_rollout
+from .demo_targets import write_targets
 
 EMBEDDED_DEFAULT = (
     "run.name=embedded",
@@ -91,7 +93,8 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         if config.run.compare:
-            compare(overrides)
+            png = compare(overrides)
+            print(write_targets(png.parent, config.run.compare))
             return 0
         status, _ = train_one(overrides)
     except START_UP_ERRORS as error:  # a missing path, empty data, an unavailable engine
