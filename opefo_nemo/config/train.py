@@ -250,9 +250,7 @@ class TrainConfig:
         require(m.warm_start_steps >= 1, "model.warm_start_steps", "must be >= 1")
         require(m.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
         require(m.warm_start_batch_size >= 1, "model.warm_start_batch_size", "must be >= 1")
-        require(
-            0 <= m.warm_start_slip_rate < 1, "model.warm_start_slip_rate", "must be in [0, 1)"
-        )
+        require(0 <= m.warm_start_slip_rate < 1, "model.warm_start_slip_rate", "must be in [0, 1)")
         self.reward.validate(r.max_new_tokens)
         require(
             self.model.path != "", "model.path", "is empty: set model.path=<HF model directory>"

@@ -3,8 +3,8 @@
 ``arithmetic`` is the embedded arithmetic task's verifier of a worked solution's final answer
 (1 / 0 unless ``reward.incorrect_score`` says otherwise); ``dapo``, ``answer`` and
 ``math_verify`` are :mod:`opefo_nemo.rewards`' (which already turn a crashing or slow item into
-an ``error`` or ``timeout`` reason scored like a wrong answer). :func:`overlong_penalties` adds DAPO's optional
-length shaping from the responses' token counts.
+an ``error`` or ``timeout`` reason scored like a wrong answer). :func:`overlong_penalties` adds
+DAPO's optional length shaping from the responses' token counts.
 """
 
 from __future__ import annotations
