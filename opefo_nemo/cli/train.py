@@ -28,9 +28,11 @@ EMBEDDED_DEFAULT = (
     "run.name=embedded",
     "run.compare=[grpo_strict,opefo]",
     # The paper's lr (2.83e-6, for 7B models) barely moves a 0.4M-parameter model in 80 steps;
-    # both methods get the same larger one, with a warm-up scaled to the shorter run.
-    "method.lr=1.5e-4",
-    "engine.warmup_steps=3",
+    # both methods get the same larger one (twice it broke strict GRPO's policy), with a warm-up
+    # scaled to the shorter run, and 32 prompts a step to steady the gradient (docs/training.md).
+    "method.lr=4e-4",
+    "engine.warmup_steps=10",
+    "trainer.prompts_per_step=32",
 )
 #: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.
 START_UP_ERRORS = (FileNotFoundError, DatasetError, AlignerUnavailableError, RankLayoutError)
