@@ -33,6 +33,7 @@ EMBEDDED_DEFAULT = (
     "method.lr=4e-4",
     "engine.warmup_steps=10",
     "trainer.prompts_per_step=32",
+    "trainer.max_steps=110",
 )
 #: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.
 START_UP_ERRORS = (FileNotFoundError, DatasetError, AlignerUnavailableError, RankLayoutError)
