@@ -5,8 +5,8 @@ end-of-sequence), AdamW with the learning rate decaying linearly from ``lr`` to 
 ``steps`` mini-batches of ``batch_size`` (prompt, response) pairs, each drawn afresh by ``draw``.
 On the arithmetic task ``draw`` writes solutions with occasional slips
 (:func:`opefo_nemo.tasks.arithmetic.worked_solution`), so the model learns to add but also to
-slip now and then: its samples are partly right, with the right answer the most likely one. That
-is the state a policy-gradient method can improve by sharpening, and whose entropy it collapses.
+slip now and then: its samples are partly right, a state a policy-gradient method can improve by
+sharpening the policy, and whose entropy it collapses.
 """
 
 from __future__ import annotations

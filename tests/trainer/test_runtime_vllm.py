@@ -108,6 +108,7 @@ def test_opefo_train_compare_mode_writes_the_report(warm_model, tmp_path):
     assert first["reward/mean"] == second["reward/mean"], "same start, same seeds: same rollout"
     assert (tmp_path / "cmp" / "report.png").is_file()
     assert (tmp_path / "cmp" / "summary.md").is_file()
+    assert "grpo_strict targets:" in (tmp_path / "cmp" / "targets.md").read_text()
     last = read_metrics(tmp_path / "cmp" / "opefo" / "metrics.jsonl")[-1]
     assert 0 <= last["val/avg@2"] <= 1
     assert list((tmp_path / "cmp" / "opefo" / "tensorboard").glob("events.out.tfevents.*"))
