@@ -185,6 +185,14 @@ def prepare(
     return model, codec, sets
 
 
+def saved_dtype(model: Path) -> str:
+    """The dtype the model directory was saved in (``config.json``'s ``dtype`` or
+    ``torch_dtype``), so that vLLM evaluates it as trained: its ``auto`` would compute a float32
+    model in the platform's preferred lower precision. ``auto`` when the config names none."""
+    config = json.loads((model / "config.json").read_text())
+    return str(config.get("dtype") or config.get("torch_dtype") or "auto")
+
+
 def evaluate(
     args: argparse.Namespace,
     model: Path,
@@ -211,6 +219,7 @@ def evaluate(
         startup_timeout_s=args.startup_timeout_s,
         seed=args.seed,
         max_model_len=args.max_model_len,
+        dtype=saved_dtype(model),
         server_env=None if slices is None else [{"CUDA_VISIBLE_DEVICES": d} for d in slices],
     ) as engine:
         for name, (problems, prompts, samples) in sets.items():

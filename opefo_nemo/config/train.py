@@ -17,7 +17,7 @@ from ..core.schema import build, one_of, require
 from ..models.shape import ModelShape
 from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
 
-VERIFIERS = ("integer", "dapo", "answer", "math_verify")
+VERIFIERS = ("arithmetic", "dapo", "answer", "math_verify")
 LONG_PROMPT_POLICIES = ("skip", "error")
 
 
@@ -36,13 +36,14 @@ class ModelConfig:
     embedded: bool = False
     warm_start_steps: int = 300
     warm_start_lr: float = 3e-3
+    warm_start_batch_size: int = 32
+    warm_start_slip_rate: float = 0.0
     warm_start_seed: int = 0
 
 
 @dataclass(frozen=True)
 class ArithmeticConfig:
-    max_operand: int = 20
-    operators: str = "+-"
+    digits: int = 2
     num_train: int = 2000
     num_validation: int = 64
     seed: int = 1234
@@ -89,7 +90,7 @@ class AdvantageConfig:
 
 @dataclass(frozen=True)
 class RewardSettings:
-    verifier: str = "integer"
+    verifier: str = "arithmetic"
     timeout_s: float = 5.0
     workers: int = 0
     incorrect_score: float | None = None
@@ -247,13 +248,13 @@ class TrainConfig:
         one_of(self.data.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
         require(self.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
         a = self.data.arithmetic
-        require(a.max_operand >= 1, "data.arithmetic.max_operand", "must be >= 1")
-        require(
-            bool(a.operators) and set(a.operators) <= set("+-*"),
-            "data.arithmetic.operators",
-            "must be a non-empty subset of '+-*'",
-        )
+        require(1 <= a.digits <= 4, "data.arithmetic.digits", "must be in 1..4")
         require(a.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
+        m = self.model
+        require(m.warm_start_steps >= 1, "model.warm_start_steps", "must be >= 1")
+        require(m.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
+        require(m.warm_start_batch_size >= 1, "model.warm_start_batch_size", "must be >= 1")
+        require(0 <= m.warm_start_slip_rate < 1, "model.warm_start_slip_rate", "must be in [0, 1)")
         self.reward.validate(r.max_new_tokens)
         require(
             self.model.path != "", "model.path", "is empty: set model.path=<HF model directory>"

@@ -1,10 +1,18 @@
-"""The embedded default's synthetic task: integer arithmetic with exactly verifiable answers.
+"""The embedded default's synthetic task: multi-digit addition written out column by column.
 
-A problem is ``"a+b="`` (or ``-``, ``*``) with ``0 <= a, b <= max_operand``; the expected response
-is the decimal result and end-of-sequence, e.g. ``"12+7="`` → ``"19"``. Every character is in the
-tiny model's alphabet (:data:`opefo_nemo.models.tiny.ALPHABET`), one token each. Problems are
-drawn with a seeded generator, so the training and validation sets are the same on every machine;
-the validation problems are disjoint from the training ones.
+A problem is ``"a+b="`` with two operands of exactly ``digits`` decimal digits. Its worked
+solution adds the columns from the units up, one step per column, writing the carry in as a third
+term when there is one, and ends with the sum after a lone ``=``::
+
+    "47+38="  →  "7+8=15 4+3+1=8 =85"
+    "97+38="  →  "7+8=15 9+3+1=13 =135"
+
+Step ``i`` (``i = 0`` the units) is ``"{a_i}+{b_i}=s_i"`` or ``"{a_i}+{b_i}+1=s_i"`` with
+``s_i = a_i + b_i + c_i``, ``c_0 = 0``, ``c_{i+1} = s_i // 10``; the answer is ``s_{d-1}`` written
+in full followed by the units digits of ``s_{d-2}, …, s_0``. Every character is in the tiny
+model's alphabet (:data:`opefo_nemo.models.tiny.ALPHABET`), one token each. The verifier scores
+the final answer only. Problems are drawn with a seeded generator, so the training and validation
+sets are the same on every machine; the validation problems are disjoint from the training ones.
 """
 
 from __future__ import annotations
@@ -16,52 +24,87 @@ from ..data.problem import Problem, prompt_id_for
 from ..rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
 
 SOURCE = "arithmetic"
-_INTEGER = re.compile(r"^\s*(-?\d+)\s*$")
-_OPERATIONS = {"+": lambda a, b: a + b, "-": lambda a, b: a - b, "*": lambda a, b: a * b}
+_PROMPT = re.compile(r"^(\d+)\+(\d+)=$")
+_FINAL = re.compile(r"^=(\d+)$")
+SLIPS = (-2, -1, 1, 2)
+"""How far a slipped column sum is from the true one (:func:`worked_solution`)."""
 
 
-def problem_text(a: int, operator: str, b: int) -> str:
-    return f"{a}{operator}{b}="
+def problem_text(a: int, b: int) -> str:
+    return f"{a}+{b}="
+
+
+def operands(prompt: str) -> tuple[int, int]:
+    """``(a, b)`` of a prompt ``"a+b="``; ``ValueError`` for anything else."""
+    match = _PROMPT.match(prompt)
+    if match is None:
+        raise ValueError(f"not an addition prompt 'a+b=': {prompt!r}")
+    return int(match.group(1)), int(match.group(2))
+
+
+def worked_solution(
+    a: int, b: int, slip_rate: float = 0.0, rng: random.Random | None = None
+) -> str:
+    """The column-by-column solution of ``a + b`` (module docstring), without end-of-sequence.
+
+    The number of columns is the longer operand's digit count. With ``slip_rate > 0`` each
+    column's sum is, with that probability, off by a slip ``δ`` drawn uniformly from those of
+    ``SLIPS`` that keep it within ``0..19``, and the carries and the answer follow the slipped
+    sums, as a careless but consistent writer would: the answer is then wrong.
+    """
+    if slip_rate and rng is None:
+        raise ValueError("worked_solution: slip_rate > 0 needs an rng")
+    digits_a, digits_b = str(a)[::-1], str(b)[::-1]
+    steps, units, carry = [], [], 0
+    for i in range(max(len(digits_a), len(digits_b))):
+        x = int(digits_a[i]) if i < len(digits_a) else 0
+        y = int(digits_b[i]) if i < len(digits_b) else 0
+        total = x + y + carry
+        if slip_rate and rng.random() < slip_rate:
+            total += rng.choice([d for d in SLIPS if 0 <= total + d <= 19])
+        steps.append(f"{x}+{y}" + ("+1" if carry else "") + f"={total}")
+        units.append(str(total % 10))
+        carry = total // 10
+    answer = str(total) + "".join(reversed(units[:-1]))
+    return " ".join(steps) + f" ={answer}"
 
 
 def make_problems(
-    max_operand: int, operators: str, num_train: int, num_validation: int, seed: int
+    digits: int, num_train: int, num_validation: int, seed: int
 ) -> tuple[list[Problem], list[Problem]]:
     """``num_train`` training and ``num_validation`` validation problems, disjoint, drawn without
-    replacement from all ``(a, op, b)`` triples (fewer if the space is smaller)."""
-    triples = [
-        (a, op, b)
-        for op in operators
-        for a in range(max_operand + 1)
-        for b in range(max_operand + 1)
-    ]
-    random.Random(seed).shuffle(triples)
-    if num_validation + 1 > len(triples):
+    replacement from all pairs of ``digits``-digit operands (fewer if the space is smaller)."""
+    low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
+    pairs = [(a, b) for a in range(low, high) for b in range(low, high)]
+    random.Random(seed).shuffle(pairs)
+    if num_validation + 1 > len(pairs):
         raise ValueError(
-            f"data.arithmetic: only {len(triples)} distinct problems; num_validation "
+            f"data.arithmetic: only {len(pairs)} distinct problems; num_validation "
             f"({num_validation}) leaves none for training"
         )
-    validation = triples[:num_validation]
-    train = triples[num_validation : num_validation + num_train]
 
-    def problem(a: int, op: str, b: int) -> Problem:
-        text = problem_text(a, op, b)
-        answer = str(_OPERATIONS[op](a, b))
+    def problem(a: int, b: int) -> Problem:
+        text, answer = problem_text(a, b), str(a + b)
         return Problem(prompt_id_for(SOURCE, text, answer), text, answer, SOURCE)
 
-    return [problem(*t) for t in train], [problem(*t) for t in validation]
+    validation = [problem(*p) for p in pairs[:num_validation]]
+    train = [problem(*p) for p in pairs[num_validation : num_validation + num_train]]
+    return train, validation
 
 
-def score_integer(
+def score_final_answer(
     response: str, ground_truth: str, config: RewardConfig | None = None
 ) -> RewardResult:
-    """Exact integer match of the whole (whitespace-stripped) response, scored by ``config``
-    (default: 1 for correct, 0 otherwise).
+    """Score the final answer of a worked solution, scored by ``config`` (default: 1 for correct,
+    0 otherwise).
 
-    A response that is not a single integer is ``no_answer``; a different integer is ``wrong``.
+    The answer is the last whitespace-separated field of the response when it is ``=`` followed
+    by digits; a response without one (cut off, or malformed) is ``no_answer``; another integer
+    than ``ground_truth`` is ``wrong``. The steps before it are not checked.
     """
     config = config if config is not None else RewardConfig(wrong_score=0.0)
-    match = _INTEGER.match(response)
+    fields = response.split()
+    match = _FINAL.match(fields[-1]) if fields else None
     if match is None:
         return RewardResult(config.score_for(NO_ANSWER), None, NO_ANSWER)
     answer = str(int(match.group(1)))

@@ -1,16 +1,19 @@
 """A short supervised phase so the embedded default starts with rewards neither all 0 nor all 1.
 
-Teacher-forced cross-entropy on the response tokens only (the answer and end-of-sequence), AdamW,
-fixed seed, ``steps`` mini-batches of ``batch_size`` (prompt, answer) pairs drawn with
-replacement. A few hundred steps leave the tiny model partly right on the arithmetic task: the
-state a policy-gradient method can improve, and whose entropy it can collapse.
+Teacher-forced cross-entropy on the response tokens only (the worked solution and
+end-of-sequence), AdamW with the learning rate decaying linearly from ``lr`` to 0, fixed seed,
+``steps`` mini-batches of ``batch_size`` (prompt, response) pairs, each drawn afresh by ``draw``.
+On the arithmetic task ``draw`` writes solutions with occasional slips
+(:func:`opefo_nemo.tasks.arithmetic.worked_solution`), so the model learns to add but also to
+slip now and then: its samples are partly right, a state a policy-gradient method can improve by
+sharpening the policy, and whose entropy it collapses.
 """
 
 from __future__ import annotations
 
 import json
 import random
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -24,16 +27,17 @@ RECIPE_FILE = "opefo_warm_start.json"
 def supervised_warm_start(
     base_dir: Path,
     out_dir: Path,
-    pairs: Sequence[tuple[list[int], list[int]]],
+    draw: Callable[[random.Random], tuple[list[int], list[int]]],
     *,
     steps: int,
     lr: float,
     seed: int,
     pad_id: int,
     recipe: dict[str, Any],
-    batch_size: int = 32,
+    batch_size: int,
 ) -> Path:
-    """Fine-tune ``base_dir`` on ``(prompt_ids, response_ids)`` pairs; save to ``out_dir``.
+    """Fine-tune ``base_dir`` on ``(prompt_ids, response_ids)`` pairs drawn by ``draw(rng)``;
+    save to ``out_dir``.
 
     ``recipe`` (JSON-serialisable: the settings that made this model) is saved beside the weights
     for :func:`read_recipe`. Returns ``out_dir``. Written into a sibling temporary directory and
@@ -41,15 +45,15 @@ def supervised_warm_start(
     """
     import shutil
 
-    if not pairs:
-        raise ValueError("warm start needs at least one (prompt, response) pair")
     torch.manual_seed(seed)
     rng = random.Random(seed)
     model = load_causal_lm(base_dir, torch.float32)
     model.train()
     optimizer = torch.optim.AdamW(model.parameters(), lr=lr)
-    for _ in range(steps):
-        batch = [pairs[rng.randrange(len(pairs))] for _ in range(batch_size)]
+    for step in range(steps):
+        for group in optimizer.param_groups:
+            group["lr"] = lr * (1.0 - step / steps)
+        batch = [draw(rng) for _ in range(batch_size)]
         ids, attention, labels = _pack(batch, pad_id)
         loss = model(input_ids=ids, attention_mask=attention, labels=labels).loss
         optimizer.zero_grad(set_to_none=True)

@@ -1,10 +1,10 @@
 """Responses → rewards, with failures scored like a wrong answer and counted, never raised.
 
-``integer`` is the embedded arithmetic task's exact-match verifier (1 / 0 unless
-``reward.incorrect_score`` says otherwise); ``dapo``, ``answer`` and ``math_verify`` are
-:mod:`opefo_nemo.rewards`' (which already turn a crashing or slow item into an ``error`` or
-``timeout`` reason scored like a wrong answer). :func:`overlong_penalties` adds DAPO's optional
-length shaping from the responses' token counts.
+``arithmetic`` is the embedded arithmetic task's verifier of a worked solution's final answer
+(1 / 0 unless ``reward.incorrect_score`` says otherwise); ``dapo``, ``answer`` and
+``math_verify`` are :mod:`opefo_nemo.rewards`' (which already turn a crashing or slow item into
+an ``error`` or ``timeout`` reason scored like a wrong answer). :func:`overlong_penalties` adds
+DAPO's optional length shaping from the responses' token counts.
 """
 
 from __future__ import annotations
@@ -15,14 +15,14 @@ from collections.abc import Sequence
 from ..config.train import RewardSettings
 from ..rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
 from ..rewards.result import ERROR
-from ..tasks.arithmetic import score_integer
+from ..tasks.arithmetic import score_final_answer
 
 
 def score_responses(
     responses: Sequence[str], ground_truths: Sequence[str], settings: RewardSettings
 ) -> list[RewardResult]:
     """One result per response, in order."""
-    if settings.verifier != "integer":
+    if settings.verifier != "arithmetic":
         config = RewardConfig(
             verifier=settings.verifier,
             timeout_s=settings.timeout_s,
@@ -34,7 +34,7 @@ def score_responses(
     results = []
     for response, truth in zip(responses, ground_truths, strict=True):
         try:
-            results.append(score_integer(response, truth, config))
+            results.append(score_final_answer(response, truth, config))
         except Exception:
             results.append(RewardResult(config.score_for(ERROR), None, ERROR))
     return results

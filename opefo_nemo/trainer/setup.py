@@ -12,6 +12,8 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
+import random
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -28,7 +30,7 @@ from ..launch.placement import ColocatedPlacement, device_slices
 from ..models.shape import ModelShape
 from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
-from ..tasks.arithmetic import make_problems
+from ..tasks.arithmetic import make_problems, operands, worked_solution
 from ..tasks.warm_start import read_recipe, supervised_warm_start
 from .colocated_rollout import ColocatedRollout
 from .loop import Dataset, Trainer
@@ -39,11 +41,13 @@ from .rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
 ARITHMETIC = "arithmetic"
+TASK = "column addition with worked steps"
+"""Names the embedded task in the warm-start recipe, so a cache of another task is rebuilt."""
 
 
 def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
     a = data.arithmetic
-    return make_problems(a.max_operand, a.operators, a.num_train, a.num_validation, a.seed)
+    return make_problems(a.digits, a.num_train, a.num_validation, a.seed)
 
 
 def default_embedded_path() -> Path:
@@ -52,43 +56,56 @@ def default_embedded_path() -> Path:
     return Path(os.environ.get("OPEFO_CACHE", ".cache/opefo")) / "tiny_arithmetic"
 
 
+def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
+    """What the embedded model is made from: the task and every warm-start setting."""
+    return {
+        "task": TASK,
+        "steps": config.model.warm_start_steps,
+        "lr": config.model.warm_start_lr,
+        "batch_size": config.model.warm_start_batch_size,
+        "slip_rate": config.model.warm_start_slip_rate,
+        "seed": config.model.warm_start_seed,
+        "template": config.data.template,
+        "arithmetic": dataclasses.asdict(config.data.arithmetic),
+    }
+
+
 def embedded_model(config: TrainConfig) -> Path:
     """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded).
 
     It is built only into :func:`default_embedded_path`: any other ``model.path`` must already
     hold it, so that a mistyped path of one's own model (``model.path=...`` without
-    ``model=local``) is an error, not a toy model trained in its place. The recipe (warm-start
-    settings and task) is stored with the model; a cached model built with another recipe is an
-    error rather than a silent reuse.
+    ``model=local``) is an error, not a toy model trained in its place. The recipe
+    (:func:`warm_start_recipe`) is stored with the model. A warm start in the default place made
+    with another recipe (an older task, other settings) is a stale cache: it is replaced by a new
+    build. Anywhere else another recipe is an error rather than a silent reuse.
     """
     target = Path(config.model.path)
     default = default_embedded_path()
-    if not target.exists() and target.resolve() != default.resolve():
+    is_default = target.resolve() == default.resolve()
+    if not target.exists() and not is_default:
         raise FileNotFoundError(
             f"model.path={target} does not exist. To train a model of your own, select it with "
             "model=local model.path=<Hugging Face model directory>; the embedded toy model is "
             f"built only into {default} (set OPEFO_CACHE to move it)"
         )
-    recipe = {
-        "steps": config.model.warm_start_steps,
-        "lr": config.model.warm_start_lr,
-        "seed": config.model.warm_start_seed,
-        "template": config.data.template,
-        "arithmetic": dataclasses.asdict(config.data.arithmetic),
-    }
+    recipe = warm_start_recipe(config)
     if target.exists():
         found = read_recipe(target)
         if found is None:
             raise ValueError(
-                f"model.path={target} exists but records no warm-start recipe (built by an older "
-                "version, or not a warm start): delete it to rebuild, or point model.path elsewhere"
+                f"model.path={target} exists but records no warm-start recipe (not a warm start "
+                "of the embedded model): delete it to rebuild, or point model.path elsewhere"
             )
-        if found != recipe:
+        if found == recipe:
+            return target
+        if not is_default:
             raise ValueError(
                 f"model.path={target} holds a warm start made with {found}, not {recipe}: "
                 "delete it or point model.path elsewhere"
             )
-        return target
+        log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
+        shutil.rmtree(target)
     if config.data.train != ARITHMETIC:
         raise ValueError(
             "model.embedded=true warm-starts on the arithmetic task: set data=arithmetic"
@@ -99,22 +116,25 @@ def embedded_model(config: TrainConfig) -> Path:
     )
     codec = PromptCodec(base, config.data.template)
     train, _ = arithmetic_split(config.data)
-    pairs = [
-        (
-            codec.encode(p),
-            [*codec.tokenizer.encode(p.ground_truth, add_special_tokens=False), codec.eos_id],
-        )
-        for p in train
-    ]
+    prompts = [codec.encode(p) for p in train]
+    slip_rate = config.model.warm_start_slip_rate
+
+    def draw(rng: random.Random) -> tuple[list[int], list[int]]:
+        index = rng.randrange(len(train))
+        solution = worked_solution(*operands(train[index].problem), slip_rate, rng)
+        response = codec.tokenizer.encode(solution, add_special_tokens=False)
+        return prompts[index], [*response, codec.eos_id]
+
     return supervised_warm_start(
         base,
         target,
-        pairs,
+        draw,
         steps=config.model.warm_start_steps,
         lr=config.model.warm_start_lr,
         seed=config.model.warm_start_seed,
         pad_id=codec.pad_id,
         recipe=recipe,
+        batch_size=config.model.warm_start_batch_size,
     )
 
 

@@ -184,8 +184,8 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeyp
     """``sbatch slurm/opefo_7b.sbatch`` with its own preset (``engine=megatron``: bf16 with fp32
     main weights, TP 2 × sequence parallel, distributed optimizer, colocated vLLM) on 2 CPU
     tasks. Overridden: the device (``engine.device=cpu``), and what a tiny model on CPU needs:
-    2 steps of 4 prompts, 8-token responses, 64-token prompts (its positions end at 512), the
-    raw template and the integer verifier. The
+    2 steps of 4 prompts, 24-token responses (a worked two-digit sum), 64-token prompts (its
+    positions end at 512), the raw template and the arithmetic verifier. The
     model is the embedded default's tiny Qwen2 (the preset's family, warm-started on arithmetic,
     so that rewards differ within a group and the gradient is not zero), saved where the preset
     looks for Qwen2.5-Math-7B; the data a DAPO-Math-17k-style parquet of arithmetic problems
@@ -202,7 +202,7 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeyp
         embedded_model(compose([f"model.path={cached}"])[0]),
         tmp_path / "models" / "Qwen2.5-Math-7B",
     )
-    problems, _ = make_problems(9, "+", 64, 1, seed=7)  # the warm start's task (conf/data)
+    problems, _ = make_problems(2, 64, 1, seed=7)  # the warm start's task (conf/data)
     write_verl_parquet(
         tmp_path / "data" / "dapo-math-17k.parquet",
         [(p.problem, p.ground_truth) for p in problems],
@@ -215,10 +215,10 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeyp
             "engine.device=cpu",
             "trainer.max_steps=2",
             "trainer.prompts_per_step=4",
-            "rollout.max_new_tokens=8",
+            "rollout.max_new_tokens=24",
             "data.template=raw",
             "data.max_prompt_tokens=64",
-            "reward.verifier=integer",
+            "reward.verifier=arithmetic",
         ],
     )
     assert status == 0, out

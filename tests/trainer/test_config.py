@@ -11,7 +11,7 @@ from opefo_nemo.config.compose import compose
 def test_defaults_compose_to_the_embedded_task():
     config, data = compose([])
     assert config.method.name == "opefo"
-    assert config.data.train == "arithmetic" and config.reward.verifier == "integer"
+    assert config.data.train == "arithmetic" and config.reward.verifier == "arithmetic"
     assert config.model.embedded
     assert data["run"]["output_dir"] == "outputs/opefo"
 

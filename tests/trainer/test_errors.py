@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 
 import pytest
@@ -11,10 +12,16 @@ from opefo_nemo.data import DatasetError
 from opefo_nemo.engines.aligner import AlignerUnavailableError
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.tasks.arithmetic import make_problems
+from opefo_nemo.tasks.warm_start import read_recipe
 from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import reason_metrics, score_responses
-from opefo_nemo.trainer.setup import build_trainer, embedded_model, load_datasets
+from opefo_nemo.trainer.setup import (
+    build_trainer,
+    embedded_model,
+    load_datasets,
+    warm_start_recipe,
+)
 
 
 @pytest.fixture(scope="module")
@@ -61,9 +68,9 @@ def test_empty_dataset_is_an_error(tiny, tmp_path):
 
 def test_long_prompts_are_skipped_and_counted_or_refused(tiny):
     codec = PromptCodec(tiny, "raw")
-    problems, _ = make_problems(12, "+", 1000, 0, 0)
+    problems = make_problems(1, 50, 0, 0)[0] + make_problems(2, 50, 0, 0)[0]
     lengths = [len(codec.encode(p)) for p in problems]
-    limit = 5  # <bos> + "a+b=": 5 tokens for one-digit operands, more otherwise
+    limit = 5  # <bos> + "a+b=": 5 tokens for one-digit operands, 7 for two
     expected_long = sum(n > limit for n in lengths)
     assert 0 < expected_long < len(problems)
     kept = encode_problems(problems, codec, limit, "skip", "data.train")
@@ -78,7 +85,7 @@ def test_long_prompts_are_skipped_and_counted_or_refused(tiny):
 
 def test_a_failing_reward_item_scores_zero_and_is_counted():
     config, _ = compose([])
-    results = score_responses(["7", "7", "x"], ["7", "not-a-number", "7"], config.reward)
+    results = score_responses(["=7", "=7", "x"], ["7", "not-a-number", "7"], config.reward)
     assert [r.score for r in results] == [1.0, 0.0, 0.0]
     assert [r.reason for r in results] == ["correct", "error", "no_answer"]
     metrics = reason_metrics(results)
@@ -102,16 +109,37 @@ def test_prompt_sampler_covers_each_epoch_and_resumes_exactly():
         PromptSampler(11, 4, seed=3).load_state_dict(state)
 
 
-def test_a_cached_warm_start_with_another_recipe_is_refused(tmp_path, monkeypatch):
+def test_a_cached_warm_start_is_reused_rebuilt_or_refused_by_its_recipe(tmp_path, monkeypatch):
+    """Same recipe: reused. Another recipe in the default place (a stale cache, e.g. of an older
+    task): rebuilt with the new one. Another recipe elsewhere: refused."""
     monkeypatch.setenv("OPEFO_CACHE", str(tmp_path))
     path = tmp_path / "tiny_arithmetic"  # the default place under this OPEFO_CACHE
-    config, _ = compose(["model.warm_start_steps=2"])
+    small = ["model.warm_start_steps=2", "model.warm_start_batch_size=4"]
+    config, _ = compose(small)
     assert Path(config.model.path) == path
     assert embedded_model(config) == path
+    weights = (path / "model.safetensors").read_bytes()
     assert embedded_model(config) == path  # same recipe: reused
-    other, _ = compose(["model.warm_start_steps=3"])
+    assert (path / "model.safetensors").read_bytes() == weights
+    other, _ = compose([*small[:1], "model.warm_start_batch_size=5"])
+    assert embedded_model(other) == path
+    assert read_recipe(path) == warm_start_recipe(other)
+    assert (path / "model.safetensors").read_bytes() != weights
+    copy = tmp_path / "copy"
+    shutil.copytree(path, copy)
     with pytest.raises(ValueError, match=r"model\.path=.*warm start made with"):
-        embedded_model(other)
+        embedded_model(compose([*small, f"model.path={copy}"])[0])
+
+
+def test_the_warm_start_is_deterministic(tmp_path, monkeypatch):
+    """Two builds of the same recipe in two caches give bit-identical weights."""
+    small = ["model.warm_start_steps=3", "model.warm_start_batch_size=8"]
+    weights = []
+    for cache in ("a", "b"):
+        monkeypatch.setenv("OPEFO_CACHE", str(tmp_path / cache))
+        path = embedded_model(compose(small)[0])
+        weights.append((path / "model.safetensors").read_bytes())
+    assert weights[0] == weights[1]
 
 
 def test_opefo_eval_finds_the_model_inside_a_checkpoint(tmp_path):
@@ -135,7 +163,7 @@ def test_opefo_eval_rejects_bad_input_before_starting_vllm(tiny, tmp_path, capsy
     bench = tmp_path / "arith.jsonl"
     bench.write_text(json.dumps({"problem": "3+4=", "answer": "7"}) + "\n")
     positions = json.loads((tiny / "config.json").read_text())["max_position_embeddings"]
-    common = ["--file", f"arith={bench}", "--verifier", "integer", "--out", str(tmp_path / "o")]
+    common = ["--file", f"arith={bench}", "--verifier", "arithmetic", "--out", str(tmp_path / "o")]
     cases = {
         "does not exist": [str(tmp_path / "no_ckpt"), *common],
         f"max_position_embeddings {positions}": [

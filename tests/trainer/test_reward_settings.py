@@ -28,8 +28,8 @@ def test_incorrect_score_sets_the_scale(verifier, incorrect_score, expected):
     assert [r.score for r in score_responses(RESPONSES, TRUTHS, settings)] == expected
 
 
-def test_integer_task_scores_one_zero_unless_told():
-    responses, truths = ["7", "8", "x"], ["7", "7", "7"]
+def test_arithmetic_task_scores_one_zero_unless_told():
+    responses, truths = ["3+4=7 =7", "3+4=8 =8", "3+4=7"], ["7", "7", "7"]
     default = score_responses(responses, truths, RewardSettings())
     assert [r.score for r in default] == [1.0, 0.0, 0.0]
     signed = score_responses(responses, truths, RewardSettings(incorrect_score=-1.0))

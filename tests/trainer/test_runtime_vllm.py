@@ -74,15 +74,16 @@ def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_pa
     bench = tmp_path / "arith.jsonl"
     rows = [json.dumps({"problem": p.problem, "answer": p.ground_truth}) for p in validation]
     bench.write_text("\n".join(rows) + "\n")
-    args = [str(warm_model), "--file", f"arith={bench}", "--samples", "4", "--verifier", "integer"]
-    args += ["--max-new-tokens", "8", "--max-model-len", "64", "--out", str(tmp_path / "eval")]
+    args = [str(warm_model), "--file", f"arith={bench}", "--samples", "4"]
+    args += ["--verifier", "arithmetic"]
+    args += ["--max-new-tokens", "24", "--max-model-len", "64", "--out", str(tmp_path / "eval")]
     assert eval_cli.main(args) == 0
     report = json.loads((tmp_path / "eval" / "results.json").read_text())
     text = json.dumps(report)
     assert "arith" in text
     md = (tmp_path / "eval" / "results.md").read_text()
     assert f"{100 * from_trainer:.1f}" in md
-    assert md.splitlines()[0] == "avg@k, verifier integer"
+    assert md.splitlines()[0] == "avg@k, verifier arithmetic"
 
 
 def test_opefo_train_compares_methods_over_seeds_and_writes_the_report(warm_model, tmp_path):

@@ -97,8 +97,9 @@ def test_training_and_opefo_eval_stop_at_im_end(chat_model, tmp_path, caplog):
     bench = tmp_path / "arith.jsonl"
     rows = [json.dumps({"problem": f"{i}+1=", "answer": str(i + 1)}) for i in range(4)]
     bench.write_text("\n".join(rows) + "\n")
-    args = [str(chat_model), "--file", f"arith={bench}", "--samples", "4", "--verifier", "integer",
-            "--max-new-tokens", str(MAX_NEW_TOKENS), "--max-model-len", "64",
+    args = [str(chat_model), "--file", f"arith={bench}", "--samples", "4",
+            "--verifier", "arithmetic", "--max-new-tokens", str(MAX_NEW_TOKENS),
+            "--max-model-len", "64",
             "--out", str(tmp_path / "eval")]  # fmt: skip
     assert eval_cli.main(args) == 0
     samples = (tmp_path / "eval" / "samples.jsonl").read_text().splitlines()

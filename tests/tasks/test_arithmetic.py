@@ -1,0 +1,124 @@
+"""The embedded arithmetic task: generated problems, worked solutions and the verifier, each
+against an independent reference (Python's own integer sum, a digit-by-digit re-derivation)."""
+
+from __future__ import annotations
+
+import random
+import re
+
+import pytest
+
+from opefo_nemo.models.tiny import ALPHABET
+from opefo_nemo.tasks.arithmetic import (
+    SLIPS,
+    make_problems,
+    operands,
+    score_final_answer,
+    worked_solution,
+)
+
+STEP = re.compile(r"^(\d)\+(\d)(\+1)?=(\d+)$")
+
+
+def replay(solution: str) -> tuple[list[tuple[int, int, int, int]], int]:
+    """The ``(x, y, carry_in, written_sum)`` of each step and the final answer, parsed from the
+    text alone (no use of the task module's arithmetic)."""
+    *steps, final = solution.split(" ")
+    assert final.startswith("=") and final[1:].isdigit(), solution
+    parsed = []
+    for step in steps:
+        match = STEP.match(step)
+        assert match is not None, (step, solution)
+        x, y, carry, total = match.groups()
+        parsed.append((int(x), int(y), int(carry is not None), int(total)))
+    return parsed, int(final[1:])
+
+
+def check_consistent(a: int, b: int, solution: str) -> int:
+    """Assert the solution's steps walk the columns of ``a`` and ``b`` with the carries its own
+    sums imply and that its answer is assembled from them; returns how many sums are not
+    ``x + y + carry``."""
+    steps, answer = replay(solution)
+    width = max(len(str(a)), len(str(b)))
+    assert len(steps) == width
+    a_digits, b_digits = str(a).zfill(width)[::-1], str(b).zfill(width)[::-1]
+    carry, slips, digits = 0, 0, []
+    for i, (x, y, carry_in, total) in enumerate(steps):
+        assert (x, y) == (int(a_digits[i]), int(b_digits[i]))
+        assert carry_in == carry
+        assert 0 <= total <= 19
+        slips += total != x + y + carry_in
+        carry = total // 10
+        digits.append(str(total % 10) if i < width - 1 else str(total))
+    assert answer == int("".join(reversed(digits)))
+    return slips
+
+
+@pytest.mark.parametrize("digits", [1, 2, 3])
+def test_every_problem_and_its_worked_solution_against_the_true_sum(digits):
+    train, validation = make_problems(digits, 500, 40, seed=7)
+    low = 10 ** (digits - 1) if digits > 1 else 0
+    assert len(validation) == 40 and len(train) == min(500, (10**digits - low) ** 2 - 40)
+    prompts = [p.problem for p in train + validation]
+    assert len(set(prompts)) == len(prompts)  # disjoint, without repeats
+    for problem in train + validation:
+        a, b = operands(problem.problem)
+        assert problem.problem == f"{a}+{b}=" and low <= a < 10**digits and low <= b < 10**digits
+        assert int(problem.ground_truth) == a + b
+        solution = worked_solution(a, b)
+        assert set(solution) <= set(ALPHABET)
+        assert check_consistent(a, b, solution) == 0
+        assert replay(solution)[1] == a + b
+        assert score_final_answer(solution, problem.ground_truth).reason == "correct"
+
+
+def test_worked_solution_examples():
+    assert worked_solution(47, 38) == "7+8=15 4+3+1=8 =85"
+    assert worked_solution(97, 38) == "7+8=15 9+3+1=13 =135"
+    assert worked_solution(10, 10) == "0+0=0 1+1=2 =20"
+    assert worked_solution(3, 4) == "3+4=7 =7"
+
+
+def test_problems_are_the_same_for_the_same_seed_only():
+    assert make_problems(2, 100, 10, 3) == make_problems(2, 100, 10, 3)
+    assert make_problems(2, 100, 10, 3)[0] != make_problems(2, 100, 10, 4)[0]
+    with pytest.raises(ValueError, match="num_validation"):
+        make_problems(1, 10, 100, 0)
+
+
+def test_slipped_solutions_stay_consistent_and_slip_at_the_rate():
+    """Slips move a column's sum by one of SLIPS; carries and answer follow; the observed slip
+    frequency matches the rate within 4 binomial standard deviations."""
+    rng, rate, columns, slipped, wrong = random.Random(5), 0.3, 0, 0, 0
+    for _ in range(3000):
+        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+        solution = worked_solution(a, b, rate, rng)
+        slips = check_consistent(a, b, solution)
+        for x, y, carry, total in replay(solution)[0]:
+            assert total - (x + y + carry) in (0, *SLIPS)
+        columns, slipped = columns + 2, slipped + slips
+        wrong += replay(solution)[1] != a + b
+    assert abs(slipped / columns - rate) < 4 * (rate * (1 - rate) / columns) ** 0.5
+    assert wrong > 0  # a slip makes the answer wrong (a +1 in the units can still carry right)
+    with pytest.raises(ValueError, match="rng"):
+        worked_solution(12, 34, 0.5)
+
+
+@pytest.mark.parametrize(
+    ("response", "score", "reason", "answer"),
+    [
+        ("7+8=15 4+3+1=8 =85", 1.0, "correct", "85"),
+        ("=85", 1.0, "correct", "85"),  # only the final answer is scored
+        ("7+8=14 4+3+1=8 =84", 0.0, "wrong", "84"),
+        ("7+8=15 4+3+1=8 =085", 1.0, "correct", "85"),
+        ("7+8=15 4+3+1=8 85", 0.0, "no_answer", None),  # no lone "="
+        ("7+8=15 4+3+1=8 =", 0.0, "no_answer", None),  # cut off
+        ("7+8=15 4+3+1=8 =8 5", 0.0, "no_answer", None),
+        ("7+8=15 4+3+1=8 =-85", 0.0, "no_answer", None),
+        ("", 0.0, "no_answer", None),
+        ("   ", 0.0, "no_answer", None),
+    ],
+)
+def test_verifier_on_hand_made_responses(response, score, reason, answer):
+    result = score_final_answer(response, "85")
+    assert (result.score, result.reason, result.answer) == (score, reason, answer)
