@@ -20,12 +20,32 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "tests" / "launch" / "slurm_cluster.sh"
 SBATCH_TIMEOUT_S = 900
+#: The tiny model is built once per machine and shared with the trainer's own tests.
+MODEL_CACHE = os.environ.get("OPEFO_CACHE", str(ROOT / ".cache" / "opefo"))
 
 pytestmark = pytest.mark.slurm
 
 
 @pytest.fixture(scope="module")
-def slurm_conf(tmp_path_factory) -> Path:
+def embedded_model() -> Path:
+    """The embedded default's model, built before any job starts: its warm start takes minutes
+    on 2 cores, which the jobs' time limit (and its USR1 warning) is not meant to cover."""
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.setup import embedded_model as build
+
+    saved = os.environ.get("OPEFO_CACHE")
+    os.environ["OPEFO_CACHE"] = MODEL_CACHE
+    try:
+        return build(compose([])[0])
+    finally:
+        if saved is None:
+            os.environ.pop("OPEFO_CACHE")
+        else:
+            os.environ["OPEFO_CACHE"] = saved
+
+
+@pytest.fixture(scope="module")
+def slurm_conf(tmp_path_factory, embedded_model) -> Path:
     if os.geteuid() != 0:
         pytest.skip("a local Slurm needs root (daemons, munge)")
     if shutil.which("sbatch") is None and shutil.which("apt-get") is None:
@@ -48,8 +68,7 @@ def _job_env(slurm_conf: Path, work: Path) -> dict[str, str]:
     return {
         **os.environ,
         "PATH": f"{venv_bin}:{os.environ['PATH']}",
-        # The tiny model is built once per machine and shared with the trainer's own tests.
-        "OPEFO_CACHE": os.environ.get("OPEFO_CACHE", str(ROOT / ".cache" / "opefo")),
+        "OPEFO_CACHE": MODEL_CACHE,
         "SLURM_CONF": str(slurm_conf),
         "OPEFO_HOME": str(ROOT),
         "OPEFO_CONTAINER": "none",
