@@ -244,4 +244,5 @@ def test_preset_engine_settings_train_like_one_rank(warm_model, tmp_path):
     net = preset[0]["flow/net_after_balance"]  # Σ w ΔH with the fp32 weights 1 ± λ*
     fp32 = 2.0**-23  # ε of float32
     assert abs(net) <= fp32 * (preset[0]["flow/pos"] + preset[0]["flow/neg"])
-    assert preset[1]["grad/norm"] > 0
+    # a real update: a step whose groups all had equal rewards has a zero gradient, so ask for one
+    assert max(row["grad/norm"] for row in preset) > 0
