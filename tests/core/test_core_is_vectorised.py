@@ -27,6 +27,7 @@ ALLOWED = {
     ("metrics.py", "load_state_dict"): "the fields of a running correlation",
     ("objectives/methods/clip_cov.py", "coefficients"): "chunks",
     ("objectives/methods/kl_cov.py", "coefficients"): "chunks",
+    ("objectives/methods/covariance.py", "selection_coefficients"): "chunks",
     ("objectives/methods/covariance.py", "select_top_k"): "chunks",
     ("objectives/methods/covariance.py", "token_uniform"): "four hash rounds",
     ("schema.py", "build"): "config keys",

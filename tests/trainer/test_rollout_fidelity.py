@@ -15,18 +15,9 @@ from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.trainer.update import update_rollout_batch
 
 from .test_update import ENGINE, TEMPERATURE, model_dir, random_rollout  # noqa: F401
+from .test_update_multi import response_logprobs as logprobs
 
 CAP, THRESHOLD = 1.05, 0.03
-
-
-def logprobs(model, prompts, responses) -> list[torch.Tensor]:
-    """``log softmax(z / T)`` of each response token in float64, one unpadded forward per row."""
-    out = []
-    for p, r in zip(prompts, responses, strict=True):
-        logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
-        logp = torch.log_softmax(logits.double() / TEMPERATURE, dim=-1)
-        out.append(logp.gather(1, torch.tensor(r)[:, None])[:, 0])
-    return out
 
 
 @pytest.fixture(scope="module")

@@ -27,6 +27,7 @@ from .covariance import (
     covariance_means,
     covariance_sums,
     select_top_k,
+    selection_coefficients,
     selection_count,
     token_uniform,
 )
@@ -93,11 +94,7 @@ class ClipCov(ClippedSurrogate):
             minus_inf = torch.full_like(cov, float("-inf"))
             scores.append(torch.where(candidate, token_uniform(chunk.token_ids, seed), minus_inf))
         k = selection_count(window.ratio, batch.n_tokens)
-        selected = select_top_k(batch, scores, k, reducer)
-        return [
-            Coefficients(delta_h=dh, weight=torch.ones_like(dh), selected=s)
-            for dh, s in zip(batch.delta_h, selected, strict=True)
-        ]
+        return selection_coefficients(batch, select_top_k(batch, scores, k, reducer))
 
     def token_loss(self, inputs: LossInputs) -> Tensor:
         surrogate = super().token_loss(inputs)

@@ -15,7 +15,7 @@ from torch import Tensor
 
 from ...reduction import BatchReducer, local_top_k, select
 from ..base import BatchStatistics
-from ..tokens import TokenChunk
+from ..tokens import Coefficients, TokenChunk
 
 _PRIME = 2_147_483_647  # 2**31 − 1: products of two residues stay inside int64
 _MULTIPLIERS = (48_271, 69_621, 16_807, 39_373)
@@ -80,3 +80,13 @@ def select_top_k(
 def selection_count(ratio: float, n_tokens: int) -> int:
     """``k = max(⌊ratio · N⌋, 1)`` with the global token count ``N``."""
     return max(int(ratio * n_tokens), 1)
+
+
+def selection_coefficients(
+    batch: BatchStatistics, selected: Sequence[Tensor]
+) -> list[Coefficients]:
+    """Each chunk's coefficients of a selection method: its ΔH, weight 1, its selected tokens."""
+    return [
+        Coefficients(delta_h=dh, weight=torch.ones_like(dh), selected=s)
+        for dh, s in zip(batch.delta_h, selected, strict=True)
+    ]

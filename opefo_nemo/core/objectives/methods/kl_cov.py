@@ -19,7 +19,14 @@ from ...reduction import BatchReducer
 from ..base import BatchStatistics, MethodConfig, Objective, fraction, non_negative
 from ..registry import register_objective
 from ..tokens import Coefficients, LossInputs, TokenChunk
-from .covariance import covariance, covariance_means, covariance_sums, select_top_k, selection_count
+from .covariance import (
+    covariance,
+    covariance_means,
+    covariance_sums,
+    select_top_k,
+    selection_coefficients,
+    selection_count,
+)
 
 
 @dataclass(frozen=True)
@@ -68,11 +75,7 @@ class KLCov(Objective):
             for c in batch.chunks
         ]
         k = selection_count(self.settings.kl_cov.ratio, batch.n_tokens)
-        selected = select_top_k(batch, scores, k, reducer)
-        return [
-            Coefficients(delta_h=dh, weight=torch.ones_like(dh), selected=s)
-            for dh, s in zip(batch.delta_h, selected, strict=True)
-        ]
+        return selection_coefficients(batch, select_top_k(batch, scores, k, reducer))
 
     def token_loss(self, inputs: LossInputs) -> Tensor:
         penalty = self.settings.kl_cov.coef * (inputs.logprob - inputs.old_logprob).abs()
