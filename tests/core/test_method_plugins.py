@@ -138,6 +138,10 @@ def test_entropy_reg_coefficient_closes_the_loop_within_its_bounds():
     resumed = build_objective(config)
     resumed.load_state_dict(objective.state_dict())
     assert resumed.coef == objective.coef and resumed.target == 0.5
+    with pytest.raises(ValueError, match=r"checkpoint state has \['coef'\]"):
+        build_objective(config).load_state_dict({"coef": 0.01})
+    with pytest.raises(ValueError, match=r"'grpo_strict': checkpoint state has \['coef'\]"):
+        build_objective(load_method("grpo_strict")).load_state_dict({"coef": 0.01})
 
 
 def test_a_method_must_declare_the_loss_sums_it_returns(monkeypatch):

@@ -33,15 +33,9 @@ def embedded_model() -> Path:
     from opefo_nemo.config.compose import compose
     from opefo_nemo.trainer.setup import embedded_model as build
 
-    saved = os.environ.get("OPEFO_CACHE")
-    os.environ["OPEFO_CACHE"] = MODEL_CACHE
-    try:
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OPEFO_CACHE", MODEL_CACHE)
         return build(compose([])[0])
-    finally:
-        if saved is None:
-            os.environ.pop("OPEFO_CACHE")
-        else:
-            os.environ["OPEFO_CACHE"] = saved
 
 
 @pytest.fixture(scope="module")

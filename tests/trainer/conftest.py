@@ -6,7 +6,6 @@ weights are loaded into it first), so the vLLM servers start once for the whole 
 
 from __future__ import annotations
 
-import os
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -30,16 +29,9 @@ SMALL_RUN = (
 def warm_model(tmp_path_factory) -> Path:
     """The embedded default's model (tiny Qwen2, warm-started on arithmetic), built once into
     the default place under a temporary ``OPEFO_CACHE``."""
-    saved = os.environ.get("OPEFO_CACHE")
-    os.environ["OPEFO_CACHE"] = str(tmp_path_factory.mktemp("cache"))
-    try:
-        config, _ = compose([])
-        return embedded_model(config)
-    finally:
-        if saved is None:
-            os.environ.pop("OPEFO_CACHE")
-        else:
-            os.environ["OPEFO_CACHE"] = saved
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return embedded_model(compose([])[0])
 
 
 @pytest.fixture(scope="session")

@@ -9,8 +9,8 @@ A method is one module and one ``conf/method/<name>.yaml`` (docs/core.md walks t
   - ``coefficients(batch, reducer, seed)``: per-token coefficients from the *global* sums;
   - ``token_loss(inputs)``: the per-token loss ``ℓ_t`` (phase 3);
   - ``loss_sums`` / ``loss_metrics``: its metric numerators per micro-batch and their ratios;
-  - ``metrics(batch)``: its step metrics; ``state_dict`` / ``load_state_dict``: what it carries
-    from step to step (kept in the checkpoint).
+  - ``metrics(batch)``: its step metrics; ``state_dict`` / ``restore``: what it carries from
+    step to step (kept in the checkpoint; ``load_state_dict`` checks the keys, then restores).
 
 Every method gets, without writing anything: ΔH with the configured estimator, the flow sums P
 and N, λ*, the token-mean entropy and their metrics (spec §2, §3, §6), the global token count and
@@ -152,8 +152,18 @@ class Objective:
         return {}
 
     def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        if state:
-            raise ValueError(f"method {self.config.name!r} keeps no state, got {sorted(state)}")
+        """Restore a checkpoint's :meth:`state_dict`: its keys must be those this objective
+        would write (else ``ValueError`` naming both), then :meth:`restore` takes the values."""
+        expected = set(self.state_dict())
+        if set(state) != expected:
+            raise ValueError(
+                f"method {self.config.name!r}: checkpoint state has {sorted(state)}, "
+                f"expected {sorted(expected)}"
+            )
+        self.restore(state)
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        """Take the values of a checked :meth:`state_dict` (nothing for stateless methods)."""
 
 
 def positive(value: float, path: str) -> None:

@@ -104,13 +104,7 @@ class EntropyReg(ClippedSurrogate):
             return {}
         return {"coef": self.coef, "target": self.target}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        expected = set(self.state_dict())
-        if set(state) != expected:
-            raise ValueError(
-                f"method {self.config.name!r}: checkpoint state has {sorted(state)}, "
-                f"expected {sorted(expected)}"
-            )
+    def restore(self, state: Mapping[str, Any]) -> None:
         if state:
             self.coef = float(state["coef"])
             self.target = None if state["target"] is None else float(state["target"])

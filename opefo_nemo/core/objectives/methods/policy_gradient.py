@@ -173,13 +173,7 @@ class BalancedPolicyGradient(StrictPolicyGradient):
             return {}
         return {"target_entropy": self.target_entropy}
 
-    def load_state_dict(self, state: Mapping[str, Any]) -> None:
-        expected = set(self.state_dict())
-        if set(state) != expected:
-            raise ValueError(
-                f"method {self.config.name!r}: checkpoint state has {sorted(state)}, "
-                f"expected {sorted(expected)}"
-            )
+    def restore(self, state: Mapping[str, Any]) -> None:
         if "target_entropy" in state:
             value = state["target_entropy"]
             self.target_entropy = None if value is None else float(value)
