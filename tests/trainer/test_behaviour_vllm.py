@@ -4,9 +4,9 @@ Both methods start from the same warm-started model and see the same prompts (sa
 the embedded default's learning rate and warm-up (`EMBEDDED_DEFAULT`) over 80 steps of 16 prompts
 × 8 responses. Entropy is compared as the mean of the first and of the last 10 steps (single steps
 are noisy: each sees different prompts). Measured on this setup (CPU, 2 cores, vLLM 0.32):
-grpo_strict 0.139 → 0.095 (−32 %); opefo 0.204 → 0.571. At this learning rate OPEFO's entropy
-does not just hold, it overshoots upward (its first-order balance does not hold at a step this
-large on this model, docs/training.md), so only the anti-collapse side is asserted: grpo_strict
+grpo_strict 0.144 → 0.108 (−25 %); opefo 0.161 → 0.495. At this learning rate OPEFO's entropy
+does not just hold, it overshoots upward (its first-order balance does not hold at this step
+size on this model, docs/training.md), so only the anti-collapse side is asserted: grpo_strict
 must lose at least 8 %, opefo must keep at least 97 % of its start and end at least 0.05 nat
 above grpo_strict, and its predicted net flow after balancing is zero every step.
 """
