@@ -38,3 +38,17 @@ def reference_grads(
     loss = (ref["logprob"] * g_logprob.double()).sum() + (ref["entropy"] * g_entropy.double()).sum()
     (grad,) = torch.autograd.grad(loss, full)
     return grad
+
+
+def assert_only_requested_powers(some: Tensor, both: Tensor, powers: tuple[int, ...]) -> None:
+    """Partial sums ``[rows, 6]`` (pairs ``Σ e^k``, ``Σ e^k·d`` for ``k = 1, 2, 3``) of a kernel
+    asked for ``powers`` (``some``) against the same kernel asked for ``(2, 3)`` (``both``): the
+    pairs of ``k = 1`` and of the powers asked for are the same bits, the others stay 0, and
+    ``both`` has non-zero higher powers (so the comparison is not vacuous)."""
+    for k in (1, 2, 3):
+        pair = slice(2 * k - 2, 2 * k)
+        if k == 1 or k in powers:
+            assert torch.equal(some[:, pair], both[:, pair]), k
+        else:
+            assert bool((some[:, pair] == 0).all()), k
+    assert bool((both[:, 2:] > 0).any())
