@@ -9,7 +9,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from ..core.schema import one_of, require
-from ..kernels import STATS_KERNELS
+from ..kernels import ENGINE_STATS_KERNELS, FUSED_LINEAR
 from ..models.shape import ModelShape
 
 DTYPES = ("float32", "bfloat16")
@@ -43,6 +43,12 @@ class EngineConfig(OptimizerConfig):
         """The keys' ranges; errors name the key (``engine.<key>``)."""
         one_of(self.name, ("hf",), "engine.name")
         one_of(self.dtype, DTYPES, "engine.dtype")
+        require(
+            self.stats_kernel != FUSED_LINEAR,
+            "engine.stats_kernel",
+            f"={FUSED_LINEAR} is for engine=megatron or aligner (it replaces megatron-core's "
+            "output layer); engine=hf takes auto, torch or triton",
+        )
         _validate_optimizer(self)
 
 
@@ -133,11 +139,11 @@ def _validate_optimizer(e: EngineConfig | MegatronEngineConfig) -> None:
         "engine.stats_chunk_tokens",
         "must be >= 1 or null",
     )
-    one_of(e.stats_kernel, STATS_KERNELS, "engine.stats_kernel")
+    one_of(e.stats_kernel, ENGINE_STATS_KERNELS, "engine.stats_kernel")
     require(
-        e.stats_kernel != "triton" or e.device.startswith("cuda"),
+        e.stats_kernel not in ("triton", FUSED_LINEAR) or e.device.startswith("cuda"),
         "engine.stats_kernel",
-        f"=triton needs engine.device=cuda, not {e.device} (auto picks torch there)",
+        f"={e.stats_kernel} needs engine.device=cuda, not {e.device} (auto picks torch there)",
     )
 
 

@@ -4,6 +4,9 @@
 ``triton``: the Triton kernels of this package over the logits shard; CUDA tensors, or CPU
 tensors under Triton's interpreter (``TRITON_INTERPRET=1``, what the CPU tests use).
 ``auto``: ``triton`` for CUDA tensors when Triton imports, else ``torch``.
+``fused_linear`` (``engine=megatron`` / ``aligner`` only): the statistics from the final hidden
+states and the output weight (``parallel/linear_stats.py``), the logits never stored; the same
+devices as ``triton``.
 """
 
 from __future__ import annotations
@@ -13,7 +16,11 @@ import importlib.util
 import os
 
 STATS_KERNELS = ("auto", "torch", "triton")
-"""The values of ``engine.stats_kernel`` and of ``token_stats(kernel=...)``."""
+"""The values of ``token_stats(kernel=...)`` (and of ``engine.stats_kernel`` for every engine)."""
+FUSED_LINEAR = "fused_linear"
+"""The ``engine.stats_kernel`` of the megatron-core engines that fuses the output layer."""
+ENGINE_STATS_KERNELS = (*STATS_KERNELS, FUSED_LINEAR)
+"""Every value of ``engine.stats_kernel``."""
 
 
 @functools.cache

@@ -92,6 +92,10 @@ def test_paper_presets_validate(preset, tmp_path, monkeypatch):
         (["engine.sequence_parallel=2"], "engine.sequence_parallel must be true or false"),
         (["engine.name=nemo"], "engine.name is 'nemo'"),
         (["engine.name=megatron", "engine.device=cpu", "engine.stats_kernel=triton"], "=triton"),
+        (
+            ["engine.name=megatron", "engine.device=cpu", "engine.stats_kernel=fused_linear"],
+            "=fused_linear needs engine.device=cuda",
+        ),
     ],
 )
 def test_contradictions_name_the_key(overrides, message):

@@ -37,15 +37,30 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from ...config.engines import MegatronEngineConfig
+from ...kernels import FUSED_LINEAR
 from ...parallel import TokenStats, token_stats
+from .fused_output import FusedOutputStats
 
 LossFunction = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
-"""What ``forward_step_func`` returns beside the model output: ``fn(logits) -> (loss, reduced)``."""
+"""What ``forward_step_func`` returns beside the model output: ``fn(output) -> (loss, reduced)``,
+``output`` the logits or, for :class:`~.fused_output.FusedOutputStats`, the final hidden states."""
+
+
+class OutputStats(Protocol):
+    """Token statistics of the last stage's model output: :class:`VocabParallelLogits` (from the
+    logits) or :class:`~.fused_output.FusedOutputStats` (from the final hidden states, with the
+    output layer fused into the kernel; ``stops_before_output_layer``)."""
+
+    stops_before_output_layer: bool
+
+    def stats(self, output: Tensor, targets: Tensor, sums: Sequence[str] = ()) -> TokenStats: ...
 
 
 @dataclass(frozen=True)
@@ -78,7 +93,11 @@ class VocabParallelLogits:
     """How to read this model's logits: the TP group they are split over (``None``: TP 1), the
     true vocabulary size (padded columns excluded, spec §1), the sampling temperature, the
     token-stats chunk (``None``: default), the layout (``sequence_first``: ``[s, b, V/TP]``) and
-    the ``token_stats`` kernel (``auto``: Triton on CUDA when it imports, else torch)."""
+    the ``token_stats`` kernel (``auto``: Triton on CUDA when it imports, else torch).
+    ``stops_before_output_layer`` is false: the model runs to its logits (``engine.stats_kernel
+    =fused_linear`` uses :class:`~.fused_output.FusedOutputStats` instead)."""
+
+    stops_before_output_layer = False
 
     tp_group: dist.ProcessGroup | None
     vocab_size: int
@@ -108,19 +127,38 @@ class VocabParallelLogits:
         return stats.map(Tensor.t)
 
 
-def stats_function(
-    targets: Tensor, logits_spec: VocabParallelLogits, sums: Sequence[str] = ()
-) -> LossFunction:
+def output_stats(
+    model: torch.nn.Module,
+    tp_group: dist.ProcessGroup | None,
+    vocab_size: int,
+    temperature: float,
+    config: MegatronEngineConfig,
+) -> OutputStats:
+    """How the last stage turns its model output into token statistics: from the final hidden
+    states with the output layer fused in (``engine.stats_kernel=fused_linear``), else from the
+    vocab-parallel logits with the ``token_stats`` kernel the key names."""
+    if config.stats_kernel == FUSED_LINEAR:
+        return FusedOutputStats(model, tp_group, vocab_size, temperature, config.sequence_parallel)
+    return VocabParallelLogits(
+        tp_group,
+        vocab_size,
+        temperature,
+        chunk_size=config.stats_chunk_tokens,
+        kernel=config.stats_kernel,
+    )
+
+
+def stats_function(targets: Tensor, outputs: OutputStats, sums: Sequence[str] = ()) -> LossFunction:
     """The token-stats pass's function for ``forward_backward_func(forward_only=True)`` (phase 1).
 
-    ``fn(logits) -> (0, reduced)`` with ``reduced`` = ``logprob``, ``entropy`` and the vocabulary
+    ``fn(output) -> (0, reduced)`` with ``reduced`` = ``logprob``, ``entropy`` and the vocabulary
     ``sums`` asked for, each ``[batch, seq]`` fp32, computed without gradient; the schedule
     collects one such mapping per micro-batch, in order.
     """
 
-    def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+    def compute(output: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
         with torch.no_grad():
-            stats = logits_spec.stats(logits, targets, sums)
-        return torch.zeros((), device=logits.device), stats.present()
+            stats = outputs.stats(output, targets, sums)
+        return torch.zeros((), device=output.device), stats.present()
 
     return compute

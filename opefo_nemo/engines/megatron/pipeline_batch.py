@@ -25,6 +25,7 @@ micro-batch, are stacked and broadcast over the pipeline group
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
+from contextlib import nullcontext
 from dataclasses import dataclass
 
 import torch
@@ -33,6 +34,7 @@ from torch import Tensor
 
 from ...parallel.pipeline import broadcast_from_last_stage, is_last_stage
 from ..batch import TrainBatch
+from . import fused_output
 from .loss_closure import LossFunction
 
 FIRST_STAGE_KEYS = ("input_ids", "position_ids")
@@ -161,7 +163,9 @@ ForwardStep = Callable[[object, torch.nn.Module], tuple[Tensor, LossFunction | N
 
 
 def forward_step_func(
-    make_fn: Callable[[Mapping[str, Tensor]], LossFunction], last: bool
+    make_fn: Callable[[Mapping[str, Tensor]], LossFunction],
+    last: bool,
+    stop_before_output_layer: bool = False,
 ) -> ForwardStep:
     """megatron's ``forward_step_func`` over this module's item iterators, for every stage.
 
@@ -169,13 +173,17 @@ def forward_step_func(
     ``model(input_ids, position_ids, None)`` (``None`` inputs on later stages: ``GPTModel`` then
     reads the previous stage's activations); causal attention, no mask. On the ``last`` stage the
     function is ``make_fn(item)`` (e.g. ``stats_function`` of ``item["targets"]``, or
-    the policy's loss pass); elsewhere ``None`` (the schedule never calls it there).
+    the policy's loss pass); elsewhere ``None`` (the schedule never calls it there). With
+    ``stop_before_output_layer`` the last stage's model returns its final hidden states instead
+    of the logits (:func:`~.fused_output.stop_before_output_layer`).
     """
 
     def forward_step(data_iterator, model: torch.nn.Module):
         device = next(model.parameters()).device
         item = {key: value.to(device) for key, value in next(data_iterator).items()}
-        output = model(item.get("input_ids"), item.get("position_ids"), None)
+        fused = last and stop_before_output_layer
+        with fused_output.stop_before_output_layer(model) if fused else nullcontext():
+            output = model(item.get("input_ids"), item.get("position_ids"), None)
         return output, make_fn(item) if last else None
 
     return forward_step

@@ -9,7 +9,9 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   ``config.micro_batch_size`` (padded to the schedule's fixed shape,
   :class:`~.pipeline_batch.PipelineMicroBatches`) with :func:`~.loss_closure.stats_function`
   (vocab-parallel over TP, padded vocabulary excluded, the rollout temperature) on the last
-  pipeline stage, which broadcasts them to the other stages; the ``[B, T − 1]`` statistics are
+  pipeline stage, which broadcasts them to the other stages (with ``engine.stats_kernel=
+  fused_linear`` the last stage stops before its output layer and the statistics come from the
+  final hidden states, :mod:`.fused_output`); the ``[B, T − 1]`` statistics are
   then all-gathered over DP, so every rank returns the full batch's, in row order, on the CPU, and
   the trainer's ``prepare`` with its single-process reducer is identical on every rank.
 - :meth:`MegatronPolicy.train_step` (phase 3, spec §5): micro-batch ``i`` of the ``M`` the
@@ -79,7 +81,7 @@ from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
 from . import compat
 from .checkpoint import load_megatron, load_sharded, save_megatron, save_sharded
-from .loss_closure import LossFunction, MegatronScaling, VocabParallelLogits, stats_function
+from .loss_closure import LossFunction, MegatronScaling, output_stats, stats_function
 from .optimizer_step import MegatronOptimizerStep, TorchOptimizerStep
 from .pipeline_batch import PipelineMicroBatches
 from .schedule_driver import balanced_rows, gather_rows, per_rank, run_schedule
@@ -130,12 +132,8 @@ class MegatronPolicy:
         self._check_model()
         if layout.pipeline_parallel > 1 and layout.shape.tie_word_embeddings:
             self._check_tied_copies()
-        self.logits = VocabParallelLogits(
-            self.tp_group,
-            layout.shape.vocab_size,
-            temperature,
-            chunk_size=config.stats_chunk_tokens,
-            kernel=config.stats_kernel,
+        self.outputs = output_stats(
+            model, self.tp_group, layout.shape.vocab_size, temperature, config
         )
         groups = (self.dp_group, self.model_parallel_group)
         self.updates: TorchOptimizerStep | MegatronOptimizerStep
@@ -235,10 +233,16 @@ class MegatronPolicy:
             )
 
             def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
-                return stats_function(item["targets"], self.logits, names[2:])
+                return stats_function(item["targets"], self.outputs, names[2:])
 
             try:
-                outputs = run_schedule(self.model, micros, make_fn, forward_only=True)
+                outputs = run_schedule(
+                    self.model,
+                    micros,
+                    make_fn,
+                    forward_only=True,
+                    stop_before_output_layer=self.outputs.stops_before_output_layer,
+                )
             except NonFiniteLogitsError as raised:  # the last stage: every TP rank raises
                 error = raised
                 shape = (micros.micro_batch_size, micros.seq_length)
@@ -282,13 +286,13 @@ class MegatronPolicy:
             index = next(order)  # the last stage builds the functions in micro-batch order
             rows, width = micro_batches[index].targets.shape
 
-            def compute(logits: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
+            def compute(output: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
                 nonlocal failed, sums
                 try:
-                    stats = self.logits.stats(logits, item["targets"])
+                    stats = self.outputs.stats(output, item["targets"])
                 except NonFiniteLogitsError:
                     failed = failed + 1
-                    return logits.sum() * 0.0, {}
+                    return output.sum() * 0.0, {}
                 out = loss_fn(
                     index, TokenStats(stats.logprob[:rows, :width], stats.entropy[:rows, :width])
                 )
@@ -304,7 +308,13 @@ class MegatronPolicy:
         micros = PipelineMicroBatches(
             tuple(shard), max(m.rows for m in shard), -(-width // multiple) * multiple
         )
-        run_schedule(self.model, micros, make_fn, forward_only=False)
+        run_schedule(
+            self.model,
+            micros,
+            make_fn,
+            forward_only=False,
+            stop_before_output_layer=self.outputs.stops_before_output_layer,
+        )
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
             return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)

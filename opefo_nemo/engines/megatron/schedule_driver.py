@@ -32,14 +32,17 @@ def run_schedule(
     micros: PipelineMicroBatches,
     make_fn: Callable[[Mapping[str, Tensor]], LossFunction],
     forward_only: bool,
+    stop_before_output_layer: bool = False,
 ) -> list[dict[str, Tensor]]:
     """One pass of megatron's schedule over ``micros`` (forward and, unless ``forward_only``,
-    backward with gradient accumulation) on this rank's pipeline stage."""
+    backward with gradient accumulation) on this rank's pipeline stage; with
+    ``stop_before_output_layer`` the last stage's functions receive the final hidden states
+    instead of the logits (``engine.stats_kernel=fused_linear``)."""
     first = parallel_state.is_pipeline_first_stage()
     last = parallel_state.is_pipeline_last_stage()
     schedule = get_forward_backward_func()
     return schedule(
-        forward_step_func=forward_step_func(make_fn, last),
+        forward_step_func=forward_step_func(make_fn, last, stop_before_output_layer),
         data_iterator=iter(micros.stats_items(first, last)),
         model=model,
         num_microbatches=micros.num_microbatches,

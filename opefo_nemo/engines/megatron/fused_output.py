@@ -1,0 +1,114 @@
+"""``engine.stats_kernel=fused_linear``: the token statistics straight from the final hidden states
+and the output weight, so the ``[tokens, V/TP]`` logits never reach memory (docs/kernels.md).
+
+megatron-core's ``GPTModel`` (0.11 and 0.16.1, ``models/gpt/gpt_model.py``) returns the decoder's
+output ``[s, b, h]`` (final norm applied; ``[s/TP, b, h]`` under sequence parallelism) instead of
+running its ``output_layer`` when its ``post_process`` is false, which is how it serves a middle
+pipeline stage. :func:`stop_before_output_layer` sets that flag for one forward of the last stage;
+:class:`FusedOutputStats` then does what the output layer's ``ColumnParallelLinear`` does with its
+input and hands the result, with the output weight, to
+:func:`~opefo_nemo.parallel.linear_stats.linear_token_stats`:
+
+- sequence parallelism: ``gather_from_sequence_parallel_region`` (all-gather of the sequence in
+  forward, reduce-scatter of the gradient in backward);
+- otherwise: ``copy_to_tensor_model_parallel_region`` (identity in forward, all-reduce of the
+  gradient in backward).
+
+Either way every TP rank holds the full ``[s, b, h]`` and its vocabulary shard ``W_r``
+``[V/TP, h]`` of the weight; ``∂L/∂X = Σ_r (∂L/∂Z_r) W_r`` is summed over the ranks by the
+mapping's backward, as the output layer's own backward does. The weight is the output layer's or,
+with tied embeddings, the word embedding (``shared_embedding_or_output_weight``; on the last
+stage of a pipeline it is the output layer's copy of it). Its gradient reaches ``param.grad``, where
+megatron's ``DistributedDataParallel`` hooks pick it up as for any other weight.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator, Sequence
+from contextlib import contextmanager
+
+import torch
+import torch.distributed as dist
+from torch import Tensor
+
+from ...parallel import TokenStats
+
+
+def gpt_model(model: torch.nn.Module) -> torch.nn.Module:
+    """The ``GPTModel`` inside megatron's ``DistributedDataParallel`` wrapper (or ``model``)."""
+    return getattr(model, "module", model)
+
+
+@contextmanager
+def stop_before_output_layer(model: torch.nn.Module) -> Iterator[None]:
+    """Inside the block, ``model(...)`` returns the final hidden states ``[s, b, h]`` (``[s/TP,
+    b, h]`` under sequence parallelism) instead of the logits; the flag is restored on exit."""
+    gpt = gpt_model(model)
+    saved = gpt.post_process
+    gpt.post_process = False
+    try:
+        yield
+    finally:
+        gpt.post_process = saved
+
+
+def output_weight(model: torch.nn.Module) -> Tensor:
+    """The weight ``[V/TP, h]`` the model's output layer multiplies by on this rank."""
+    gpt = gpt_model(model)
+    if gpt.share_embeddings_and_output_weights:
+        return gpt.shared_embedding_or_output_weight()
+    return gpt.output_layer.weight
+
+
+class FusedOutputStats:
+    """Per-token statistics of ``softmax(X Wᵀ / T)`` from the last stage's final hidden states
+    ``X`` ``[s, b, h]`` (module docstring): ``tp_group`` (``None``: TP 1), ``vocab_size`` (true,
+    padding excluded), ``temperature`` and ``sequence_parallel`` as the model was built.
+
+    ``stops_before_output_layer`` tells the forward step to run the model under
+    :func:`stop_before_output_layer`; ``stats`` has the signature of
+    :meth:`~.loss_closure.VocabParallelLogits.stats`."""
+
+    stops_before_output_layer = True
+
+    def __init__(
+        self,
+        model: torch.nn.Module,
+        tp_group: dist.ProcessGroup | None,
+        vocab_size: int,
+        temperature: float,
+        sequence_parallel: bool,
+    ) -> None:
+        self.model = model
+        self.tp_group = tp_group
+        self.vocab_size = vocab_size
+        self.temperature = temperature
+        self.sequence_parallel = sequence_parallel
+
+    def stats(self, hidden: Tensor, targets: Tensor, sums: Sequence[str] = ()) -> TokenStats:
+        """Per-token statistics ``[batch, seq]`` of ``targets`` (``[batch, seq]`` int64) with the
+        vocabulary ``sums`` asked for; ``logprob`` and ``entropy`` differentiable w.r.t. the
+        hidden states and the output weight."""
+        from megatron.core.tensor_parallel import (
+            copy_to_tensor_model_parallel_region,
+            gather_from_sequence_parallel_region,
+        )
+
+        from ...parallel.linear_stats import linear_token_stats
+
+        if hidden.dim() != 3:
+            raise ValueError(f"expected hidden states [s, b, h], got shape {tuple(hidden.shape)}")
+        if self.sequence_parallel:
+            full = gather_from_sequence_parallel_region(hidden, True)
+        else:
+            full = copy_to_tensor_model_parallel_region(hidden)
+        stats = linear_token_stats(
+            full,
+            output_weight(self.model),
+            targets.t(),
+            temperature=self.temperature,
+            group=self.tp_group,
+            vocab_size=self.vocab_size,
+            sums=sums,
+        )
+        return stats.map(Tensor.t)
