@@ -6,7 +6,7 @@ Keys read (absent ones take the default shown; the ``hf`` engine has no parallel
     engine.tensor_model_parallel_size [1], engine.pipeline_model_parallel_size [1]
     engine.sequence_parallel [false], engine.use_distributed_optimizer [false]
     engine.recompute_activations [false], engine.make_vocab_size_divisible_by [128; 1 for hf]
-    engine.rollout_tp_size [1]
+    engine.rollout_tp_size [1], engine.stats_kernel [auto; fused_linear drops the logits' memory]
     rollout.max_new_tokens, rollout.gpu_memory_utilization [0: vLLM not on the training GPUs]
     data.max_prompt_tokens, data.train, data.validation
     trainer.prompts_per_step, trainer.responses_per_prompt, method.updates_per_rollout
@@ -26,6 +26,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
+from ..kernels import FUSED_LINEAR
 from ..models.shape import ModelShape
 from .memory import GIB, MemorySettings
 from .plan import LaunchPlan
@@ -85,6 +86,7 @@ def memory_settings(config: Mapping[str, Any], gpu: bool) -> MemorySettings:
         make_vocab_size_divisible_by=int(
             engine.get("make_vocab_size_divisible_by", 1 if single_device else 128)
         ),
+        fused_output_layer=engine.get("stats_kernel") == FUSED_LINEAR,
         vllm_memory_fraction=vllm_fraction,
         vllm_asleep_bytes=VLLM_ASLEEP_BYTES if gpu and vllm_fraction > 0 else 0,
         overhead_bytes=RUNTIME_OVERHEAD_BYTES if gpu else 0,

@@ -11,6 +11,9 @@ first stage, the output layer on the last; the vocabulary padded to a multiple o
                   / DP with the distributed optimizer   mixed precision; 2·param_bytes without)
     activations = tokens · layers_per_stage · in_flight · per_token_layer
     logits      = tokens · V_pad / TP · (activation_bytes + 4)    (last stage; fp32 for the stats)
+                  (tokens + V_pad / TP) · h · 4 with ``engine.stats_kernel=fused_linear``: no
+                  logits, only the fused backward's fp32 gradient buffers of the hidden states
+                  and the output weight shard
 
 ``tokens = micro_batch_size · sequence_length``; ``in_flight`` is the number of micro-batches whose
 activations the first stage holds under the 1F1B schedule, ``min(PP, micro-batches)``.
@@ -55,6 +58,7 @@ class MemorySettings:
     distributed_optimizer: bool = True
     activation_recompute: bool = False
     make_vocab_size_divisible_by: int = 128
+    fused_output_layer: bool = False
     vllm_memory_fraction: float = 0.0
     vllm_asleep_bytes: int = 0
     overhead_bytes: int = 0
@@ -133,6 +137,7 @@ class MemoryEstimate:
     vllm_asleep: int
     overhead: int
     distributed_optimizer: bool
+    fused_output_layer: bool = False
 
     @property
     def optimizer(self) -> int:
@@ -182,9 +187,22 @@ def estimate_memory(
         optimizer_plain=optimizer,
         optimizer_distributed=math.ceil(optimizer / layout.data),
         activations=math.ceil(tokens * layers * in_flight * per_token_layer),
-        logits=tokens * vocab // layout.tensor * (settings.activation_bytes + 4),
+        logits=output_layer_bytes(shape, layout, settings, tokens, vocab),
         vllm_share=int(settings.vllm_memory_fraction * gpu_memory_bytes),
         vllm_asleep=settings.vllm_asleep_bytes,
         overhead=settings.overhead_bytes,
         distributed_optimizer=settings.distributed_optimizer,
+        fused_output_layer=settings.fused_output_layer,
     )
+
+
+def output_layer_bytes(
+    shape: ModelShape, layout: ParallelLayout, settings: MemorySettings, tokens: int, vocab: int
+) -> int:
+    """The last stage's statistics memory beyond the activations (module docstring, ``logits``):
+    the ``[tokens, V_pad/TP]`` logits and their fp32 copy, or, with the output layer fused into
+    the statistics, the fp32 gradient buffers ``[tokens, h]`` and ``[V_pad/TP, h]``."""
+    shard = vocab // layout.tensor
+    if settings.fused_output_layer:
+        return (tokens + shard) * shape.hidden_size * 4
+    return tokens * shard * (settings.activation_bytes + 4)

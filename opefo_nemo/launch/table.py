@@ -30,7 +30,13 @@ def memory_table(estimate: MemoryEstimate, layout: ParallelLayout, gpu_memory_by
             "" if distributed else "(unused)",
         ),
         ("activations (one micro-batch, 1F1B in flight)", estimate.activations, ""),
-        ("logits (last stage)", estimate.logits, ""),
+        (
+            "fused output-layer buffers (last stage)"
+            if estimate.fused_output_layer
+            else "logits (last stage)",
+            estimate.logits,
+            "",
+        ),
         ("vLLM asleep (training phase)", estimate.vllm_asleep, ""),
         ("vLLM share (generation phase)", estimate.vllm_share, ""),
         ("runtime overhead", estimate.overhead, ""),

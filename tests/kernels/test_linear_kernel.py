@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import pytest
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
@@ -115,6 +116,33 @@ def test_gradients_match_float64_and_unfused_autograd(dtype):
     ux, uw = grads(fused=False)
     assert bool(((dx.double() - ux.double()).abs() <= 2 * bound_x).all())
     assert bool(((dw[:VOCAB].double() - uw[:VOCAB].double()).abs() <= 2 * bound_w).all())
+
+
+def test_no_tensor_of_the_logits_size():
+    """Forward and backward make no torch tensor as large as the bf16 logits ``[tokens, V]``: the
+    largest are the fp32 gradient buffers ``[tokens, h]`` / ``[V, h]`` (what the memory estimate
+    of launch/memory.py counts). Every op's output is recorded, Triton's interpreter's copies of
+    the kernel arguments included."""
+    tokens, vocab, hidden_size = 64, 160, 16
+    gen = torch.Generator().manual_seed(0)
+    made: list[int] = []
+
+    class Record(TorchDispatchMode):
+        def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            out = func(*args, **(kwargs or {}))
+            for tensor in out if isinstance(out, (tuple, list)) else (out,):
+                if isinstance(tensor, torch.Tensor):
+                    made.append(tensor.untyped_storage().nbytes())
+            return out
+
+    x = torch.randn(tokens, hidden_size, generator=gen).bfloat16().requires_grad_()
+    w = (torch.randn(vocab, hidden_size, generator=gen) / 4).bfloat16().requires_grad_()
+    targets = torch.randint(0, vocab, (tokens,), generator=gen)
+    with Record():
+        stats = linear_token_stats(x, w, targets, temperature=0.7, blocks=BLOCKS)
+        (stats.logprob.sum() + stats.entropy.sum()).backward()
+    assert max(made) == max(tokens, vocab) * hidden_size * 4
+    assert max(made) < tokens * vocab * 2
 
 
 def test_one_input_with_gradient_and_no_graph():

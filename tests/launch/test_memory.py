@@ -28,6 +28,7 @@ from opefo_nemo.launch import (
     estimate_memory,
 )
 from opefo_nemo.launch.memory import padded_vocab_size, parameters_per_rank
+from opefo_nemo.launch.table import memory_table
 
 transformers = pytest.importorskip("transformers")
 
@@ -196,6 +197,24 @@ def test_recomputation_and_sequence_parallel_shrink_activations():
     kept = estimate_memory(shape, ParallelLayout(2, 1, 1), recompute).activations
     assert kept == 128 * shape.num_layers * 2 * shape.hidden_size
     assert kept < sp < full
+
+
+def test_fused_output_layer_replaces_the_logits_by_gradient_buffers():
+    """``engine.stats_kernel=fused_linear``: the last stage keeps no ``[tokens, V/TP]`` logits,
+    only the fused backward's fp32 gradient buffers of the hidden states and the weight shard
+    (tests/kernels/test_linear_kernel.py checks that no larger tensor is made)."""
+    shape = ModelShape.from_hf_config(_qwen2().to_dict())
+    layout = ParallelLayout(2, 1, 1)
+    plain = MemorySettings(sequence_length=128, micro_batch_size=2)
+    fused = MemorySettings(sequence_length=128, micro_batch_size=2, fused_output_layer=True)
+    shard = padded_vocab_size(shape.vocab_size, 128, 2) // 2
+    unfused = estimate_memory(shape, layout, plain)
+    assert unfused.logits == 256 * shard * (2 + 4)
+    estimate = estimate_memory(shape, layout, fused)
+    assert estimate.logits == (256 + shard) * shape.hidden_size * 4
+    others = ("weights", "gradients", "optimizer", "activations")
+    assert all(getattr(estimate, name) == getattr(unfused, name) for name in others)
+    assert "fused output-layer buffers" in memory_table(estimate, layout, 0)
 
 
 def test_model_shape_rejects_incomplete_config():

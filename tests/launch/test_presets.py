@@ -109,3 +109,8 @@ def test_preset_layout_fits_32_a100s_for_every_method(preset, composed, tmp_path
     assert [p.topic for p in plan_problems(small)] == ["memory"]
     odd = plan_from_config(config, world_size=30, gpu_memory_bytes=80 * GIB)
     assert "batch" in [p.topic for p in plan_problems(odd)]
+    # engine.stats_kernel=fused_linear reaches the estimate: no logits on the last stage.
+    fused_config = {**config, "engine": {**config["engine"], "stats_kernel": "fused_linear"}}
+    fused = plan_memory(plan_from_config(fused_config, world_size=32, gpu_memory_bytes=80 * GIB))
+    assert fused is not None and fused.fused_output_layer
+    assert fused.logits < estimate.logits and fused.training < estimate.training
