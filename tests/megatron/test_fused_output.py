@@ -65,7 +65,7 @@ def batch():
 @pytest.fixture(scope="module")
 def runs(tmp_path_factory, batch):
     """``{case: (hf directory, {kernel: results})}``: one two-rank world for every case, in
-    Triton's interpreter (inherited by the spawned ranks)."""
+    Triton's interpreter (the spawned ranks inherit the variable before they import a kernel)."""
     root = tmp_path_factory.mktemp("hf")
     dirs = {family: _hf_dir(root, family) for family in ("qwen2", "qwen2_tied")}
     dirs["qwen2_small"] = _hf_dir(root, "qwen2", scale=0.1, name="qwen2_small")
@@ -73,8 +73,7 @@ def runs(tmp_path_factory, batch):
     cases = [(str(dirs[family]), settings) for family, settings in named.values()]
     out = tmp_path_factory.mktemp("fused")
     with pytest.MonkeyPatch.context() as patch:
-        if not torch.cuda.is_available():
-            patch.setenv("TRITON_INTERPRET", "1")
+        patch.setenv("TRITON_INTERPRET", "1")  # CPU ranks (engine.device=cpu), on any machine
         run_world(workers_fused_output.fused_against_torch, 2, cases, batch, MICRO, str(out))
     return {
         name: (dirs[family], torch.load(out / f"case_{i}.pt"))
