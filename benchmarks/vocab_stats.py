@@ -10,9 +10,10 @@ the figures are compute and memory, without communication.
 
 With the output layer (``--hidden h``): ``fused_linear`` is ``linear_token_stats`` (hidden states
 ``[tokens, h]`` and weight shard ``[V/TP, h]``, logits never stored), ``unfused_linear`` the
-projection ``hidden @ weightᵀ`` followed by ``token_stats``'s torch kernel; their throughput is
-given in TFLOP/s of the nominal matmul work (``2·tokens·V/TP·h`` forward, three times that for
-fwd+bwd).
+projection ``hidden @ weightᵀ`` followed by ``token_stats``'s torch kernel, ``verl_linear`` verl's
+fused kernel loaded from its wheel (``benchmarks/verl_kernel.py``; CUDA only); their throughput
+is given in TFLOP/s of the nominal matmul work (``2·tokens·V/TP·h`` forward, three times that
+for fwd+bwd) and, on CUDA, against the rate of the plain bf16 product measured in the same run.
 
 Each (method, mode) runs in a fresh subprocess so that its peak memory is its own: on CPU the
 growth of the resident-set high-water mark beyond the inputs, on CUDA ``max_memory_allocated``
@@ -24,6 +25,8 @@ CUDA a measured device copy as the reference.
     python benchmarks/vocab_stats.py --device cuda --full
     python benchmarks/vocab_stats.py --device cuda --full --methods ours triton fused_linear \
         unfused_linear --hidden 3584
+    python benchmarks/vocab_stats.py --device cuda --full --tp 2 --hidden 3584 \
+        --methods fused_linear unfused_linear verl_linear --verl-wheel verl-0.9.1-py3-none-any.whl
     python benchmarks/vocab_stats.py --methods triton fused_linear --tokens 16 --vocab 512 \
         --tp 1 --hidden 64 --dtype float32 --repeat 1   # CPU: Triton's interpreter, tiny shapes
 
@@ -47,7 +50,7 @@ import torch
 from opefo_nemo.parallel import token_stats
 
 LOGITS_METHODS = ("ours", "naive", "three_allreduce", "triton")
-LINEAR_METHODS = ("fused_linear", "unfused_linear")
+LINEAR_METHODS = ("fused_linear", "unfused_linear", "verl_linear")
 TRITON_METHODS = ("triton", "fused_linear")
 MODES = ("fwd", "fwd+bwd")
 
@@ -93,6 +96,12 @@ def fused_linear(hidden, weight, targets, temperature: float):
     return stats.logprob, stats.entropy
 
 
+def verl_linear(hidden, weight, targets, temperature: float, wheel: str):
+    from verl_kernel import load_linear_cross_entropy
+
+    return load_linear_cross_entropy(wheel)(hidden, weight, targets, temperature, "none", None)
+
+
 def unfused_linear(hidden, weight, targets, temperature: float):
     stats = token_stats(hidden @ weight.T, targets, temperature=temperature, kernel="torch")
     return stats.logprob, stats.entropy
@@ -128,7 +137,9 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
 
     def step() -> None:
         with torch.set_grad_enabled(backward):
-            if args.method in LINEAR_METHODS:
+            if args.method == "verl_linear":
+                logprob, entropy = method(*leaves, targets, args.temperature, args.verl_wheel)
+            elif args.method in LINEAR_METHODS:
                 logprob, entropy = method(*leaves, targets, args.temperature)
             elif args.method in ("ours", "triton"):
                 logprob, entropy = method(*leaves, targets, args.temperature, args.chunk_size)
@@ -168,6 +179,20 @@ def copy_bandwidth(device: str, nbytes: int) -> float:
     return 2 * nbytes * 5 / (time.perf_counter() - start)
 
 
+def matmul_rate(device: str, dtype: torch.dtype, tokens: int, width: int, hidden: int) -> float:
+    """Measured FLOP/s of the output layer's own product ``[tokens, h] @ [h, V/TP]`` in ``dtype``
+    (the roofline reference of the output-layer methods)."""
+    a = torch.randn(tokens, hidden, device=device, dtype=dtype)
+    b = torch.randn(hidden, width, device=device, dtype=dtype)
+    a @ b
+    _sync(device)
+    start = time.perf_counter()
+    for _ in range(5):
+        a @ b
+    _sync(device)
+    return 2 * tokens * width * hidden * 5 / (time.perf_counter() - start)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=1024, help="rows (tokens) of the logits")
@@ -193,6 +218,11 @@ def main() -> None:
         "--repeat", type=int, default=3, help="timed runs per method (median reported)"
     )
     parser.add_argument(
+        "--verl-wheel",
+        default=None,
+        help="verl's wheel file, for --methods verl_linear (CUDA only; benchmarks/verl_kernel.py)",
+    )
+    parser.add_argument(
         "--device", default="cuda" if torch.cuda.is_available() else "cpu", help="cpu or cuda"
     )
     parser.add_argument("--method", choices=LOGITS_METHODS + LINEAR_METHODS, help=argparse.SUPPRESS)
@@ -200,6 +230,8 @@ def main() -> None:
     args = parser.parse_args()
     if args.full:
         args.tokens, args.tp = 8192, 1
+    if "verl_linear" in (args.methods or []) + [args.method] and not args.verl_wheel:
+        parser.error("--methods verl_linear needs --verl-wheel PATH (verl's wheel file)")
     if args.method is not None:
         print(json.dumps(measure(args)))
         return
@@ -215,6 +247,16 @@ def main() -> None:
     reference = copy_bandwidth(args.device, read_bytes) if args.device == "cuda" else None
     if reference:
         print(f"device copy bandwidth: {reference / 1e9:.0f} GB/s")
+    methods_given = args.methods or []
+    flops = None
+    if args.device == "cuda" and any(m in LINEAR_METHODS for m in methods_given):
+        flops = matmul_rate(
+            args.device, getattr(torch, args.dtype), args.tokens, width, args.hidden
+        )
+        print(
+            f"output-layer matmul [{args.tokens}, {args.hidden}] @ [{args.hidden}, {width}]: "
+            f"{flops / 1e12:.0f} TFLOP/s"
+        )
     methods = args.methods or [m for m in LOGITS_METHODS if m != "triton" or args.device == "cuda"]
     results = run_all(args, methods)
     print(
@@ -225,7 +267,8 @@ def main() -> None:
         first = results[methods[0], mode]
         if method in LINEAR_METHODS:
             work = 2 * args.tokens * width * args.hidden * (3 if mode == "fwd+bwd" else 1)
-            rate, note = f"{work / r['seconds'] / 1e12:7.2f} TFLOP/s", ""
+            rate = f"{work / r['seconds'] / 1e12:7.2f} TFLOP/s"
+            note = f"  ({work / r['seconds'] / flops:.0%} of matmul)" if flops else ""
         else:
             speed = read_bytes / r["seconds"]
             rate = f"{speed / 1e9:7.2f} GB/s   "
