@@ -31,6 +31,10 @@ never the logits: ``token_stats`` flattens them to ``[tokens, V/TP]``, which for
 logits view would copy the whole tensor. For the same reason the statistics cover all ``T``
 input positions (the last predicts nothing) and are sliced to the ``T − 1`` predicted ones
 afterwards, instead of slicing the logits.
+
+With ``engine.stats_kernel=fused_linear`` (:func:`output_stats`) the functions receive the final
+hidden states ``[s, b, h]`` instead and take the statistics with the output layer fused in
+(:mod:`.fused_output`); everything else above holds unchanged.
 """
 
 from __future__ import annotations
