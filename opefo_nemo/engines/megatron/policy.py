@@ -35,8 +35,8 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
 - Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), the
   schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
 - :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
-  and AdamW state at their global offsets, so any TP × DP layout can resume), the schedule's
-  state in its ``extra``.
+  at their global offsets, and megatron's optimizer state: any layout resumes without the
+  distributed optimizer, the same TP × PP with it), the schedule's step in its ``extra``.
 - :meth:`named_weights`: Hugging Face names through :func:`~.streaming.hf_named_weights` and
   :class:`~.streaming.DistributedFetch` (TP shards gathered, PP stages broadcast, one decoder
   layer at a time); every rank must iterate it to the end.
@@ -341,8 +341,8 @@ class MegatronPolicy:
         save_megatron(directory, self.model.module, self.optimizer, {_SCHEDULE: self.updates.steps})
 
     def load(self, directory: Path) -> None:
-        """Restore what :meth:`save` wrote (collective; any TP × PP × DP layout of the same
-        model)."""
+        """Restore what :meth:`save` wrote (collective; the layouts it resumes at: module
+        docstring)."""
         extra = load_megatron(directory, self.model.module, self.optimizer)
         if _SCHEDULE not in extra:
             raise ValueError(f"checkpoint {directory} holds no learning-rate schedule state")
