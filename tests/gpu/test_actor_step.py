@@ -4,13 +4,15 @@ Written without a GPU and not run on one yet (tests/gpu/README.md). Skipped with
 megatron-core.
 
 NeMo's ``MegatronGPTModel`` is not built here (NeMo and Transformer Engine need the NeMo image:
-README.md): the megatron-core ``GPTModel`` (local layer spec, fp32, rope), loss closure and
-schedule that both engines hand to ``MegatronPolicy``, on CUDA with megatron's own CUDA code paths
-(causal mask, rotary embedding, RNG tracker, memory buffer) and NCCL. On one recorded rollout batch
-and the same weights (a tiny random Qwen2 converted with ``hf_to_megatron``), against ``HFPolicy``
-on the same GPU: the token statistics, the update's loss and metrics, every clipped gradient
-(Hugging Face names) and every weight after the AdamW step are equal; the logprobs the loss pass
-computes equal the token-stats pass's.
+README.md): the megatron-core ``GPTModel`` (local layer spec, fp32, rope) in megatron's
+``DistributedDataParallel`` with megatron's optimizer (``wrap_for_training``, distributed optimizer
+off), loss closure and schedule that both engines hand to ``MegatronPolicy``, on CUDA with
+megatron's own CUDA code paths (causal mask, rotary embedding, RNG tracker, memory buffer,
+gradient norm and clipping) and NCCL. On one recorded rollout batch and the same weights (a tiny
+random Qwen2 converted with ``hf_to_megatron``), against ``HFPolicy`` on the same GPU: the token
+statistics, the update's loss and metrics, every clipped gradient (Hugging Face names; megatron's
+reduced ``main_grad`` at its optimizer step, scaled by its clipping coefficient) and every weight
+after the AdamW step are equal; the logprobs the loss pass computes equal the token-stats pass's.
 """
 
 from __future__ import annotations
@@ -52,11 +54,13 @@ def megatron_world():
     from megatron.core import parallel_state
     from megatron.core.tensor_parallel import model_parallel_cuda_manual_seed
 
+    from opefo_nemo.engines.megatron import compat
+
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
     os.environ.setdefault("MASTER_PORT", "29517")
     torch.cuda.set_device(0)
     dist.init_process_group("nccl", rank=0, world_size=1)
-    parallel_state.initialize_model_parallel(1, 1)
+    compat.initialize_model_parallel(1, 1, gloo_groups=True)  # megatron's optimizer asks for them
     model_parallel_cuda_manual_seed(0)
     torch.backends.cuda.matmul.allow_tf32 = False  # fp32 matmuls on both sides
     torch.backends.cudnn.allow_tf32 = False
@@ -91,12 +95,9 @@ def _save_qwen2(directory) -> None:
     model.save_pretrained(directory, safe_serialization=True)
 
 
-def _update(policy, named_parameters, batch):
-    """Token stats, then the trainer's update with the gradients captured before the step."""
-    method = load_method(*METHOD)
-    stats = policy.token_stats(batch)
-    names = {param: name for name, param in named_parameters}
-    grads = []
+def _capture_hf(policy, grads: list) -> None:
+    """``HFPolicy``: the clipped gradients, captured before the torch optimizer's step."""
+    names = {param: name for name, param in policy.model.named_parameters()}
     policy.optimizer.register_step_pre_hook(
         lambda opt, args, kwargs: grads.append(
             {
@@ -106,6 +107,32 @@ def _update(policy, named_parameters, batch):
             }
         )
     )
+
+
+def _capture_megatron(policy, grads: list) -> None:
+    """``MegatronPolicy``: the reduced ``main_grad`` buffers as megatron's optimizer step receives
+    them, scaled by its clipping coefficient ``min(1, clip / (‖g‖ + 1e-6))`` with the norm the
+    step returns."""
+    module, clip, original = policy.model.module, ENGINE["grad_clip"], policy.optimizer.step
+
+    def step():
+        before = {
+            n: p.main_grad.detach().to("cpu", copy=True) for n, p in module.named_parameters()
+        }
+        result = original()
+        coefficient = min(1.0, clip / (result[1] + 1e-6))
+        grads.append({n: g * coefficient for n, g in before.items()})
+        return result
+
+    policy.optimizer.step = step
+
+
+def _update(policy, capture, batch):
+    """Token stats, then the trainer's update, the gradients recorded at the step by ``capture``."""
+    method = load_method(*METHOD)
+    stats = policy.token_stats(batch)
+    grads: list = []
+    capture(policy, grads)
     outcome = update_rollout_batch(policy, build_objective(method), batch, MICRO_BATCH_SIZE, seed=0)
     weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.named_weights()}
     return stats, outcome, grads, weights
@@ -113,7 +140,7 @@ def _update(policy, named_parameters, batch):
 
 def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
     from opefo_nemo.engines.hf import HFPolicy
-    from opefo_nemo.engines.megatron.policy import MegatronPolicy, build_adamw
+    from opefo_nemo.engines.megatron.build import wrap_for_training
 
     _save_qwen2(tmp_path)
     batch = _recorded_batch()
@@ -125,16 +152,20 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
         lr=lr,
         temperature=TEMPERATURE,
     )
-    want = _update(hf, hf.model.named_parameters(), batch)
+    want = _update(hf, _capture_hf, batch)
 
     shape = layout("qwen2")
     model = megatron_gpt(shape).cuda()
-    load_hf_into_megatron(model, shape, tmp_path, tp_rank=0)
-    config = MegatronEngineConfig(dtype="float32", micro_batch_size=MICRO_BATCH_SIZE, **ENGINE)
-    policy = MegatronPolicy(
-        model, build_adamw(model, config, lr), config, layout=shape, temperature=TEMPERATURE
+    load_hf_into_megatron(model, shape, tmp_path, stage=0, tp_rank=0)
+    config = MegatronEngineConfig(
+        dtype="float32",
+        micro_batch_size=MICRO_BATCH_SIZE,
+        use_distributed_optimizer=False,
+        **ENGINE,
     )
-    stats, outcome, grads, weights = _update(policy, model.named_parameters(), batch)
+    policy = wrap_for_training(model, shape, config, lr=lr, temperature=TEMPERATURE)
+    original_step = policy.optimizer.step
+    stats, outcome, grads, weights = _update(policy, _capture_megatron, batch)
 
     valid = batch.attention_mask[:, 1:]
     for field in ("logprob", "entropy"):
@@ -165,6 +196,7 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
         mask = micros[index].response_mask
         return LossOutput(-(with_grad.logprob * mask).sum() / batch.n_response_tokens, {})
 
+    policy.optimizer.step = original_step  # the capture's wrapper off
     policy.train_step(micros, recording_loss, ())
     assert sorted(seen) == list(range(len(micros)))
     for index, logprob in seen.items():

@@ -1,5 +1,6 @@
-"""``save_sharded`` / ``load_sharded`` on real megatron-core 0.16.1 GPTModels over 2 gloo ranks
-(the world in ``workers_ckpt`` runs once; each test asserts one of its records)."""
+"""``save_megatron`` / ``load_megatron`` (what ``MegatronPolicy.save`` / ``load`` run) on real
+megatron-core GPTModels in megatron's ``DistributedDataParallel`` with megatron's optimizer, over
+2 gloo ranks (the world in ``workers_ckpt`` runs once; each test asserts one of its records)."""
 
 from __future__ import annotations
 
@@ -10,8 +11,9 @@ import torch
 
 from opefo_nemo.engines.megatron.checkpoint import (
     MANIFEST,
-    load_sharded,
-    save_sharded,
+    MEGATRON_OPTIMIZER,
+    load_megatron,
+    save_megatron,
     tensor_metadata,
 )
 
@@ -38,16 +40,16 @@ def test_load_restores_saved_weights_and_optimizer_state_bit_for_bit(world):
 
 
 def test_refused_save_leaves_the_previous_checkpoint_in_place(world):
-    """A save with an optimizer over foreign parameters fails before writing anything; the
-    following load (above) still gets the earlier checkpoint."""
+    """A save with a non-JSON ``extra`` fails before writing anything; the following load
+    (above) still gets the earlier checkpoint."""
     root, results = world
-    assert "not parameters of the model" in results["refused_save_error"]
+    assert "JSON" in results["refused_save_error"]
     assert results["load_into_moved_model"] == []
     assert not (root / ".train_tp2.partial").exists()
 
 
 def test_resume_equals_uninterrupted_training(world):
-    """step, save, two steps == (fresh model, optimizer, scheduler) load, the same two steps."""
+    """step, save, two steps == (fresh model, optimizer, schedule) load, the same two steps."""
     assert world[1]["resume_equals_uninterrupted"] == []
 
 
@@ -62,8 +64,8 @@ def test_model_of_another_shape_is_refused_naming_key_and_shapes(world):
 
 
 def test_layout_on_disk(world):
-    """Global keys with a layer axis; optimizer state sharded like its parameter; the prefix;
-    the manifest; no staging directory left behind."""
+    """Global keys with a layer axis; optimizer state sharded like its parameter; the manifest;
+    NeMo's prefix in the NeMo-style directory; no staging directory left behind."""
     root, _ = world
     tensors = tensor_metadata(root / "sharded_qwen2")
     assert tensors["decoder.layers.self_attention.linear_qkv.weight"][0] == (4, 64, 32)
@@ -75,8 +77,8 @@ def test_layout_on_disk(world):
     assert tensors["embedding.word_embeddings.weight"][0] == (112, 32)  # 100 padded at TP 2
     manifest = json.loads((root / "sharded_qwen2" / MANIFEST).read_text())
     assert manifest["model_prefix"] == "" and manifest["extra"] == {"family": "qwen2"}
-    assert manifest["optimizer_state"] == ["exp_avg", "exp_avg_sq"]
-    llama = tensor_metadata(root / "sharded_llama")
+    assert manifest["optimizer_state"] == MEGATRON_OPTIMIZER
+    llama = tensor_metadata(root / "nemo_llama")
     assert "model.decoder.layers.mlp.linear_fc2.weight" in llama
     assert all(key.startswith("model.") for key in llama)
     assert not list(root.glob(".*partial"))
@@ -84,9 +86,9 @@ def test_layout_on_disk(world):
 
 def test_missing_checkpoint_and_non_json_extra_fail_before_any_collective(tmp_path):
     with pytest.raises(FileNotFoundError, match="does not exist"):
-        load_sharded(tmp_path / "nowhere", torch.nn.Linear(2, 2), None)
+        load_megatron(tmp_path / "nowhere", torch.nn.Linear(2, 2), None)
     (tmp_path / "plain").mkdir()
     with pytest.raises(FileNotFoundError, match=MANIFEST):
-        load_sharded(tmp_path / "plain", torch.nn.Linear(2, 2), None)
+        load_megatron(tmp_path / "plain", torch.nn.Linear(2, 2), None)
     with pytest.raises(TypeError, match="JSON"):
-        save_sharded(tmp_path / "ckpt", torch.nn.Linear(2, 2), None, {"step": torch.zeros(1)})
+        save_megatron(tmp_path / "ckpt", torch.nn.Linear(2, 2), None, {"step": torch.zeros(1)})

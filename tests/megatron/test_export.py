@@ -1,6 +1,8 @@
-"""``opefo-export``: sharded checkpoints written by ``save_sharded`` from real TP-2 megatron-core
-GPTModels (``workers_ckpt``), a NeMo-style ``model_weights/`` directory, and trainer checkpoints
-of both engines → Hugging Face directories equal to the weights that were saved."""
+"""``opefo-export``: sharded checkpoints written by ``save_megatron`` (``MegatronPolicy.save``)
+from real TP-2 megatron-core GPTModels with megatron's optimizer state beside them
+(``workers_ckpt``), a NeMo-style ``model_weights/`` directory (``model.`` key prefix, no
+manifest), and trainer checkpoints of both engines → Hugging Face directories equal to the weights
+that were saved."""
 
 from __future__ import annotations
 
@@ -45,11 +47,15 @@ def _export(*args: object) -> int:
     return main([str(arg) for arg in args])
 
 
-@pytest.mark.parametrize("family", ["qwen2", "qwen2_tied", "llama"])
+#: Per family, the TP-2 checkpoint directory: ours for Qwen2, NeMo's layout for Llama.
+CHECKPOINTS = {"qwen2": "sharded_qwen2", "qwen2_tied": "sharded_qwen2_tied", "llama": "nemo_llama"}
+
+
+@pytest.mark.parametrize("family", list(CHECKPOINTS))
 def test_sharded_tp2_checkpoint_exports_to_the_original_hf_model(world, family, tmp_path):
     out = tmp_path / "export"
     code = _export(
-        world / f"sharded_{family}",
+        world / CHECKPOINTS[family],
         "--hf-model",
         world / f"hf_{family}",
         "--out",
@@ -70,8 +76,8 @@ def test_nemo_model_weights_directory_with_model_prefix(world, tmp_path):
     """An extracted ``.nemo``-like directory: ``model_weights/`` without our manifest, keys
     under ``model.``, found and its prefix detected."""
     nemo = tmp_path / "nemo"
-    shutil.copytree(world / "sharded_llama", nemo / "model_weights")
-    (nemo / "model_weights" / MANIFEST).unlink()
+    shutil.copytree(world / "nemo_llama", nemo / "model_weights")
+    assert not (nemo / "model_weights" / MANIFEST).exists()
     (nemo / "model_config.yaml").write_text("precision: bf16\n")
     assert _export(nemo, "--hf-model", world / "hf_llama", "--out", tmp_path / "out") == 0
     _assert_same_model(tmp_path / "out", _load(world / "hf_llama"))
@@ -121,32 +127,32 @@ def test_errors_are_one_line_and_exit_2(world, tmp_path, capsys):
     assert "does not exist" in error(tmp_path / "missing", "--out", out)
     assert "--checkpoint-dir" in error("latest", "--out", out)
     assert "holds no checkpoint" in error("latest", "--checkpoint-dir", tmp_path, "--out", out)
-    assert "--hf-model" in error(world / "sharded_llama", "--out", out)
+    assert "--hf-model" in error(world / "nemo_llama", "--out", out)
 
     wider = tmp_path / "wider"
     shutil.copytree(world / "hf_llama", wider)
     config = json.loads((wider / "config.json").read_text())
     (wider / "config.json").write_text(json.dumps({**config, "intermediate_size": 64}))
-    message = error(world / "sharded_llama", "--hf-model", wider, "--out", out)
+    message = error(world / "nemo_llama", "--hf-model", wider, "--out", out)
     assert "model.decoder.layers.mlp.linear_fc1.weight" in message
     assert "(4, 96, 32)" in message and "(4, 128, 32)" in message
     message = error(world / "hf_llama", "--hf-model", wider, "--out", out)  # safetensors source
     assert "model.layers.0.mlp.gate_proj.weight has shape (48, 32)" in message
     assert "implies (64, 32)" in message
     (wider / "config.json").write_text(json.dumps({**config, "num_hidden_layers": 2}))
-    message = error(world / "sharded_llama", "--hf-model", wider, "--out", out)
+    message = error(world / "nemo_llama", "--hf-model", wider, "--out", out)
     assert "has shape (4, 32)" in message and "implies (2, 32)" in message  # stacked layers
     assert "linear_qkv.bias" in error(
-        world / "sharded_llama", "--hf-model", world / "hf_qwen2", "--out", out
+        world / "nemo_llama", "--hf-model", world / "hf_qwen2", "--out", out
     )
     assert not out.exists()
 
     out.mkdir()
     (out / "stale.txt").write_text("old")
     assert "--overwrite" in error(
-        world / "sharded_llama", "--hf-model", world / "hf_llama", "--out", out
+        world / "nemo_llama", "--hf-model", world / "hf_llama", "--out", out
     )
     assert (out / "stale.txt").is_file()
-    args = (world / "sharded_llama", "--hf-model", world / "hf_llama", "--out", out)
+    args = (world / "nemo_llama", "--hf-model", world / "hf_llama", "--out", out)
     assert _export(*args, "--overwrite") == 0
     assert not (out / "stale.txt").exists() and (out / "model.safetensors").is_file()

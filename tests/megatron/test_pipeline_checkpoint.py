@@ -1,6 +1,7 @@
-"""``save_sharded`` / ``load_sharded`` / ``opefo-export`` on pipeline-split (PP 2) megatron-core
-0.16.1 GPTModels over 2 gloo ranks, untied and tied embeddings (the world in
-``workers_pp_ckpt`` runs once; each test asserts its own records)."""
+"""``save_megatron`` / ``load_megatron`` (what ``MegatronPolicy.save`` / ``load`` run) and
+``opefo-export`` on pipeline-split (PP 2) megatron-core GPTModels in megatron's
+``DistributedDataParallel`` with megatron's optimizer, over 2 gloo ranks, untied and tied
+embeddings (the world in ``workers_pp_ckpt`` runs once; each test asserts its own records)."""
 
 from __future__ import annotations
 

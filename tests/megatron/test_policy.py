@@ -8,8 +8,14 @@ a real megatron-core ``GPTModel`` on every spawned gloo rank; the trainer's own
 and untied) and TP 2 × PP 2, with 1 to 3 responses per micro-batch, and on ``HFPolicy`` with the
 whole batch as one micro-batch. Equal: the whole batch's token statistics (vocabulary sums too),
 every metric of the update (loss, flow, λ*, ``grad/norm``, ``lr``), the clipped gradient of every
-weight before each optimizer step (Hugging Face names), every weight after the step (AdamW, fp32);
-the loss pass's logprobs equal the stats pass's; the warm-up lr of the next step.
+weight at each optimizer step (Hugging Face names), every weight after the step (fp32); the loss
+pass's logprobs equal the stats pass's; the warm-up lr of the next step; ``save`` / ``load``
+resumes exactly; a step with a +inf loss on one rank is skipped on every rank.
+
+``MegatronPolicy`` is built the production way: the model in megatron's
+``DistributedDataParallel`` with megatron's optimizer (``wrap_for_training``; fp32, distributed
+optimizer off, megatron's fallback ``torch.optim.AdamW``); the gradients are the reduced
+``main_grad`` buffers at megatron's optimizer step, scaled by its clipping coefficient.
 """
 
 from __future__ import annotations

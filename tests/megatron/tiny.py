@@ -126,3 +126,17 @@ def random_batch(rows: int, vocab: int, seed: int = 7, low: int = 0) -> TrainBat
         prompts.append(torch.randint(low, vocab, (p,), generator=generator).tolist())
         responses.append(torch.randint(low, vocab, (r,), generator=generator).tolist())
     return build_batch(prompts, responses, torch.randn(rows, generator=generator), pad_id=0)
+
+
+def release_parallel_state() -> None:
+    """``parallel_state`` torn down for the next case's layout in the same process.
+    megatron-core 0.11's ``destroy_model_parallel`` leaves the embedding groups' rank lists
+    behind, so after a TP case a PP 2 case's last stage would think itself in the
+    position-embedding group it has no handle of (megatron's DDP asks
+    ``is_rank_in_position_embedding_group`` in ``finalize_model_grads``); cleared here (0.16.1
+    clears them itself)."""
+    from megatron.core import parallel_state
+
+    parallel_state.destroy_model_parallel()
+    parallel_state._EMBEDDING_GLOBAL_RANKS = None
+    parallel_state._POSITION_EMBEDDING_GLOBAL_RANKS = None

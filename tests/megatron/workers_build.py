@@ -14,6 +14,7 @@ from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.trainer.update import update_rollout_batch
 
+from .tiny import release_parallel_state
 from .torch_dist_writer import torch_dist_writer_on_this_torch
 
 #: The rollout temperature the statistics are taken at (spec §1).
@@ -25,12 +26,6 @@ def _policy(hf_dir: str, settings: dict):
 
     engine = MegatronEngineConfig(device="cpu", make_vocab_size_divisible_by=8, **settings)
     return build_megatron_policy(hf_dir, engine, lr=1e-3, temperature=TEMPERATURE)
-
-
-def _release() -> None:
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
 
 
 def token_stats_of_built_engines(
@@ -45,7 +40,7 @@ def token_stats_of_built_engines(
             if rank == 0:
                 torch.save((stats.logprob, stats.entropy), Path(out) / f"stats_{index}.pt")
         finally:
-            _release()
+            release_parallel_state()
 
 
 def _weights(policy) -> dict[str, torch.Tensor]:
@@ -90,7 +85,7 @@ def update_save_resume(
                 Path(out) / "resume.pt",
             )
     finally:
-        _release()
+        release_parallel_state()
 
 
 def recompute_changes_nothing(rank: int, world_size: int, hf_dir: str, batch, out: str) -> None:
@@ -107,7 +102,7 @@ def recompute_changes_nothing(rank: int, world_size: int, hf_dir: str, batch, ou
             outcome = update_rollout_batch(policy, build_objective(method), batch, 3, 0)
             runs.append((outcome.metrics, _weights(policy)))
         finally:
-            _release()
+            release_parallel_state()
     if rank == 0:
         torch.save(runs, Path(out) / "recompute.pt")
 
@@ -124,4 +119,4 @@ def one_update(rank: int, world_size: int, hf_dir: str, settings: dict, batch, o
         if rank == 0:
             torch.save((outcome.metrics, weights), Path(out) / "update.pt")
     finally:
-        _release()
+        release_parallel_state()

@@ -12,6 +12,7 @@ import torch
 from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.parallel import VOCAB_SUMS
 
+from .tiny import release_parallel_state
 from .workers_build import _policy
 from .workers_policy import _hf_names
 
@@ -58,19 +59,7 @@ def fused_against_torch(
             if rank == 0:
                 torch.save(results, Path(out) / f"case_{index}.pt")
         finally:
-            _release()
-
-
-def _release() -> None:
-    """``parallel_state`` torn down for the next case's layout. megatron-core 0.11's
-    ``destroy_model_parallel`` leaves the embedding groups' rank lists behind, so after a TP
-    case a PP 2 case's last stage would think itself in the position-embedding group it has no
-    handle of; cleared here (0.16.1 clears them itself)."""
-    from megatron.core import parallel_state
-
-    parallel_state.destroy_model_parallel()
-    parallel_state._EMBEDDING_GLOBAL_RANKS = None
-    parallel_state._POSITION_EMBEDDING_GLOBAL_RANKS = None
+            release_parallel_state()
 
 
 def _gradients(policy, micros, g_l, g_h, micro: int) -> tuple[dict[str, torch.Tensor], float]:

@@ -81,18 +81,19 @@ def _policy(case: dict, hf_dir: Path):
 
 
 def _refuses_mismatched_pairs(policy) -> None:
-    """A torch optimizer over DDP-wrapped parameters (their gradients land in ``main_grad``,
-    never in ``param.grad``), or a ``MegatronOptimizer`` without the DDP, is refused."""
-    from opefo_nemo.engines.megatron.policy import MegatronPolicy, build_adamw
+    """A torch optimizer (over the DDP-wrapped model, whose gradients land in ``main_grad``, or
+    over the bare model), or a ``MegatronOptimizer`` without the DDP, is refused with a
+    ``TypeError`` naming what ``MegatronPolicy`` takes."""
+    from opefo_nemo.engines.megatron.policy import MegatronPolicy
 
-    pairs = [
-        (policy.model.module, build_adamw(policy.model.module, policy.config, 1e-3)),
-        (policy.model.module, policy.optimizer),
-    ]
+    module = policy.model.module
+    adamw = torch.optim.AdamW(module.parameters(), lr=1e-3)
+    pairs = [(policy.model, adamw), (module, adamw), (module, policy.optimizer)]
     for model, optimizer in pairs:
         try:
             MegatronPolicy(model, optimizer, policy.config, layout=policy.layout, temperature=1.0)
-        except TypeError:
+        except TypeError as error:
+            assert "MegatronPolicy takes" in str(error), error
             continue
         raise AssertionError(f"{type(optimizer).__name__} over {type(model).__name__} accepted")
 

@@ -1,5 +1,7 @@
 """Rank function for the ``MegatronPolicy`` tests: the trainer's real update of one rollout batch
-on a real megatron-core ``GPTModel`` (rope, CPU, gloo), spawned by ``tests.parallel.world``."""
+on a real megatron-core ``GPTModel`` (rope, CPU, gloo) in megatron's ``DistributedDataParallel``
+with megatron's optimizer (:func:`~opefo_nemo.engines.megatron.build.wrap_for_training`, fp32,
+distributed optimizer off), spawned by ``tests.parallel.world``."""
 
 from __future__ import annotations
 
@@ -25,7 +27,7 @@ from opefo_nemo.models.megatron_weights import (
 from opefo_nemo.parallel import VOCAB_SUMS
 from opefo_nemo.trainer.update import update_rollout_batch
 
-from .tiny import megatron_gpt
+from .tiny import megatron_gpt, release_parallel_state
 from .workers_ckpt import checkpoint_on_cpu
 
 #: Vocabulary 100 padded to a multiple of 8 × TP: 104 at TP 1, 112 at TP 2 (padded columns exist).
@@ -52,19 +54,18 @@ def policy_updates(
     """For each case (``family``, ``tp``, optional ``pp``, ``micro_batch_size``, ``method`` =
     load_method args, ``engine`` = MegatronEngineConfig keys; DP = world size / (TP × PP)), in
     one world so the ranks import megatron once: ``token_stats`` of the whole batch, then
-    ``update_rollout_batch`` (the trainer's phases 1–3) with the clipped gradients captured
-    before each optimizer step (in Hugging Face names), the weights after it, then a recording
+    ``update_rollout_batch`` (the trainer's phases 1–3) with the reduced gradients captured at
+    each optimizer step (``main_grad``, clipped as megatron's step clips them, in Hugging Face
+    names), the weights after it, then a recording
     step: every ``loss_fn`` call's logprob against ``token_stats`` of that micro-batch with the
     same weights, and the warmed-up lr; before it, ``save`` and ``load`` into a fresh policy
     (:func:`_resumes_exactly`), and after it a step that must be skipped on every rank
     (:func:`_skips_everywhere`). Rank 0 writes case ``i``'s results to ``out_dir/result_{i}.pt``.
     """
     warnings.filterwarnings("ignore")
-    from megatron.core import parallel_state
-
     for index, case in enumerate(cases):
         pp = case.get("pp", 1)
-        compat.initialize_model_parallel(case["tp"], pp, gloo_groups=False)
+        compat.initialize_model_parallel(case["tp"], pp, gloo_groups=True)
         try:
             with megatron_on_cpu():
                 checkpoint = Path(out_dir) / f"checkpoint_{index}"
@@ -72,14 +73,14 @@ def policy_updates(
             if rank == 0:
                 torch.save(result, Path(out_dir) / f"result_{index}.pt")
         finally:
-            parallel_state.destroy_model_parallel()
+            release_parallel_state()
 
 
 def _policy(case: dict, hf_dir: Path):
     """A ``MegatronPolicy`` of the case's layout and engine on the Hugging Face weights."""
     from megatron.core import parallel_state
 
-    from opefo_nemo.engines.megatron.policy import MegatronPolicy, build_adamw
+    from opefo_nemo.engines.megatron.build import wrap_for_training
 
     config_json = json.loads((hf_dir / "config.json").read_text())
     layout = MegatronLayout.from_hf_config(
@@ -93,15 +94,20 @@ def _policy(case: dict, hf_dir: Path):
     tp_rank = parallel_state.get_tensor_model_parallel_rank()
     load_hf_into_megatron(model, layout, hf_dir, stage, tp_rank)
     config = MegatronEngineConfig(
-        dtype="float32", micro_batch_size=case["micro_batch_size"], **case["engine"]
+        dtype="float32",
+        micro_batch_size=case["micro_batch_size"],
+        use_distributed_optimizer=False,
+        **case["engine"],
     )
-    optimizer = build_adamw(model, config, load_method(*case["method"]).lr)
-    return MegatronPolicy(model, optimizer, config, layout=layout, temperature=TEMPERATURE)
+    lr = load_method(*case["method"]).lr
+    return wrap_for_training(model, layout, config, lr=lr, temperature=TEMPERATURE)
 
 
 def _resumes_exactly(case: dict, hf_dir: Path, policy, checkpoint: Path) -> bool:
-    """``save`` then ``load`` into a fresh policy (the untrained weights, fresh AdamW): weights,
-    AdamW state and learning rate come back bit for bit on every rank (every pipeline stage)."""
+    """``save`` then ``load`` into a fresh policy (the untrained weights, fresh optimizer):
+    weights, the learning rate and the optimizer's state (megatron's fp32 optimizer hands out its
+    inner ``torch.optim.AdamW``'s: ``exp_avg``, ``exp_avg_sq``, ``step`` per parameter) come back
+    bit for bit on every rank (every pipeline stage)."""
     with checkpoint_on_cpu():
         policy.save(checkpoint)
     fresh = _policy(case, hf_dir)
@@ -112,7 +118,9 @@ def _resumes_exactly(case: dict, hf_dir: Path, policy, checkpoint: Path) -> bool
     ):
         same = same and name == other and torch.equal(ours, theirs)
     new, old = fresh.optimizer.state_dict()["state"], policy.optimizer.state_dict()["state"]
+    same = same and len(old) == len(list(policy.model.parameters()))  # every parameter has state
     for key, state in old.items():
+        same = same and state.keys() == new[key].keys() == {"step", "exp_avg", "exp_avg_sq"}
         same = same and all(torch.equal(new[key][k], v) for k, v in state.items())
     verdict = torch.tensor([float(same and new.keys() == old.keys())])
     torch.distributed.all_reduce(verdict, op=torch.distributed.ReduceOp.MIN)
@@ -123,17 +131,24 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
     micro_batch_size = case["micro_batch_size"]
     method = load_method(*case["method"])
     policy = _policy(case, hf_dir)
-    model, optimizer, layout = policy.model, policy.optimizer, policy.layout
+    module, layout, clip = policy.model.module, policy.layout, policy.config.grad_clip
     stats = policy.token_stats(batch, sums=VOCAB_SUMS)
 
-    names = {param: name for name, param in model.named_parameters()}
     captured: list[dict[str, torch.Tensor]] = []
-    optimizer.register_step_pre_hook(
-        lambda opt, args, kwargs: captured.append(
-            {names[p]: p.grad.clone() for group in opt.param_groups for p in group["params"]}
-        )
-    )
+    original = policy.optimizer.step
+
+    def step():
+        """The reduced gradients as the step receives them, scaled by megatron's clipping
+        coefficient ``min(1, clip / (‖g‖ + 1e-6))`` with the norm the step returns."""
+        grads = {n: p.main_grad.clone() for n, p in module.named_parameters()}
+        result = original()
+        coefficient = min(1.0, clip / (result[1] + 1e-6)) if clip > 0 else 1.0
+        captured.append({n: g * coefficient for n, g in grads.items()})
+        return result
+
+    policy.optimizer.step = step
     outcome = update_rollout_batch(policy, build_objective(method), batch, micro_batch_size, seed=0)
+    policy.optimizer.step = original
     grads = [_hf_names(layout, step) for step in captured]
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
 

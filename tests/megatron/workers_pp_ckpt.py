@@ -3,12 +3,14 @@
 One spawned 2-rank gloo world, real megatron-core ``GPTModel``\\ s of the tiny Qwen2 (untied and
 tied embeddings), records per check the names that failed:
 
-1. PP 2 (TP 1, DP 1): each stage loads its Hugging Face weights (``hf_to_megatron``), AdamW takes
-   one step on gradients drawn per *global* weight name (the tied copy on the last stage gets the
-   embedding's, as after the embedding-group sum), the weights are put back to the Hugging Face
-   ones (so that an export must equal the original model) and :func:`save_sharded` writes
-   ``pp2_<family>``. A fresh PP-2 model (megatron's random init) and a fresh AdamW load it:
-   weights, AdamW state and lr bit-equal to the saved ones on every stage. Mismatched models are
+1. PP 2 (TP 1, DP 1): each stage loads its Hugging Face weights (``hf_to_megatron``) into a model
+   in megatron's ``DistributedDataParallel`` with megatron's optimizer
+   (:func:`~.workers_ckpt.megatron_trainer`), which takes one step on gradients drawn per
+   *global* weight name into ``main_grad`` (the tied copy on the last stage gets the embedding's,
+   as after the embedding-group sum), the weights are put back to the Hugging Face ones (so that
+   an export must equal the original model) and :func:`save_megatron` writes ``pp2_<family>``.
+   A fresh PP-2 model (megatron's random init) and a fresh optimizer load it: weights, AdamW
+   state and lr bit-equal to the saved ones on every stage. Mismatched models are
    refused on *both* ranks, each naming the key, although only one stage sees the problem:
    the tied checkpoint into the untied model (the last stage misses ``output_layer.weight``),
    the untied checkpoint into the tied model (no stage wants ``output_layer.weight``).
@@ -30,13 +32,13 @@ import torch
 import torch.distributed as dist
 
 from opefo_nemo.engines.megatron import compat
-from opefo_nemo.engines.megatron.checkpoint import load_sharded, save_sharded
+from opefo_nemo.engines.megatron.checkpoint import load_megatron, save_megatron
 from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import MegatronLayout, hf_to_megatron
 from tests.parallel.world import run_world
 
-from .tiny import hf_model, hf_weights, layout, megatron_gpt
-from .workers_ckpt import checkpoint_on_cpu, differences, snapshot
+from .tiny import hf_model, hf_weights, layout, megatron_gpt, release_parallel_state
+from .workers_ckpt import checkpoint_on_cpu, differences, megatron_trainer, snapshot
 
 FAMILIES = ("qwen2", "qwen2_tied")
 EMBEDDING = "embedding.word_embeddings.weight"
@@ -74,32 +76,26 @@ def _stage_model(lay: MegatronLayout):
     return megatron_gpt(lay, stage), lay.stage_layers(stage).start
 
 
-def _adamw(model) -> torch.optim.AdamW:
-    return torch.optim.AdamW(model.parameters(), lr=1e-2, weight_decay=0.1)
-
-
 def pp_checkpoint_world(rank: int, world_size: int, shards, root: str) -> None:
     """The module docstring's two parts; rank 0 writes ``results.json``."""
     warnings.filterwarnings("ignore")
-    from megatron.core import parallel_state
-
     out = Path(root)
     results: dict[str, list[str]] = {}
-    compat.initialize_model_parallel(1, 2, gloo_groups=False)
-    try:
-        with megatron_on_cpu():
+    with megatron_on_cpu():
+        compat.initialize_model_parallel(1, 2, gloo_groups=True)
+        try:
             saved = {
                 family: _save_and_resume_pp2(family, shards, out, results) for family in FAMILIES
             }
             _refusals(out, results)
-    finally:
-        parallel_state.destroy_model_parallel()
-    compat.initialize_model_parallel(1, 1, gloo_groups=False)
-    try:
-        for family in FAMILIES:
-            _load_at_pp1(family, saved[family], out, results)
-    finally:
-        parallel_state.destroy_model_parallel()
+        finally:
+            release_parallel_state()
+        compat.initialize_model_parallel(1, 1, gloo_groups=True)
+        try:
+            for family in FAMILIES:
+                _load_at_pp1(family, saved[family], out, results)
+        finally:
+            release_parallel_state()
     if rank == 0:
         (out / "results.json").write_text(json.dumps(results, indent=1))
 
@@ -114,26 +110,28 @@ def _save_and_resume_pp2(family: str, shards, out: Path, results: dict) -> dict:
     extra = {k: v for k, v in model.state_dict().items() if k.endswith("_extra_state")}
     hf_state = {**extra, **shards[family][(stage, 0)]}
     model.load_state_dict(hf_state, strict=True)
-    optimizer = _adamw(model)
+    _, optimizer = megatron_trainer(model)
     for name, param in model.named_parameters():
         drawn = (
             EMBEDDING if name == "output_layer.weight" and lay.shape.tie_word_embeddings else name
         )
         seed = zlib.crc32(global_name(drawn, first_layer).encode())
-        param.grad = torch.randn(param.shape, generator=torch.Generator().manual_seed(seed))
+        param.main_grad.copy_(
+            torch.randn(param.shape, generator=torch.Generator().manual_seed(seed))
+        )
     optimizer.step()
     with torch.no_grad():
         model.load_state_dict(hf_state, strict=True)
     with checkpoint_on_cpu():
-        save_sharded(out / f"pp2_{family}", model, optimizer, {"family": family})
+        save_megatron(out / f"pp2_{family}", model, optimizer, {"family": family})
     saved = snapshot(model, optimizer, lambda n: global_name(n, first_layer))
 
     fresh, _ = _stage_model(lay)
-    fresh_optimizer = _adamw(fresh)
+    _, fresh_optimizer = megatron_trainer(fresh)
     results[f"pp2_fresh_differs_{family}"] = differences(
         saved, snapshot(fresh, fresh_optimizer, lambda n: global_name(n, first_layer))
     )
-    loaded_extra = load_sharded(out / f"pp2_{family}", fresh, fresh_optimizer)
+    loaded_extra = load_megatron(out / f"pp2_{family}", fresh, fresh_optimizer)
     results[f"pp2_to_pp2_{family}"] = differences(
         saved, snapshot(fresh, fresh_optimizer, lambda n: global_name(n, first_layer))
     )
@@ -148,8 +146,9 @@ def _save_and_resume_pp2(family: str, shards, out: Path, results: dict) -> dict:
 def _refused(directory: Path, family: str) -> str:
     """The error of loading ``directory`` into a PP-2 model of ``family`` (``"no error"``)."""
     model, _ = _stage_model(layout(family, pp=2))
+    _, optimizer = megatron_trainer(model)
     try:
-        load_sharded(directory, model, None)
+        load_megatron(directory, model, optimizer)
     except ValueError as error:
         return str(error)
     return "no error"
@@ -169,8 +168,8 @@ def _refusals(out: Path, results: dict) -> None:
 def _load_at_pp1(family: str, saved_full: dict, out: Path, results: dict) -> None:
     """Part 2 for ``family`` (the tied copy on the last stage has no PP-1 counterpart)."""
     model = megatron_gpt(layout(family))
-    optimizer = _adamw(model)
-    load_sharded(out / f"pp2_{family}", model, optimizer)
+    _, optimizer = megatron_trainer(model)
+    load_megatron(out / f"pp2_{family}", model, optimizer)
     expected = {k: v for k, v in saved_full.items() if not k.endswith(":output_layer.weight")}
     if not layout(family).shape.tie_word_embeddings:
         expected = saved_full

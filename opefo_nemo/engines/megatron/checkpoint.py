@@ -1,25 +1,28 @@
-"""Sharded checkpoints of a megatron-core model and its optimizer (megatron ``dist_checkpointing``).
+"""Sharded checkpoints of a megatron-core model and megatron's optimizer (``dist_checkpointing``).
 
-:func:`save_sharded` writes, collectively over all ranks of the job, one ``torch_dist``
+:func:`save_megatron` writes, collectively over all ranks of the job, one ``torch_dist``
 checkpoint directory (the format NeMo's ``MegatronGPTModel`` writes, e.g. a ``.nemo``'s
 ``model_weights/``) holding
 
-- the model's ``sharded_state_dict(prefix=prefix)``: every weight under its global key, TP shards
-  placed at their offsets in the full tensor and ``decoder.layers.*`` stacked along a prepended
-  layer axis of size ``L`` (global layer index, so PP stages land in one tensor). NeMo's module
-  tree names these keys with ``prefix="model."``; ours default to ``""``;
-- the optimizer's per-parameter state (AdamW's ``exp_avg``, ``exp_avg_sq``) under
-  ``optimizer.state.<name>.<model key>``, sharded exactly like the parameter it belongs to
-  (megatron's ``optim_state_to_sharding_state``, as its non-distributed ``FP32Optimizer`` does),
-  so it reshards with the weights; the shared ``step`` and the parameter groups'
-  hyper-parameters go to the common (rank 0) part;
-- :data:`MANIFEST`: the format, the key prefix, the optimizer's state names and ``extra`` (any
-  JSON-able dict: scheduler state, step).
+- the model's ``sharded_state_dict()``: every weight under its global key, TP shards placed at
+  their offsets in the full tensor and ``decoder.layers.*`` stacked along a prepended layer axis
+  of size ``L`` (global layer index, so PP stages land in one tensor). NeMo's module tree names
+  these keys with the prefix ``model.``; ours have none;
+- the ``MegatronOptimizer``'s own ``sharded_state_dict`` (:func:`~.compat.optimizer_sharded_state`)
+  under ``optimizer.*``. Without the distributed optimizer: the Adam moments of each parameter
+  (``optimizer.state.exp_avg.<key>``, ``…exp_avg_sq.<key>``, and fp32 main weights beside bf16
+  parameters) sharded exactly like that parameter, so they reshard with the weights; the
+  parameter groups' hyper-parameters and the steps in the common (rank 0) part. With it (0.16.1's
+  ``dp_reshardable``): each rank's flat optimizer buffers, resumable at the same TP × PP layout
+  (DP may change);
+- :data:`MANIFEST`: the format, the key prefix (``""``), ``optimizer_state`` =
+  :data:`MEGATRON_OPTIMIZER` and ``extra`` (any JSON-able dict: the learning-rate schedule).
 
-Because every tensor is stored at its global offsets, :func:`load_sharded` can load into any
-TP × PP × DP layout of the same model (the padded vocabulary must come out the same:
-``make_vocab_size_divisible_by × TP`` must give equal ``V'``). Resuming at the same layout is
-exact: weights, optimizer state and ``step`` are restored bit for bit.
+Because the weights are stored at their global offsets, :func:`load_megatron` can load them,
+and the non-distributed optimizer's state, into any TP × PP × DP layout of the same model (the
+padded vocabulary must come out the same: ``make_vocab_size_divisible_by × TP`` must give equal
+``V'``). Resuming at the same layout is exact: weights and optimizer state are restored bit for
+bit.
 
 Pipeline stages: each stage saves and loads only the tensors it holds (its decoder layers at
 their global layer index; the embedding on the first stage, the final norm and output layer on
@@ -27,12 +30,6 @@ the last). With tied embeddings at PP > 1 the last stage's copy of the word embe
 (``output_layer.weight``) is megatron's replica of ``embedding.word_embeddings.weight``
 (``replica_id`` 1): it and its optimizer state are written once, from the first stage, and
 every stage holding a copy loads that one tensor.
-
-The optimizer is a plain ``torch.optim.Optimizer`` over this rank's parameters
-(:func:`save_sharded` / :func:`load_sharded`), or a ``MegatronOptimizer``
-(:func:`save_megatron` / :func:`load_megatron`): megatron's own ``sharded_state_dict`` of its
-fp32 main weights and Adam moments in a format that reshards over DP, TP and PP like the weights
-(:func:`~.compat.optimizer_sharded_state`).
 
 Atomicity: everything is written into ``.<name>.partial`` beside ``directory`` and renamed into
 place by rank 0 after every rank has finished, so ``directory`` is either the old complete
@@ -71,49 +68,27 @@ from . import compat
 MEGATRON_OPTIMIZER = "megatron"
 
 
-def save_sharded(
-    directory: Path,
-    model: torch.nn.Module,
-    optimizer: torch.optim.Optimizer | None,
-    extra: dict,
-    *,
-    prefix: str = "",
-) -> None:
-    """Write ``model``, ``optimizer``'s state and the JSON-able ``extra`` to ``directory``.
-    Collective: every rank of the job calls it. ``model`` is the unwrapped megatron-core module
-    (``GPTModel``: its ``sharded_state_dict`` and ``state_dict`` keys must agree, which a
-    ``Float16Module`` or DDP wrapper's do not).
-
-    Bad input (a non-JSON-able ``extra``, optimizer parameters that are not the model's, or
-    parameters at different steps) raises before anything is written."""
-    directory = Path(directory)
-    extra_json = _json_able(extra)
-    model_state = model.sharded_state_dict(prefix=prefix)
-    state: dict[str, Any] = {"model": model_state}
-    state_names: list[str] = []
-    if optimizer is not None:
-        state_names = _state_names(optimizer)
-        state["optimizer"] = _optimizer_sharded_state(
-            optimizer, model_state, optimizer.state_dict()
-        )
-    _write(directory, state, prefix, state_names if optimizer is not None else None, extra_json)
-
-
 def save_megatron(directory: Path, model: torch.nn.Module, optimizer: Any, extra: dict) -> None:
     """Write ``model`` (the ``GPTModel`` inside megatron's DDP), the ``MegatronOptimizer``'s
-    state (module docstring) and the JSON-able ``extra`` to ``directory``. Collective."""
+    state (module docstring) and the JSON-able ``extra`` to ``directory``. Collective: every
+    rank of the job calls it. A non-JSON-able ``extra`` raises before anything is written."""
     extra_json = _json_able(extra)
     _refuse_unsupported(optimizer)
     model_state = model.sharded_state_dict()
     optimizer_state = compat.optimizer_sharded_state(optimizer, model_state, is_loading=False)
     state = {"model": model_state, "optimizer": optimizer_state}
-    _write(directory, state, "", MEGATRON_OPTIMIZER, extra_json)
+    _write(directory, state, extra_json)
 
 
 def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> dict:
-    """Restore what :func:`save_megatron` wrote into ``model`` and the ``MegatronOptimizer``;
-    returns ``extra``. Collective; the model is checked against the checkpoint first, as in
-    :func:`load_sharded`."""
+    """Restore what :func:`save_megatron` wrote into ``model`` (the ``GPTModel`` inside megatron's
+    DDP) and the ``MegatronOptimizer``; returns ``extra``. Collective over all ranks.
+
+    Raises before loading anything: ``FileNotFoundError`` for a missing checkpoint (before any
+    collective); ``ValueError`` for a checkpoint not written by :func:`save_megatron`, or naming
+    the key (and both shapes) when the model does not match it (on every rank at once, after
+    one exchange of the ranks' key lists: a pipeline stage checks the keys it holds,
+    :func:`_check_model_matches`)."""
     from megatron.core import dist_checkpointing
 
     directory = Path(directory)
@@ -123,7 +98,7 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
             f"{directory} was not written with megatron's optimizer (engine=megatron / aligner)"
         )
     _refuse_unsupported(optimizer)
-    _check_model_matches(model.sharded_state_dict(), tensor_metadata(directory), "", directory)
+    _check_model_matches(model.sharded_state_dict(), tensor_metadata(directory), directory)
     _materialize_adam_state(optimizer)
     model_state = model.sharded_state_dict()
     optimizer_state = compat.optimizer_sharded_state(optimizer, model_state, is_loading=True)
@@ -195,9 +170,7 @@ def _json_able(extra: dict) -> Any:
         raise TypeError(f"checkpoint extra must be JSON-able ({error})") from error
 
 
-def _write(
-    directory: Path, state: dict[str, Any], prefix: str, optimizer_state: Any, extra: Any
-) -> None:
+def _write(directory: Path, state: dict[str, Any], extra: Any) -> None:
     """``dist_checkpointing.save`` of ``state`` into a staging directory, the manifest beside
     it, then the atomic rename (module docstring). Collective."""
     from megatron.core import dist_checkpointing
@@ -213,8 +186,8 @@ def _write(
         manifest = {
             "format": FORMAT,
             "version": VERSION,
-            "model_prefix": prefix,
-            "optimizer_state": optimizer_state,
+            "model_prefix": "",
+            "optimizer_state": MEGATRON_OPTIMIZER,
             "world_size": dist.get_world_size(),
             "extra": extra,
         }
@@ -223,112 +196,9 @@ def _write(
     dist.barrier()
 
 
-def load_sharded(
-    directory: Path, model: torch.nn.Module, optimizer: torch.optim.Optimizer | None
-) -> dict:
-    """Load ``directory`` (written by :func:`save_sharded`) into ``model`` and, when given,
-    ``optimizer``; returns the saved ``extra``. Collective over all ranks.
-
-    Raises before loading anything: ``FileNotFoundError`` for a missing checkpoint (before any
-    collective), ``ValueError`` naming the key (and both shapes) when the model does not match
-    it (on every rank at once, after one exchange of the ranks' key lists: a pipeline stage
-    checks the keys it holds, :func:`_check_model_matches`), or when an optimizer is given and
-    the checkpoint holds none.
-    """
-    from megatron.core import dist_checkpointing
-
-    directory = Path(directory)
-    manifest = read_manifest(directory)
-    prefix = manifest["model_prefix"]
-    stored = tensor_metadata(directory)
-    model_state = model.sharded_state_dict(prefix=prefix)
-    _check_model_matches(model.sharded_state_dict(prefix=prefix), stored, prefix, directory)
-    state: dict[str, Any] = {"model": model_state}
-    if optimizer is not None:
-        names = manifest["optimizer_state"]
-        if names is None:
-            raise ValueError(f"{directory} holds no optimizer state; load it with optimizer=None")
-        if names == MEGATRON_OPTIMIZER:
-            raise ValueError(f"{directory} holds megatron's optimizer state: use load_megatron")
-        empty = _empty_optimizer_state(optimizer, names)
-        state["optimizer"] = _optimizer_sharded_state(optimizer, model_state, empty)
-    loaded = dist_checkpointing.load(state, str(directory))
-    weights = {key.removeprefix(prefix): value for key, value in loaded["model"].items()}
-    model.load_state_dict(weights, strict=True)
-    if optimizer is not None:
-        optimizer.load_state_dict(_restore_step(loaded["optimizer"]))
-    return manifest["extra"]
-
-
-def _params(optimizer: torch.optim.Optimizer) -> list[torch.nn.Parameter]:
-    return [param for group in optimizer.param_groups for param in group["params"]]
-
-
-def _state_names(optimizer: torch.optim.Optimizer) -> list[str]:
-    """Per-parameter state names other than ``step`` (``[]`` before the first step); every
-    parameter must carry the same ones (megatron shares one ``step`` across parameters)."""
-    params = _params(optimizer)
-    names = {tuple(sorted(optimizer.state[p])) if p in optimizer.state else () for p in params}
-    if len(names) > 1:
-        raise ValueError(
-            f"optimizer parameters carry different state entries {sorted(names)}: save_sharded "
-            "needs every parameter to have the same ones (take a step on all of them)"
-        )
-    return [name for name in (names.pop() if names else ()) if name != "step"]
-
-
-def _empty_optimizer_state(optimizer: torch.optim.Optimizer, names: list[str]) -> dict[str, Any]:
-    """An optimizer state dict shaped like the saved one, to be loaded into: per parameter, an
-    empty tensor like the parameter for each of ``names``."""
-    template = optimizer.state_dict()
-    states = {
-        index: {name: torch.empty_like(param) for name in names}
-        for index, param in enumerate(_params(optimizer))
-    }
-    return {"state": states if names else {}, "param_groups": template["param_groups"]}
-
-
-def _optimizer_sharded_state(
-    optimizer: torch.optim.Optimizer, model_state: Mapping[str, Any], state_dict: dict[str, Any]
-) -> dict[str, Any]:
-    """``state_dict`` (an optimizer state dict) with each per-parameter tensor wrapped as a
-    sharded tensor of its parameter's key; the common ``step`` is set aside as ``common_step``."""
-    from megatron.core.dist_checkpointing.optimizer import (
-        get_param_id_to_sharded_param_map,
-        optim_state_to_sharding_state,
-    )
-
-    params = _params(optimizer)
-    sharded = get_param_id_to_sharded_param_map(model_state, params)
-    untracked = [index for index in range(len(params)) if index not in sharded]
-    if untracked:
-        shapes = [tuple(params[index].shape) for index in untracked]
-        raise ValueError(
-            f"optimizer parameters {untracked} (shapes {shapes}) are not parameters of the model "
-            "being checkpointed"
-        )
-    steps = [entry["step"] for entry in state_dict["state"].values() if "step" in entry]
-    if any(not torch.equal(torch.as_tensor(step), torch.as_tensor(steps[0])) for step in steps):
-        raise ValueError("optimizer parameters are at different steps; save_sharded needs one")
-    optim_state_to_sharding_state(state_dict, sharded, exclude_keys=("step",))
-    if steps:
-        state_dict["state"]["common_step"] = steps[0]
-    return state_dict
-
-
-def _restore_step(state_dict: dict[str, Any]) -> dict[str, Any]:
-    """Give every parameter the shared ``common_step`` back (torch's optimizer state layout)."""
-    step = state_dict["state"].pop("common_step", None)
-    if step is not None:
-        for entry in state_dict["state"].values():
-            entry["step"] = step.clone() if isinstance(step, torch.Tensor) else step
-    return state_dict
-
-
 def _check_model_matches(
     model_state: Mapping[str, Any],
     stored: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
-    prefix: str,
     directory: Path,
 ) -> None:
     """Every model tensor of every rank is in the checkpoint with its global shape, and the
@@ -368,9 +238,7 @@ def _check_model_matches(
             raise ValueError(f"{found} (on rank {rank})")
     wanted = {key for keys, _ in everyone for key in keys}
     unexpected = sorted(
-        key
-        for key in stored
-        if key.startswith(prefix) and not key.startswith(OPTIMIZER_PREFIX) and key not in wanted
+        key for key in stored if not key.startswith(OPTIMIZER_PREFIX) and key not in wanted
     )
     if unexpected:
         raise ValueError(

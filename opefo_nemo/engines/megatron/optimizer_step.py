@@ -1,33 +1,29 @@
-"""The two ways :class:`~.policy.MegatronPolicy` reduces gradients and steps its optimizer after
-megatron's schedule has run the backward of a step's micro-batches (spec §5, §8).
+"""How :class:`~.policy.MegatronPolicy` reduces gradients and steps its optimizer after megatron's
+schedule has run the backward of a step's micro-batches (spec §5, §8).
 
-Both expose the same four operations, which ``train_step`` calls in this order: ``zero_grad()``
-before the schedule; ``reduce(failed)`` after it (``failed``: a device scalar, > 0 when this rank
-saw a non-finite loss or logits; gradients averaged over data parallel; returns whether any rank
-of the job failed: a non-finite loss or logits, or a non-finite gradient, so that every rank
-skips the step together); ``step()`` (clip to ``config.grad_clip``, the
-optimizer's update at the warm-up learning rate; returns ``‖g‖₂`` before clipping);
+:class:`MegatronOptimizerStep` exposes four operations, which ``train_step`` calls in this order:
+``zero_grad()`` before the schedule; ``reduce(failed)`` after it (``failed``: a device scalar,
+> 0 when this rank saw a non-finite loss or logits; gradients averaged over data parallel;
+returns whether any rank of the job failed: a non-finite loss or logits, or a non-finite
+gradient, so that every rank skips the step together); ``step()`` (clip to ``config.grad_clip``,
+the optimizer's update at the warm-up learning rate; returns ``‖g‖₂`` before clipping);
 ``advance()`` (the next rollout step's learning rate, ``lr · min(1, (s + 1) / warmup_steps)``).
 
-- :class:`TorchOptimizerStep`: the model's own parameters in ``engine.dtype``, their
-  ``param.grad`` averaged by :func:`~.gradients.average_over_data_parallel`, the norm by
-  :func:`~.gradients.global_grad_norm`, a torch optimizer (:func:`~.policy.build_adamw`).
-- :class:`MegatronOptimizerStep`: the model wrapped in megatron-core's
-  ``DistributedDataParallel`` (contiguous fp32 ``main_grad`` buffers; its ``finish_grad_sync``,
-  run by megatron's ``finalize_model_grads``, all-reduces them over DP, or reduce-scatters them
-  with the distributed optimizer, scaled by ``1/D``: what :class:`~.loss_closure.MegatronScaling`
-  assumes) and a ``MegatronOptimizer`` from ``get_megatron_optimizer`` (fp32 main weights for
-  bf16 parameters, optionally sharded over DP;
-  :func:`~.megatron_optimizer.build_megatron_optimizer`).
-  Its ``step()`` computes the global norm, clips and steps, and returns ``(success, ‖g‖₂, _)``;
-  the learning rate is written into every parameter group before each step (megatron's
-  ``OptimizerParamScheduler`` is not used, so its per-group ``wd_mult`` is not applied either:
-  weight decay acts on every parameter, as in ``HFPolicy``).
+The model is wrapped in megatron-core's ``DistributedDataParallel`` (contiguous fp32
+``main_grad`` buffers; its ``finish_grad_sync``, run by megatron's ``finalize_model_grads``,
+all-reduces them over DP, or reduce-scatters them with the distributed optimizer, scaled by
+``1/D``: what :class:`~.loss_closure.MegatronScaling` assumes; then ``finalize_model_grads`` sums
+a tied embedding's two copies over the first and last pipeline stage) and the optimizer is a
+``MegatronOptimizer`` from ``get_megatron_optimizer`` (fp32 main weights for bf16 parameters,
+optionally sharded over DP; :func:`~.megatron_optimizer.build_megatron_optimizer`). Its
+``step()`` computes the global norm (every weight counted once over TP and PP), clips by
+``min(1, max_norm / (‖g‖ + 1e-6))`` and steps, and returns ``(success, ‖g‖₂, _)``; the learning
+rate is written into every parameter group before each step (megatron's
+``OptimizerParamScheduler`` is not used, so its per-group ``wd_mult`` is not applied either:
+weight decay acts on every parameter, as in ``HFPolicy``).
 """
 
 from __future__ import annotations
-
-import math
 
 import torch
 import torch.distributed as dist
@@ -37,61 +33,6 @@ from torch import Tensor
 
 from ...config.engines import MegatronEngineConfig
 from ..schedule import warmup_factor
-from .gradients import average_over_data_parallel, clip_to_norm, global_grad_norm
-
-
-class TorchOptimizerStep:
-    """A torch optimizer over the model's own parameters (module docstring)."""
-
-    def __init__(
-        self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer,
-        config: MegatronEngineConfig,
-        dp_group: dist.ProcessGroup,
-        model_parallel_group: dist.ProcessGroup,
-    ) -> None:
-        if not isinstance(optimizer, torch.optim.Optimizer):
-            raise TypeError(
-                f"MegatronPolicy takes a torch optimizer or a MegatronOptimizer, got "
-                f"{type(optimizer).__name__}"
-            )
-        self.optimizer, self.config = optimizer, config
-        self.dp_group, self.model_parallel_group = dp_group, model_parallel_group
-        self.params = [p for p in model.parameters() if p.requires_grad]
-        if any(hasattr(p, "main_grad") for p in self.params):
-            raise TypeError(
-                "the model's parameters carry megatron DDP main_grad buffers (their gradients "
-                "never reach param.grad): pass the DistributedDataParallel-wrapped model and a "
-                "MegatronOptimizer instead of a torch optimizer"
-            )
-        warmup = config.warmup_steps
-        self.scheduler = torch.optim.lr_scheduler.LambdaLR(
-            optimizer, lambda step: warmup_factor(step, warmup)
-        )
-        self._norm = math.nan
-
-    @property
-    def lr(self) -> float:
-        return float(self.optimizer.param_groups[0]["lr"])
-
-    def zero_grad(self) -> None:
-        self.optimizer.zero_grad(set_to_none=True)
-
-    def reduce(self, failed: Tensor) -> bool:
-        failed = average_over_data_parallel(self.params, self.dp_group, bool(failed > 0))
-        self._norm, failed = global_grad_norm(self.params, self.model_parallel_group, failed)
-        return failed or not math.isfinite(self._norm)
-
-    def step(self) -> float:
-        max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
-        clip_to_norm(self.params, max_norm, self._norm)
-        self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
-        return self._norm
-
-    def advance(self) -> None:
-        self.scheduler.step()
 
 
 class MegatronOptimizerStep:
@@ -110,11 +51,6 @@ class MegatronOptimizerStep:
         dp_group: dist.ProcessGroup,
         model_parallel_group: dist.ProcessGroup,
     ) -> None:
-        if not isinstance(model, DistributedDataParallel):
-            raise TypeError(
-                f"a MegatronOptimizer needs the model wrapped in megatron-core's "
-                f"DistributedDataParallel (its main_grad buffers), got {type(model).__name__}"
-            )
         clip = optimizer.config.clip_grad
         if not clip > 0:
             raise ValueError(

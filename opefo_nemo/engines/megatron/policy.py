@@ -22,10 +22,9 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
   coefficients on every rank, already on the device, so nothing but tokens and targets travels
   with the micro-batches).
   Then the gradients' DP reduction, the global norm over TP and PP, clipping to
-  ``config.grad_clip`` and the optimizer step, by one of the two paths of
-  :mod:`.optimizer_step` (below). A non-finite loss or logits on any rank, or a non-finite
-  gradient, skips the step on every rank (gradients dropped, ``UpdateResult(nan, lr,
-  skipped=True)``), as ``HFPolicy`` does.
+  ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A non-finite loss or
+  logits on any rank, or a non-finite gradient, skips the step on every rank (gradients
+  dropped, ``UpdateResult(nan, lr, skipped=True)``), as ``HFPolicy`` does.
 - Metric sums: ``loss_fn`` returns each micro-batch's ``LossOutput``; the last stage adds its
   ``sums`` into one float64 device vector (in ``train_step``'s ``sum_names`` order), which is
   all-reduced over the pipeline (the other stages hold zeros) and data-parallel groups after
@@ -36,27 +35,22 @@ SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with t
 - Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), the
   schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
 - :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
-  and AdamW state at their global offsets, so any TP × DP layout can resume), the schedule's
-  state in its ``extra``.
+  at their global offsets, and megatron's optimizer state: any layout resumes without the
+  distributed optimizer, the same TP × PP with it), the schedule's step in its ``extra``.
 - :meth:`named_weights`: Hugging Face names through :func:`~.streaming.hf_named_weights` and
   :class:`~.streaming.DistributedFetch` (TP shards gathered, PP stages broadcast, one decoder
   layer at a time); every rank must iterate it to the end.
 
-The optimizer the caller hands in picks the path (:mod:`.optimizer_step`):
-
-- a torch optimizer (:func:`build_adamw`) over the bare model's parameters in ``engine.dtype``
-  (float32 in practice): our own DP average of ``param.grad``, norm and clipping;
-- a ``MegatronOptimizer`` (:func:`~.megatron_optimizer.build_megatron_optimizer`) with the
-  model wrapped in megatron's ``DistributedDataParallel``
-  (:func:`~.megatron_optimizer.wrap_in_ddp`): bf16 parameters with fp32 main weights and
-  gradients, or fp32 ones; with or without the distributed optimizer (what ``engine=megatron``
-  and ``engine=aligner`` build, :mod:`.build`).
+The model comes wrapped in megatron's ``DistributedDataParallel``
+(:func:`~.megatron_optimizer.wrap_in_ddp`) with a ``MegatronOptimizer``
+(:func:`~.megatron_optimizer.build_megatron_optimizer`): bf16 parameters with fp32 main weights
+and gradients, or fp32 ones; with or without the distributed optimizer (what ``engine=megatron``
+and ``engine=aligner`` build, :mod:`.build`).
 
 Tied embeddings at PP > 1: the first stage's word embedding and the last stage's output layer
-must start bit-equal (checked at construction); their gradients are summed over megatron's
-embedding group after the DP reduction, on the torch path by
-:func:`~.gradients.sum_tied_embedding_grads`, on the megatron path by ``finalize_model_grads``
-(not tested at PP > 1). Sequence parallelism: sequences are padded to a multiple of TP
+must start bit-equal (checked at construction); megatron's ``finalize_model_grads`` sums their
+gradients over the embedding group after the DP reduction, so they take identical steps.
+Sequence parallelism: sequences are padded to a multiple of TP
 (:attr:`_seq_multiple`), the padding masked. Not supported: virtual pipeline stages.
 """
 
@@ -69,6 +63,7 @@ from pathlib import Path
 import torch
 import torch.distributed as dist
 from megatron.core import parallel_state
+from megatron.core.distributed import DistributedDataParallel
 from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
@@ -80,9 +75,9 @@ from ...parallel import NonFiniteLogitsError, TokenStats, requested_sums
 from ..batch import TrainBatch
 from ..protocols import LossFn, UpdateResult
 from . import compat
-from .checkpoint import load_megatron, load_sharded, save_megatron, save_sharded
+from .checkpoint import load_megatron, save_megatron
 from .loss_closure import LossFunction, MegatronScaling, output_stats, stats_function
-from .optimizer_step import MegatronOptimizerStep, TorchOptimizerStep
+from .optimizer_step import MegatronOptimizerStep
 from .pipeline_batch import PipelineMicroBatches
 from .schedule_driver import balanced_rows, gather_rows, per_rank, run_schedule
 
@@ -90,38 +85,34 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _SCHEDULE = "lr_schedule"
 
 
-def build_adamw(
-    model: torch.nn.Module, config: MegatronEngineConfig, lr: float
-) -> torch.optim.AdamW:
-    """AdamW over every trainable parameter of ``model`` with the engine's β, ε and weight decay
-    (one group, as ``HFPolicy``)."""
-    return torch.optim.AdamW(
-        [p for p in model.parameters() if p.requires_grad],
-        lr=lr,
-        betas=(config.adam_beta1, config.adam_beta2),
-        eps=config.adam_eps,
-        weight_decay=config.weight_decay,
-    )
-
-
 class MegatronPolicy:
     """``Policy`` on this rank's megatron-core ``GPTModel`` (see the module docstring).
 
     ``model``: the rank's model (one chunk: no virtual pipeline stages), built for ``layout`` and
-    this rank's TP rank; ``optimizer``: a torch optimizer over its parameters (:func:`build_adamw`),
-    or a ``MegatronOptimizer`` with ``model`` inside megatron's ``DistributedDataParallel``
-    (module docstring); ``temperature``: the rollout's sampling temperature (spec §1).
+    this rank's TP rank, inside megatron's ``DistributedDataParallel``; ``optimizer``: a
+    ``MegatronOptimizer`` over it (module docstring); ``temperature``: the rollout's sampling
+    temperature (spec §1).
     """
 
     def __init__(
         self,
-        model: torch.nn.Module,
-        optimizer: torch.optim.Optimizer | MegatronOptimizer,
+        model: DistributedDataParallel,
+        optimizer: MegatronOptimizer,
         config: MegatronEngineConfig,
         *,
         layout: MegatronLayout,
         temperature: float,
     ) -> None:
+        if not isinstance(optimizer, MegatronOptimizer):
+            raise TypeError(
+                f"MegatronPolicy takes a MegatronOptimizer (build_megatron_optimizer) over the "
+                f"model in megatron's DistributedDataParallel, got {type(optimizer).__name__}"
+            )
+        if not isinstance(model, DistributedDataParallel):
+            raise TypeError(
+                f"MegatronPolicy takes the model wrapped in megatron-core's "
+                f"DistributedDataParallel (wrap_in_ddp), got {type(model).__name__}"
+            )
         if not parallel_state.model_parallel_is_initialized():
             raise RuntimeError("MegatronPolicy needs megatron-core's parallel_state initialized")
         self.model, self.optimizer, self.config, self.layout = model, optimizer, config, layout
@@ -136,11 +127,7 @@ class MegatronPolicy:
             model, self.tp_group, layout.shape.vocab_size, temperature, config
         )
         groups = (self.dp_group, self.model_parallel_group)
-        self.updates: TorchOptimizerStep | MegatronOptimizerStep
-        if isinstance(optimizer, MegatronOptimizer):
-            self.updates = MegatronOptimizerStep(model, optimizer, config, *groups)
-        else:
-            self.updates = TorchOptimizerStep(model, optimizer, config, *groups)
+        self.updates = MegatronOptimizerStep(model, optimizer, config, *groups)
 
     def _check_model(self) -> None:
         """The model's names, shard shapes and dtype are what ``layout`` and ``config`` say."""
@@ -174,15 +161,15 @@ class MegatronPolicy:
 
     def _check_tied_copies(self) -> None:
         """Tied embeddings at PP > 1: the last stage's ``output_layer.weight`` equals the first
-        stage's word embedding bit for bit (their gradients are summed each step,
-        :func:`~.gradients.sum_tied_embedding_grads`, so they stay equal only if they start
-        equal). One all-reduce of ``E_first − E_last`` over the embedding group, then the
-        verdict over the pipeline so that every stage raises together."""
+        stage's word embedding bit for bit (their gradients are summed each step by megatron's
+        ``finalize_model_grads``, so they stay equal only if they start equal). One all-reduce of
+        ``E_first − E_last`` over the embedding group, then the verdict over the pipeline so that
+        every stage raises together."""
         group = compat.embedding_group()
         unequal = torch.zeros(1, device=self.device)
         if group is not None:
             first = parallel_state.is_pipeline_first_stage()
-            model = getattr(self.model, "module", self.model)  # megatron's DDP wraps it
+            model = self.model.module
             weight = model.embedding.word_embeddings.weight if first else model.output_layer.weight
             difference = weight.detach().clone() if first else -weight.detach()
             dist.all_reduce(difference, group=group)
@@ -351,27 +338,15 @@ class MegatronPolicy:
         """Model, optimizer state and learning-rate schedule into ``directory``, a megatron
         ``torch_dist`` checkpoint (:mod:`.checkpoint`; collective, every rank writes its
         shards); the schedule's state travels in the checkpoint's JSON ``extra``."""
-        if isinstance(self.updates, MegatronOptimizerStep):
-            save_megatron(
-                directory, self.model.module, self.optimizer, {_SCHEDULE: self.updates.steps}
-            )
-            return
-        scheduler = self.updates.scheduler
-        save_sharded(directory, self.model, self.optimizer, {_SCHEDULE: scheduler.state_dict()})
+        save_megatron(directory, self.model.module, self.optimizer, {_SCHEDULE: self.updates.steps})
 
     def load(self, directory: Path) -> None:
-        """Restore what :meth:`save` wrote (collective; any TP × PP × DP layout of the same
-        model)."""
-        if isinstance(self.updates, MegatronOptimizerStep):
-            extra = load_megatron(directory, self.model.module, self.optimizer)
-        else:
-            extra = load_sharded(directory, self.model, self.optimizer)
+        """Restore what :meth:`save` wrote (collective; the layouts it resumes at: module
+        docstring)."""
+        extra = load_megatron(directory, self.model.module, self.optimizer)
         if _SCHEDULE not in extra:
             raise ValueError(f"checkpoint {directory} holds no learning-rate schedule state")
-        if isinstance(self.updates, MegatronOptimizerStep):
-            self.updates.steps = int(extra[_SCHEDULE])
-        else:
-            self.updates.scheduler.load_state_dict(extra[_SCHEDULE])
+        self.updates.steps = int(extra[_SCHEDULE])
 
 
 def _sum_vector(part: Mapping[str, Tensor], names: Sequence[str], like: Tensor) -> Tensor:

@@ -3,14 +3,14 @@
 Two sources, one writer:
 
 - :func:`export_sharded`: a megatron ``torch_dist`` checkpoint (ours from
-  :func:`~.checkpoint.save_sharded`, or NeMo's ``model_weights/``). It is read with
-  ``torch.distributed.checkpoint`` alone, no megatron model and no process group: the key names
-  and global shapes come from ``.metadata``, and each Megatron weight is loaded as the region of
-  its global tensor that one decoder layer occupies (megatron prepends a layer axis of size ``L``
-  to ``decoder.layers.*``; layer ``i`` is ``[i : i + 1]`` of it). Checkpoint keys carry Transformer
-  Engine's norm names (megatron maps the local spec's onto them) and ``prefix`` (``model.`` in
-  NeMo's, ``""`` in ours; found from the manifest, or from the embedding's key). The weights are
-  then unfused into Hugging Face names by the same mapping as the rollout stream
+  :func:`~opefo_nemo.engines.megatron.checkpoint.save_megatron`, or NeMo's ``model_weights/``). It
+  is read with ``torch.distributed.checkpoint`` alone, no megatron model and no process group: the
+  key names and global shapes come from ``.metadata``, and each Megatron weight is loaded as the
+  region of its global tensor that one decoder layer occupies (megatron prepends a layer axis of
+  size ``L`` to ``decoder.layers.*``; layer ``i`` is ``[i : i + 1]`` of it). Checkpoint keys carry
+  Transformer Engine's norm names (megatron maps the local spec's onto them) and ``prefix``
+  (``model.`` in NeMo's, ``""`` in ours; found from the manifest, or from the embedding's key).
+  The weights are then unfused into Hugging Face names by the same mapping as the rollout stream
   (:func:`~.streaming.hf_named_weights`), one layer at a time.
 - :func:`export_safetensors`: Hugging Face safetensors (the ``hf`` engine's checkpoint), read
   tensor by tensor.
