@@ -35,6 +35,7 @@ from opefo_nemo.core.objectives import LossOutput, build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_named_weights
 from opefo_nemo.trainer.update import update_rollout_batch
+from tests.megatron.optimizer_capture import clipped, main_grads_at_steps
 from tests.megatron.tiny import hf_config, layout, megatron_gpt
 from tests.megatron.workers_policy import load_hf_into_megatron
 
@@ -109,33 +110,13 @@ def _capture_hf(policy, grads: list) -> None:
     )
 
 
-def _capture_megatron(policy, grads: list) -> None:
-    """``MegatronPolicy``: the reduced ``main_grad`` buffers as megatron's optimizer step receives
-    them, scaled by its clipping coefficient ``min(1, clip / (‖g‖ + 1e-6))`` with the norm the
-    step returns."""
-    module, clip, original = policy.model.module, ENGINE["grad_clip"], policy.optimizer.step
-
-    def step():
-        before = {
-            n: p.main_grad.detach().to("cpu", copy=True) for n, p in module.named_parameters()
-        }
-        result = original()
-        coefficient = min(1.0, clip / (result[1] + 1e-6))
-        grads.append({n: g * coefficient for n, g in before.items()})
-        return result
-
-    policy.optimizer.step = step
-
-
-def _update(policy, capture, batch):
-    """Token stats, then the trainer's update, the gradients recorded at the step by ``capture``."""
+def _update(policy, batch):
+    """Token stats, then the trainer's update, then the weights."""
     method = load_method(*METHOD)
     stats = policy.token_stats(batch)
-    grads: list = []
-    capture(policy, grads)
     outcome = update_rollout_batch(policy, build_objective(method), batch, MICRO_BATCH_SIZE, seed=0)
     weights = {name: t.detach().to("cpu", copy=True) for name, t in policy.named_weights()}
-    return stats, outcome, grads, weights
+    return stats, outcome, weights
 
 
 def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
@@ -152,7 +133,9 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
         lr=lr,
         temperature=TEMPERATURE,
     )
-    want = _update(hf, _capture_hf, batch)
+    hf_grads: list = []
+    _capture_hf(hf, hf_grads)
+    want = (*_update(hf, batch), hf_grads)
 
     shape = layout("qwen2")
     model = megatron_gpt(shape).cuda()
@@ -164,8 +147,9 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
         **ENGINE,
     )
     policy = wrap_for_training(model, shape, config, lr=lr, temperature=TEMPERATURE)
-    original_step = policy.optimizer.step
-    stats, outcome, grads, weights = _update(policy, _capture_megatron, batch)
+    with main_grads_at_steps(policy) as steps:
+        stats, outcome, weights = _update(policy, batch)
+    grads = [clipped(g, norm, ENGINE["grad_clip"]) for g, norm in steps]
 
     valid = batch.attention_mask[:, 1:]
     for field in ("logprob", "entropy"):
@@ -176,15 +160,15 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
     assert outcome.metrics.keys() == want[1].metrics.keys()
     for name, value in want[1].metrics.items():
         assert math.isclose(outcome.metrics[name], value, rel_tol=1e-4, abs_tol=1e-6), name
-    (ours,), (theirs,) = grads, want[2]
-    hf_grads = dict(hf_named_weights(shape, fetch_from_shards(shape, {(0, 0): ours})))
-    assert hf_grads.keys() == theirs.keys()
+    (ours,), (theirs,) = grads, want[3]
+    converted = dict(hf_named_weights(shape, fetch_from_shards(shape, {(0, 0): ours})))
+    assert converted.keys() == theirs.keys()
     for name, grad in theirs.items():
-        torch.testing.assert_close(hf_grads[name], grad, rtol=1e-4, atol=1e-6, msg=name)
+        torch.testing.assert_close(converted[name], grad, rtol=1e-4, atol=1e-6, msg=name)
     # AdamW's first step moves a weight by lr·g/(|g| + ε): for gradients near ε the round-off
     # the gradient tolerance allows shows up as a fraction of lr, hence 1 % of lr.
-    assert weights.keys() == want[3].keys()
-    for name, weight in want[3].items():
+    assert weights.keys() == want[2].keys()
+    for name, weight in want[2].items():
         torch.testing.assert_close(weights[name], weight, rtol=0, atol=0.01 * lr, msg=name)
 
     micros = batch.split(MICRO_BATCH_SIZE)
@@ -196,7 +180,6 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
         mask = micros[index].response_mask
         return LossOutput(-(with_grad.logprob * mask).sum() / batch.n_response_tokens, {})
 
-    policy.optimizer.step = original_step  # the capture's wrapper off
     policy.train_step(micros, recording_loss, ())
     assert sorted(seen) == list(range(len(micros)))
     for index, logprob in seen.items():

@@ -12,6 +12,7 @@ import torch
 from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.parallel import VOCAB_SUMS
 
+from .optimizer_capture import main_grads_at_steps
 from .tiny import release_parallel_state
 from .workers_build import _policy
 from .workers_policy import _hf_names
@@ -63,24 +64,14 @@ def fused_against_torch(
 
 
 def _gradients(policy, micros, g_l, g_h, micro: int) -> tuple[dict[str, torch.Tensor], float]:
-    module = policy.model.module
-    captured: dict[str, torch.Tensor] = {}
-    original = policy.optimizer.step
-
-    def step():
-        captured.update({n: p.main_grad.clone() for n, p in module.named_parameters()})
-        return original()
-
     def loss_fn(index, stats):
         rows = slice(index * micro, index * micro + micros[index].rows)
         width = stats.logprob.shape[1]
         loss = (g_l[rows, :width] * stats.logprob).sum() + (g_h[rows, :width] * stats.entropy).sum()
         return LossOutput(loss, {})
 
-    policy.optimizer.step = step
-    try:
+    with main_grads_at_steps(policy) as steps:
         result = policy.train_step(micros, loss_fn, ())
-    finally:
-        policy.optimizer.step = original
     assert not result.skipped
-    return _hf_names(policy.layout, captured), result.grad_norm
+    ((grads, _),) = steps
+    return _hf_names(policy.layout, grads), result.grad_norm

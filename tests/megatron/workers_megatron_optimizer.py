@@ -20,6 +20,7 @@ from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
 from opefo_nemo.models.megatron_weights import MegatronLayout
 from opefo_nemo.trainer.update import update_rollout_batch
 
+from .optimizer_capture import main_grads_at_steps
 from .tiny import megatron_gpt
 from .workers_policy import DIVISIBLE_BY, TEMPERATURE, _skips_everywhere, load_hf_into_megatron
 
@@ -106,20 +107,11 @@ def _run(case: dict, hf_dir: Path, batch) -> dict:
     start = {name: p.detach().float().clone() for name, p in module.named_parameters()}
     stats = policy.token_stats(batch)
 
-    captured: dict = {}
-    original = policy.optimizer.step
-
-    def step():
-        captured["grads"] = {n: p.main_grad.clone() for n, p in module.named_parameters()}
-        result = original()
-        captured["norm"] = result[1]
-        return result
-
-    policy.optimizer.step = step
-    outcome = update_rollout_batch(
-        policy, build_objective(method), batch, case["micro_batch_size"], seed=0
-    )
-    policy.optimizer.step = original
+    with main_grads_at_steps(policy) as steps:
+        outcome = update_rollout_batch(
+            policy, build_objective(method), batch, case["micro_batch_size"], seed=0
+        )
+    ((grads, norm),) = steps
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
     main = None
     if not case["distributed"] and case["dtype"] == "bfloat16":
@@ -135,8 +127,8 @@ def _run(case: dict, hf_dir: Path, batch) -> dict:
         "metrics": outcome.metrics,
         "skipped": outcome.skipped_steps,
         "start": start,
-        "grads": captured["grads"],
-        "norm": captured["norm"],
+        "grads": grads,
+        "norm": norm,
         "main": main,
         "weights": weights,
         "next_lr": policy.lr,

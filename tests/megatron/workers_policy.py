@@ -27,6 +27,7 @@ from opefo_nemo.models.megatron_weights import (
 from opefo_nemo.parallel import VOCAB_SUMS
 from opefo_nemo.trainer.update import update_rollout_batch
 
+from .optimizer_capture import clipped, main_grads_at_steps
 from .tiny import megatron_gpt, release_parallel_state
 from .workers_ckpt import checkpoint_on_cpu
 
@@ -131,24 +132,14 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
     micro_batch_size = case["micro_batch_size"]
     method = load_method(*case["method"])
     policy = _policy(case, hf_dir)
-    module, layout, clip = policy.model.module, policy.layout, policy.config.grad_clip
+    layout, clip = policy.layout, policy.config.grad_clip
     stats = policy.token_stats(batch, sums=VOCAB_SUMS)
 
-    captured: list[dict[str, torch.Tensor]] = []
-    original = policy.optimizer.step
-
-    def step():
-        """The reduced gradients as the step receives them, scaled by megatron's clipping
-        coefficient ``min(1, clip / (‖g‖ + 1e-6))`` with the norm the step returns."""
-        grads = {n: p.main_grad.clone() for n, p in module.named_parameters()}
-        result = original()
-        coefficient = min(1.0, clip / (result[1] + 1e-6)) if clip > 0 else 1.0
-        captured.append({n: g * coefficient for n, g in grads.items()})
-        return result
-
-    policy.optimizer.step = step
-    outcome = update_rollout_batch(policy, build_objective(method), batch, micro_batch_size, seed=0)
-    policy.optimizer.step = original
+    with main_grads_at_steps(policy) as steps:
+        outcome = update_rollout_batch(
+            policy, build_objective(method), batch, micro_batch_size, seed=0
+        )
+    captured = [clipped(grads, norm, clip) for grads, norm in steps]
     grads = [_hf_names(layout, step) for step in captured]
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
 
