@@ -14,7 +14,13 @@ import torch
 from opefo_nemo.parallel import VOCAB_SUMS, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
 from tests.kernels.reference import reference_grads, reference_stats
-from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
+from tests.kernels.tolerances import (
+    fused_grad_bounds,
+    fused_row_eps,
+    logits_grad_bound,
+    row_eps,
+    stats_tol,
+)
 
 TOKENS, VOCAB, WIDTH, HIDDEN = 300, 4099, 4224, 200  # 125 padded columns, h not a tile multiple
 TEMPERATURE = 0.7
@@ -37,7 +43,7 @@ def logits_kernel(device: str, dtype: torch.dtype) -> None:
     logits[:, VOCAB:] = 1e4  # padded columns must not count
     logits[1, ::7] = float("-inf")
     targets = torch.randint(0, VOCAB, (TOKENS,), generator=gen)
-    g_l, g_h = torch.randn(TOKENS, generator=gen), torch.randn(TOKENS, generator=gen)
+    g_l, g_h = (torch.randn(TOKENS, generator=gen).to(device) for _ in range(2))
     leaf = logits.to(device, dtype).requires_grad_()
     on_device = targets.to(device)
     stats = token_stats(
@@ -50,10 +56,9 @@ def logits_kernel(device: str, dtype: torch.dtype) -> None:
     )
     z64 = leaf.detach()[:, :VOCAB].double()
     _check_stats(stats, z64, on_device, row_eps(z64, TEMPERATURE), f"logits {dtype}")
-    ((stats.logprob * g_l.to(device)).sum() + (stats.entropy * g_h.to(device)).sum()).backward()
-    ref = reference_grads(z64, on_device, TEMPERATURE, g_l.to(device), g_h.to(device))
-    scale = grad_scale(z64, on_device, TEMPERATURE, g_l.to(device), g_h.to(device))
-    bound = row_eps(z64, TEMPERATURE)[:, None] * scale + UNIT[dtype] * ref.abs()
+    ((stats.logprob * g_l).sum() + (stats.entropy * g_h).sum()).backward()
+    ref = reference_grads(z64, on_device, TEMPERATURE, g_l, g_h)
+    bound = logits_grad_bound(z64, on_device, TEMPERATURE, g_l, g_h, dtype, ref)
     assert bool((leaf.grad[:, VOCAB:] == 0).all()), "logits: padded gradient"
     err = (leaf.grad[:, :VOCAB].double() - ref).abs()
     assert bool((err <= bound).all()), f"logits {dtype} gradient: error {err.max():.3g}"
@@ -76,16 +81,14 @@ def linear_kernel(device: str, dtype: torch.dtype) -> None:
     x64 = x.detach().double().requires_grad_()
     w64 = w.detach()[:VOCAB].double().requires_grad_()
     z64 = x64 @ w64.T
-    delta = (HIDDEN + 1) * U32 * (x64.detach().abs() @ w64.detach().abs().T).amax(1)
-    eps = row_eps(z64.detach(), TEMPERATURE) + 4 * delta / TEMPERATURE
+    eps = fused_row_eps(x64.detach(), w64.detach(), TEMPERATURE)
     _check_stats(stats, z64.detach(), targets, eps, f"linear {dtype}")
     ((stats.logprob * g_l).sum() + (stats.entropy * g_h).sum()).backward()
     ref = reference_stats(z64, targets, TEMPERATURE)
     ((ref["logprob"] * g_l.double()).sum() + (ref["entropy"] * g_h.double()).sum()).backward()
-    eps = eps + (UNIT[dtype] if dtype != torch.float32 else 0) + (VOCAB + TOKENS) * U32
-    scale = eps[:, None] * grad_scale(z64.detach(), targets, TEMPERATURE, g_l, g_h)
-    bound_x = scale @ w64.detach().abs() + UNIT[dtype] * x64.grad.abs()
-    bound_w = scale.T @ x64.detach().abs() + UNIT[dtype] * w64.grad.abs()
+    bound_x, bound_w = fused_grad_bounds(
+        x64.detach(), w64.detach(), targets, TEMPERATURE, g_l, g_h, dtype, (x64.grad, w64.grad)
+    )
     assert bool((w.grad[VOCAB:] == 0).all()), "linear: padded weight rows' gradient"
     err_x = (x.grad.double() - x64.grad).abs()
     err_w = (w.grad[:VOCAB].double() - w64.grad).abs()

@@ -19,7 +19,7 @@ from opefo_nemo.kernels.linear_stats import LinearBlocks, linear_partials
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
 from tests.kernels.reference import assert_only_requested_powers, reference_stats
-from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
+from tests.kernels.tolerances import fused_grad_bounds, fused_row_eps, row_eps, stats_tol
 
 pytestmark = pytest.mark.filterwarnings("ignore::RuntimeWarning")  # interpreter: numpy on ±inf
 
@@ -39,11 +39,6 @@ def _inputs(dtype: torch.dtype, seed: int = 0):
     return hidden.to(dtype), weight.to(dtype), targets
 
 
-def _logit_error(x64: torch.Tensor, w64: torch.Tensor) -> torch.Tensor:
-    """``δ_max`` per row: the bound on the fp32 rounding of any of its logits."""
-    return (HIDDEN + 1) * U32 * (x64.abs() @ w64.abs().T).amax(1)
-
-
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 @pytest.mark.parametrize("temperature", [1.0, 0.7])
 def test_stats_match_float64(dtype, temperature):
@@ -60,7 +55,7 @@ def test_stats_match_float64(dtype, temperature):
     x64, w64 = hidden.double(), weight[:VOCAB].double()
     z64 = x64 @ w64.T
     ref = reference_stats(z64, targets, temperature)
-    eps = row_eps(z64, temperature) + 4 * _logit_error(x64, w64) / temperature
+    eps = fused_row_eps(x64, w64, temperature)
     for name in FIELDS:
         err = (getattr(stats, name).double() - ref[name]).abs()
         assert bool((err <= stats_tol(eps, ref[name])).all()), f"{name}: {err.max():.3g}"
@@ -105,12 +100,9 @@ def test_gradients_match_float64_and_unfused_autograd(dtype):
     w64 = weight[:VOCAB].double().requires_grad_()
     ref = reference_stats(x64 @ w64.T, targets, temperature)
     ((ref["logprob"] * g_l.double()).sum() + (ref["entropy"] * g_h.double()).sum()).backward()
-    z64 = (x64 @ w64.T).detach()
-    eps = row_eps(z64, temperature) + 4 * _logit_error(x64.detach(), w64.detach()) / temperature
-    eps = eps + (UNIT[dtype] if dtype != torch.float32 else 0) + (VOCAB + TOKENS) * U32
-    scale = eps[:, None] * grad_scale(z64, targets, temperature, g_l, g_h)
-    bound_x = scale @ w64.detach().abs() + UNIT[dtype] * x64.grad.abs()
-    bound_w = scale.T @ x64.detach().abs() + UNIT[dtype] * w64.grad.abs()
+    bound_x, bound_w = fused_grad_bounds(
+        x64.detach(), w64.detach(), targets, temperature, g_l, g_h, dtype, (x64.grad, w64.grad)
+    )
     assert bool(((dx.double() - x64.grad).abs() <= bound_x).all())
     assert bool(((dw[:VOCAB].double() - w64.grad).abs() <= bound_w).all())
     ux, uw = grads(fused=False)

@@ -55,3 +55,44 @@ def grad_scale(z64: Tensor, targets: Tensor, temperature: float, g_l: Tensor, g_
     terms = p * (g_l + g_h * entropy) + g_h * p_log_p
     terms = terms.scatter_add(1, targets[:, None], g_l)
     return terms / temperature
+
+
+def logits_grad_bound(
+    z64: Tensor, targets: Tensor, temperature: float, g_l: Tensor, g_h: Tensor, dtype, ref: Tensor
+) -> Tensor:
+    """Bound ``[tokens, V]`` on a logits kernel's gradient against float64 ``ref``: the row
+    budget times the terms' magnitudes (fp32 arithmetic) plus one rounding to ``dtype``."""
+    terms = grad_scale(z64, targets, temperature, g_l, g_h)
+    return row_eps(z64, temperature)[:, None] * terms + UNIT[dtype] * ref.abs()
+
+
+def fused_row_eps(x64: Tensor, w64: Tensor, temperature: float) -> Tensor:
+    """Row budget ``[tokens]`` of the fused output-layer kernel: :func:`row_eps` of
+    ``z = x64 @ w64ᵀ`` (real vocabulary rows of the weight) plus ``4δ/T``, with
+    ``δ = (h + 1)·u·max_a Σ_k |x_k w_ak|`` the fp32 rounding of a logit formed in the kernel (bf16
+    and fp16 products are exact in fp32; a shift ``δ`` moves ``log p`` by at most ``2δ/T``)."""
+    delta = (x64.shape[1] + 1) * U32 * (x64.abs() @ w64.abs().T).amax(1)
+    return row_eps(x64 @ w64.T, temperature) + 4 * delta / temperature
+
+
+def fused_grad_bounds(
+    x64: Tensor,
+    w64: Tensor,
+    targets: Tensor,
+    temperature: float,
+    g_l: Tensor,
+    g_h: Tensor,
+    dtype,
+    refs: tuple[Tensor, Tensor],
+) -> tuple[Tensor, Tensor]:
+    """Bounds on the fused kernel's ``(∂/∂hidden, ∂/∂weight)`` against the float64 ``refs``: the
+    terms of ``∂L/∂z`` carry the row budget plus the rounding of ``∂L/∂z`` to ``dtype`` before
+    the matmuls, each matmul adds ``(V + N)·u`` of its magnitudes, each result one rounding to
+    ``dtype``."""
+    tokens, vocab = x64.shape[0], w64.shape[0]
+    eps = fused_row_eps(x64, w64, temperature) + (vocab + tokens) * U32
+    eps = eps + (UNIT[dtype] if dtype != torch.float32 else 0)
+    scale = eps[:, None] * grad_scale(x64 @ w64.T, targets, temperature, g_l, g_h)
+    bound_x = scale @ w64.abs() + UNIT[dtype] * refs[0].abs()
+    bound_w = scale.T @ x64.abs() + UNIT[dtype] * refs[1].abs()
+    return bound_x, bound_w

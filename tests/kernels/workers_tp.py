@@ -10,7 +10,7 @@ from opefo_nemo.kernels.linear_stats import LinearBlocks
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
 from tests.kernels.reference import reference_grads, reference_stats
-from tests.kernels.tolerances import U32, UNIT, grad_scale, row_eps, stats_tol
+from tests.kernels.tolerances import U32, grad_scale, logits_grad_bound, row_eps, stats_tol
 from tests.parallel.collectives import all_reduce_payloads, count_collectives
 
 VOCAB, WIDTH, TOKENS, HIDDEN = 37, 20, 9, 24  # 37 real of 2 × 20 columns
@@ -64,10 +64,7 @@ def logits_kernel(rank: int, world_size: int) -> None:
             ((stats.logprob * g_l).sum() + (stats.entropy * g_h).sum()).backward()
         assert dict(backward) == {}
         ref = reference_grads(z64, targets, TEMPERATURE, g_l, g_h)
-        bound = (
-            row_eps(z64, TEMPERATURE)[:, None] * grad_scale(z64, targets, TEMPERATURE, g_l, g_h)
-            + UNIT[dtype] * ref.abs()
-        )
+        bound = logits_grad_bound(z64, targets, TEMPERATURE, g_l, g_h, dtype, ref)
         real = min(WIDTH, VOCAB - rank * WIDTH)
         cols = slice(rank * WIDTH, rank * WIDTH + real)
         err = (local.grad[:, :real].double() - ref[:, cols]).abs()

@@ -37,7 +37,7 @@ transformers = pytest.importorskip("transformers")
 
 from opefo_nemo.parallel import VOCAB_SUMS  # noqa: E402
 from tests.kernels.reference import reference_stats  # noqa: E402
-from tests.kernels.tolerances import U32, grad_scale, row_eps, stats_tol  # noqa: E402
+from tests.kernels.tolerances import fused_row_eps, grad_scale, stats_tol  # noqa: E402
 from tests.parallel.world import run_world  # noqa: E402
 
 from . import workers_build, workers_fused_output  # noqa: E402
@@ -95,19 +95,12 @@ def _float64_reference(directory, batch):
     return z64, hidden, weight, batch.targets[valid]
 
 
-def _row_budget(z64, hidden, weight):
-    """``ε`` per token (module docstring)."""
-    temperature = workers_build.TEMPERATURE
-    delta = (hidden.shape[1] + 1) * U32 * (hidden.abs() @ weight.abs().T).amax(1)
-    return row_eps(z64, temperature) + 4 * delta / temperature
-
-
 @pytest.mark.parametrize("case", list(CASES))
 def test_statistics_equal_the_torch_kernel(runs, batch, case):
     directory, results = runs[case]
     z64, hidden, weight, targets = _float64_reference(directory, batch)
     exact = reference_stats(z64, targets, workers_build.TEMPERATURE)
-    eps = _row_budget(z64, hidden, weight)
+    eps = fused_row_eps(hidden, weight, workers_build.TEMPERATURE)
     valid = batch.attention_mask[:, 1:]
     for name in FIELDS:
         fused = results["fused_linear"]["stats"][name][valid].double()
@@ -121,7 +114,7 @@ def test_statistics_equal_the_torch_kernel(runs, batch, case):
 def test_gradients_equal_the_torch_kernel(runs, batch, case):
     directory, results = runs[case]
     z64, hidden, weight, targets = _float64_reference(directory, batch)
-    eps = _row_budget(z64, hidden, weight)
+    eps = fused_row_eps(hidden, weight, workers_build.TEMPERATURE)
     valid = batch.attention_mask[:, 1:]
     g_l, g_h = (g[valid] for g in workers_fused_output.loss_coefficients(batch))
     fused, plain = results["fused_linear"]["grads"], results["torch"]["grads"]
