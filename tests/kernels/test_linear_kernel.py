@@ -112,9 +112,9 @@ def test_gradients_match_float64_and_unfused_autograd(dtype):
 
 def test_no_tensor_of_the_logits_size():
     """Forward and backward make no torch tensor as large as the bf16 logits ``[tokens, V]``: the
-    largest are the fp32 gradient buffers ``[tokens, h]`` / ``[V, h]`` (what the memory estimate
+    none exceeds the fp32 gradient buffers ``[tokens, h]`` / ``[V, h]`` (what the memory estimate
     of launch/memory.py counts). Every op's output is recorded, Triton's interpreter's copies of
-    the kernel arguments included."""
+    the kernel arguments included (on this interpreter the largest is the weight's buffer)."""
     tokens, vocab, hidden_size = 64, 160, 16
     gen = torch.Generator().manual_seed(0)
     made: list[int] = []
@@ -133,7 +133,7 @@ def test_no_tensor_of_the_logits_size():
     with Record():
         stats = linear_token_stats(x, w, targets, temperature=0.7, blocks=BLOCKS)
         (stats.logprob.sum() + stats.entropy.sum()).backward()
-    assert max(made) == max(tokens, vocab) * hidden_size * 4
+    assert max(made) <= max(tokens, vocab) * hidden_size * 4
     assert max(made) < tokens * vocab * 2
 
 
