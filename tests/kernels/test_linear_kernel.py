@@ -111,7 +111,7 @@ def test_gradients_match_float64_and_unfused_autograd(dtype):
 
 
 def test_no_tensor_of_the_logits_size():
-    """Forward and backward make no torch tensor as large as the bf16 logits ``[tokens, V]``: the
+    """Forward and backward make no torch tensor as large as the bf16 logits ``[tokens, V]``:
     none exceeds the fp32 gradient buffers ``[tokens, h]`` / ``[V, h]`` (what the memory estimate
     of launch/memory.py counts). Every op's output is recorded, Triton's interpreter's copies of
     the kernel arguments included (on this interpreter the largest is the weight's buffer)."""
