@@ -17,7 +17,6 @@ after the AdamW step are equal; the logprobs the loss pass computes equal the to
 
 from __future__ import annotations
 
-import math
 import os
 
 import pytest
@@ -38,6 +37,7 @@ from opefo_nemo.trainer.update import update_rollout_batch
 from tests.megatron.optimizer_capture import clipped, main_grads_at_steps
 from tests.megatron.tiny import hf_config, layout, megatron_gpt
 from tests.megatron.workers_policy import load_hf_into_megatron
+from tests.metric_bounds import assert_metrics_close, loss_terms
 
 TEMPERATURE = 0.7
 METHOD = ("opefo", ["lr=1e-2"])
@@ -46,6 +46,9 @@ METHOD = ("opefo", ["lr=1e-2"])
 #: (softmax ignores a constant key shift), so its sign would be round-off noise.
 ENGINE = {"warmup_steps": 3, "grad_clip": 0.05, "adam_eps": 1e-4}
 MICRO_BATCH_SIZE = 2
+#: Two implementations of the same fp32 statistics (other kernels, other reduction orders): a
+#: handful of roundings per layer relative to the largest |logprob| (as tests/megatron/test_build).
+FP32_REL = 128 * torch.finfo(torch.float32).eps
 
 
 @pytest.fixture(scope="module")
@@ -154,12 +157,13 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
     valid = batch.attention_mask[:, 1:]
     for field in ("logprob", "entropy"):
         ours, theirs = getattr(stats, field), getattr(want[0], field)
-        torch.testing.assert_close(ours[valid], theirs[valid], rtol=1e-5, atol=1e-5, msg=field)
+        bound = FP32_REL * float(theirs[valid].abs().max())
+        torch.testing.assert_close(ours[valid], theirs[valid], rtol=0, atol=bound, msg=field)
     assert outcome.skipped_steps == want[1].skipped_steps == 0
     assert want[1].metrics["grad/norm"] > ENGINE["grad_clip"]
-    assert outcome.metrics.keys() == want[1].metrics.keys()
-    for name, value in want[1].metrics.items():
-        assert math.isclose(outcome.metrics[name], value, rel_tol=1e-4, abs_tol=1e-6), name
+    lam = want[1].metrics["flow/lambda"]
+    loss = loss_terms(want[0].logprob, batch.advantages, batch.response_mask, lam)
+    assert_metrics_close(outcome.metrics, want[1].metrics, rel=1e-4, scales={"loss": loss})
     (ours,), (theirs,) = grads, want[3]
     converted = dict(hf_named_weights(shape, fetch_from_shards(shape, {(0, 0): ours})))
     assert converted.keys() == theirs.keys()
@@ -184,4 +188,5 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
     assert sorted(seen) == list(range(len(micros)))
     for index, logprob in seen.items():
         mask = micros[index].response_mask
-        torch.testing.assert_close(logprob[mask], expected[index][mask], rtol=0, atol=1e-6)
+        bound = FP32_REL * float(expected[index][mask].abs().max())
+        torch.testing.assert_close(logprob[mask], expected[index][mask], rtol=0, atol=bound)
