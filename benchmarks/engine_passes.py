@@ -1,19 +1,27 @@
-"""The Megatron engine's two passes per optimizer step: the forward-only token-stats pass
-(phase 1) and the loss pass (phase 3: forward + backward + the optimizer step), and their ratio.
+"""An engine's two passes per optimizer step, their times and the host synchronisations they make.
 
-Spawns ``--tp`` × ``--dp`` gloo ranks on CPU (``engine.device=cpu``) or NCCL ranks on GPUs
-(``--device cuda``), builds a Qwen2 model of the tiny model's family at a benchmark size (random
-weights, nothing downloaded) through ``engine=megatron``'s own start-up, and times both passes on
-the same random batch, keeping the median of ``--repeats``. A forward-only pass should cost about
-a third to a half of forward + backward. Rank 0 prints one line per figure.
+The token-stats pass (phase 1, forward only) and the loss pass (phases 2 and 3: ``prepare``,
+forward + backward per micro-batch, the optimizer step) of ``opefo_nemo.trainer.update``, timed
+on one random batch for ``--engine hf`` (one device) or ``--engine megatron`` (``--tp`` × ``--dp``
+ranks: gloo on CPU, NCCL on GPUs), median of ``--repeats`` after a warm-up step. The model is a
+Qwen2 of the tiny model's family at a benchmark size (random weights, nothing downloaded), built
+through each engine's own start-up. A forward-only pass should cost about a third to a half of
+forward + backward.
 
-    .venv/bin/python benchmarks/engine_passes.py                     # CPU, TP 2, fp32
-    .venv/bin/python benchmarks/engine_passes.py --dtype bfloat16 --sequence-parallel
+On CUDA one more step runs under ``torch.cuda.set_sync_debug_mode("warn")``: every operation that
+makes the host wait for the device (``.item()``, a device-to-host copy, ``torch.cuda.synchronize``)
+warns once, and the warnings are counted per pass and per micro-batch, with the source lines that
+caused them. Rank 0 prints one line per figure.
+
+    .venv/bin/python benchmarks/engine_passes.py                          # megatron, CPU, TP 2
+    .venv/bin/python benchmarks/engine_passes.py --engine hf --tp 1
+    python benchmarks/engine_passes.py --device cuda --tp 1 --dtype bfloat16  # one GPU
 """
 
 from __future__ import annotations
 
 import argparse
+import collections
 import os
 import platform
 import statistics
@@ -26,19 +34,24 @@ import torch
 import torch.distributed as dist
 import torch.multiprocessing as mp
 
-from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.config.engines import EngineConfig, MegatronEngineConfig
 from opefo_nemo.config.method import load_method
+from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS
+from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.trainer.update import optimizer_step, stats_pass
 
+VOCAB = 70  # the tiny model's per-character vocabulary
+
 
 def _parse_args() -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--engine", default="megatron", choices=("hf", "megatron"))
     parser.add_argument("--device", default="cpu", choices=("cpu", "cuda"))
     parser.add_argument("--dtype", default="float32", choices=("float32", "bfloat16"))
-    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size")
-    parser.add_argument("--dp", type=int, default=1, help="data-parallel size")
+    parser.add_argument("--tp", type=int, default=2, help="tensor-parallel size (megatron)")
+    parser.add_argument("--dp", type=int, default=1, help="data-parallel size (megatron)")
     parser.add_argument("--sequence-parallel", action="store_true")
     parser.add_argument("--hidden", type=int, default=256, help="hidden size")
     parser.add_argument("--layers", type=int, default=4, help="decoder layers")
@@ -52,13 +65,18 @@ def _parse_args() -> argparse.Namespace:
         default=str(Path(tempfile.gettempdir()) / "opefo-bench"),
         help="where the benchmark model is built (cached)",
     )
-    return parser.parse_args()
+    args = parser.parse_args()
+    if args.engine == "hf" and args.tp * args.dp != 1:
+        parser.error("--engine hf runs on one device: --tp 1 --dp 1")
+    if args.device == "cuda" and not torch.cuda.is_available():
+        parser.error("--device cuda but torch sees no GPU")
+    return args
 
 
-def _batch(args: argparse.Namespace, vocab: int):
+def _batch(args: argparse.Namespace):
     generator = torch.Generator().manual_seed(0)
-    prompts = torch.randint(3, vocab, (args.responses, args.prompt_tokens), generator=generator)
-    responses = torch.randint(3, vocab, (args.responses, args.response_tokens), generator=generator)
+    prompts = torch.randint(3, VOCAB, (args.responses, args.prompt_tokens), generator=generator)
+    responses = torch.randint(3, VOCAB, (args.responses, args.response_tokens), generator=generator)
     advantages = torch.randn(args.responses, generator=generator)
     return build_batch(prompts.tolist(), responses.tolist(), advantages, pad_id=0)
 
@@ -74,14 +92,32 @@ def _timed(function, *args):
     return time.perf_counter() - start, result
 
 
-def _rank(rank: int, world: int, args: argparse.Namespace, model_dir: str, init: str) -> None:
-    warnings.filterwarnings("ignore")
+def _host_syncs(function, *args):
+    """``(synchronisations, {source line: count}, function(*args))`` under the CUDA sync
+    debug mode; warnings raised in autograd's threads are replayed in this one."""
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("warn")
+    try:
+        with warnings.catch_warnings(record=True) as caught:
+            warnings.simplefilter("always")
+            result = function(*args)
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    syncs = [w for w in caught if "synchronizing CUDA operation" in str(w.message)]
+    where = collections.Counter(f"{Path(w.filename).name}:{w.lineno}" for w in syncs)
+    return len(syncs), where, result
+
+
+def _policy(args: argparse.Namespace, model_dir: str, lr: float):
+    if args.engine == "hf":
+        from opefo_nemo.engines.hf import HFPolicy
+
+        engine = EngineConfig(
+            device=args.device, dtype=args.dtype, micro_batch_size=args.micro_batch_size
+        )
+        return HFPolicy(model_dir, engine, lr=lr, temperature=1.0)
     from opefo_nemo.engines.megatron.build import build_megatron_policy
 
-    backend = "nccl" if args.device == "cuda" else "gloo"
-    if args.device == "cuda":
-        torch.cuda.set_device(rank)
-    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
     engine = MegatronEngineConfig(
         device=args.device,
         dtype=args.dtype,
@@ -90,33 +126,73 @@ def _rank(rank: int, world: int, args: argparse.Namespace, model_dir: str, init:
         micro_batch_size=args.micro_batch_size,
         make_vocab_size_divisible_by=8,
     )
+    return build_megatron_policy(model_dir, engine, lr=lr, temperature=1.0)
+
+
+def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
     method = load_method("opefo")
-    policy = build_megatron_policy(model_dir, engine, lr=method.lr, temperature=1.0)
-    batch = _batch(args, 70)
+    objective = build_objective(method)
+    sums = ESTIMATOR_SUMS[method.entropy_flow.estimator]
+    policy = _policy(args, model_dir, method.lr)
+    batch = _batch(args)
     micros = batch.split(args.micro_batch_size)
+
+    def loss_pass(stats):
+        return optimizer_step(policy, objective, micros, stats, None, 0)
+
     stats_times, loss_times = [], []
     for _ in range(args.repeats + 1):  # the first step warms up
-        seconds, stats = _timed(stats_pass, policy, batch, micros, False)
+        seconds, stats = _timed(stats_pass, policy, batch, micros, sums)
         stats_times.append(seconds)
-        seconds, _ = _timed(optimizer_step, policy, method, micros, stats, None, 0)
+        seconds, _ = _timed(loss_pass, stats)
         loss_times.append(seconds)
-    if rank == 0:
-        stats_s = statistics.median(stats_times[1:])
-        loss_s = statistics.median(loss_times[1:])
-        tokens = args.responses * (args.prompt_tokens + args.response_tokens)
-        print(
-            f"device: {args.device} ({platform.processor() or platform.machine()}), "
-            f"TP {args.tp} × DP {args.dp}, {args.dtype}, sequence parallel "
-            f"{args.sequence_parallel}, hidden {args.hidden} × {args.layers} layers"
-        )
-        print(
-            f"batch: {args.responses} responses × {args.prompt_tokens + args.response_tokens} "
-            f"tokens = {tokens} tokens, micro-batch {args.micro_batch_size}"
-        )
-        print(f"stats pass (forward only): {stats_s:.3f} s per step")
-        print(f"loss pass (forward + backward + optimizer step): {loss_s:.3f} s per step")
-        print(f"stats / loss: {stats_s / loss_s:.2f}")
-    dist.destroy_process_group()
+    counted = None
+    if args.device == "cuda":
+        stats_syncs, stats_where, stats = _host_syncs(stats_pass, policy, batch, micros, sums)
+        loss_syncs, loss_where, _ = _host_syncs(loss_pass, stats)
+        counted = (stats_syncs, stats_where, loss_syncs, loss_where)
+    if rank != 0:
+        return
+    stats_s = statistics.median(stats_times[1:])
+    loss_s = statistics.median(loss_times[1:])
+    tokens = args.responses * (args.prompt_tokens + args.response_tokens)
+    name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor()
+    print(
+        f"engine {args.engine} on {args.device} ({name or platform.machine()}, "
+        f"{torch.get_num_threads()} CPU threads), TP {args.tp} × DP {args.dp}, {args.dtype}, "
+        f"sequence parallel {args.sequence_parallel}, hidden {args.hidden} × {args.layers} layers"
+    )
+    print(
+        f"batch: {args.responses} responses × {args.prompt_tokens + args.response_tokens} "
+        f"tokens = {tokens} tokens, {len(micros)} micro-batches of {args.micro_batch_size}"
+    )
+    print(f"stats pass (forward only): {stats_s:.4f} s per step")
+    print(f"loss pass (forward + backward + optimizer step): {loss_s:.4f} s per step")
+    print(f"stats / loss: {stats_s / loss_s:.2f}")
+    if counted is not None:
+        stats_syncs, stats_where, loss_syncs, loss_where = counted
+        for label, count, where in (
+            ("stats", stats_syncs, stats_where),
+            ("loss", loss_syncs, loss_where),
+        ):
+            print(
+                f"host synchronisations, {label} pass: {count} per step, "
+                f"{count / len(micros):.2f} per micro-batch"
+            )
+            for line, n in where.most_common():
+                print(f"    {n:4d}  {line}")
+
+
+def _rank(rank: int, world: int, args: argparse.Namespace, model_dir: str, init: str) -> None:
+    warnings.filterwarnings("ignore")
+    backend = "nccl" if args.device == "cuda" else "gloo"
+    if args.device == "cuda":
+        torch.cuda.set_device(rank)
+    dist.init_process_group(backend, init_method=init, rank=rank, world_size=world)
+    try:
+        _measure(args, model_dir, rank)
+    finally:
+        dist.destroy_process_group()
 
 
 def main() -> None:
@@ -130,8 +206,12 @@ def main() -> None:
         intermediate_size=4 * args.hidden,
         max_position_embeddings=args.prompt_tokens + args.response_tokens,
     )
-    model_dir = Path(args.model_root) / f"engine-passes-h{args.hidden}-l{args.layers}"
+    positions = spec.max_position_embeddings
+    model_dir = Path(args.model_root) / f"engine-passes-h{args.hidden}-l{args.layers}-p{positions}"
     build_tiny_model(model_dir, spec, seed=0)
+    if args.engine == "hf":
+        _measure(args, str(model_dir), rank=0)
+        return
     world = args.tp * args.dp
     with tempfile.TemporaryDirectory() as tmp:
         init = f"file://{os.path.join(tmp, 'rendezvous')}"

@@ -15,10 +15,11 @@ fused kernel loaded from its wheel (``benchmarks/verl_kernel.py``; CUDA only); t
 is given in TFLOP/s of the nominal matmul work (``2·tokens·V/TP·h`` forward, three times that
 for fwd+bwd) and, on CUDA, against the rate of the plain bf16 product measured in the same run.
 
-Each (method, mode) runs in a fresh subprocess so that its peak memory is its own: on CPU the
-growth of the resident-set high-water mark beyond the inputs, on CUDA ``max_memory_allocated``
-beyond the inputs. Bandwidth: bytes of logits read per second (one read of the input), and on
-CUDA a measured device copy as the reference.
+Each (method, mode) has a peak memory of its own: on CPU it runs in a fresh subprocess and the peak
+is the growth of the resident-set high-water mark beyond the inputs; on CUDA it runs in this process
+and the peak is ``max_memory_allocated`` beyond the inputs, reset between methods. Bandwidth: bytes
+of logits read per second (one read of the input), and on CUDA a measured device copy as the
+reference.
 
     python benchmarks/vocab_stats.py                 # CPU default: 1024 tokens × 152064 / TP 4
     python benchmarks/vocab_stats.py --full          # 8192 tokens × 152064 / TP (slow on CPU)
@@ -44,6 +45,7 @@ import statistics
 import subprocess
 import sys
 import time
+import traceback
 
 import torch
 
@@ -264,7 +266,10 @@ def main() -> None:
         f"{'time/first':>10} {'mem/first':>9}"
     )
     for (method, mode), r in results.items():
-        first = results[methods[0], mode]
+        first = results[methods[0], mode] or r
+        if r is None:
+            print(f"{mode:8} {method:16} FAILED (traceback above)")
+            continue
         if method in LINEAR_METHODS:
             work = 2 * args.tokens * width * args.hidden * (3 if mode == "fwd+bwd" else 1)
             rate = f"{work / r['seconds'] / 1e12:7.2f} TFLOP/s"
@@ -278,11 +283,28 @@ def main() -> None:
             f"{rate:>13} {r['seconds'] / first['seconds']:10.2f} "
             f"{r['peak_bytes'] / max(first['peak_bytes'], 1):9.2f}" + note
         )
+    if None in results.values():
+        sys.exit(1)
 
 
-def run_all(args: argparse.Namespace, methods: list[str]) -> dict[tuple[str, str], dict]:
-    """Each (method, mode) in a fresh subprocess (its own peak memory); Triton methods on CPU run
-    in Triton's interpreter."""
+def run_all(
+    args: argparse.Namespace, methods: list[str]
+) -> dict[tuple[str, str], dict[str, float] | None]:
+    """Each (method, mode): on CUDA in this process (the allocator's peak is reset for each; a
+    method that raises is reported and gives ``None``, the others still run), on CPU in a fresh
+    subprocess (its own resident-set peak), where Triton methods run in Triton's interpreter."""
+    results: dict[tuple[str, str], dict[str, float] | None] = {}
+    if args.device == "cuda":
+        for mode in MODES:
+            for method in methods:
+                one = argparse.Namespace(**{**vars(args), "method": method, "mode": mode})
+                try:
+                    results[method, mode] = measure(one)
+                except Exception:
+                    traceback.print_exc()
+                    results[method, mode] = None
+                torch.cuda.empty_cache()
+        return results
     forwarded = [a for a in sys.argv[1:] if a != "--full"]
     if "--methods" in forwarded:
         start = forwarded.index("--methods")
@@ -291,7 +313,6 @@ def run_all(args: argparse.Namespace, methods: list[str]) -> dict[tuple[str, str
             end += 1
         del forwarded[start:end]
     extra = ["--tokens", str(args.tokens), "--tp", str(args.tp), "--device", args.device]
-    results: dict[tuple[str, str], dict[str, float]] = {}
     for mode in MODES:
         for method in methods:
             env = dict(os.environ)
