@@ -147,8 +147,9 @@ def measure(args: argparse.Namespace) -> dict[str, float]:
                 logprob, entropy = method(*leaves, targets, args.temperature, args.chunk_size)
             else:
                 logprob, entropy = method(*leaves, targets, args.temperature)
-            if backward:
-                (logprob.sum() + entropy.sum()).backward()
+            if backward:  # of Σ logprob + Σ entropy, with contiguous incoming gradients
+                ones = torch.ones_like(logprob)
+                torch.autograd.backward([logprob, entropy], [ones, ones])
                 for leaf in leaves:
                     leaf.grad = None
 

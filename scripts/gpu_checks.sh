@@ -13,6 +13,8 @@
 # - linear_tp{1,2}.txt: the fused output layer against matmul + torch kernel (and verl's fused
 #   kernel when VERL_WHEEL, verl's wheel file, is given) on hidden [8192, 3584] and weight
 #   [152064 / TP, 3584] bf16, against the bf16 matmul rate of the same run;
+# - kernel_sweep.txt: benchmarks/kernel_sweep.py, the Triton kernels' tile sizes timed alone and
+#   where token_stats's forward spends its time;
 # - engine_{hf,megatron}_{cuda,cpu}[_bf16].txt: benchmarks/engine_passes.py, each engine's
 #   token-stats pass and loss pass (forward + backward + optimizer step) on one GPU and on the
 #   machine's CPU cores, the same model and batch, and the host synchronisations per micro-batch
@@ -67,6 +69,8 @@ for tp in 1 2; do
     step "linear_tp$tp" "$python" benchmarks/vocab_stats.py --device cuda --tokens 8192 \
         --vocab 152064 --tp "$tp" --hidden 3584 --repeat 10 "${linear[@]}"
 done
+step kernel_sweep "$python" benchmarks/kernel_sweep.py --tokens 8192 --vocab 152064 --tp 1 4 \
+    --hidden 3584
 engine=(--tp 1 --hidden 512 --layers 4 --responses 16 --prompt-tokens 64 --response-tokens 192)
 for name in hf megatron; do
     for device in cuda cpu; do

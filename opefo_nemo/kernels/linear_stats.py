@@ -46,6 +46,13 @@ class LinearBlocks:
     num_warps: int = 8
 
 
+#: The forward's tiles: the fastest of the variants ``benchmarks/kernel_sweep.py`` tried on an H200
+#: (docs/performance.md), 1.7 times the throughput of :class:`LinearBlocks`' defaults.
+FORWARD_BLOCKS = LinearBlocks(n=64, v=256, k=64, num_warps=8)
+#: The backward's tiles (``∂L/∂z`` tiles and their fp32 accumulators): the defaults.
+GRAD_BLOCKS = LinearBlocks()
+
+
 @triton.jit
 def _logit_tile(
     x_ptr,
@@ -294,14 +301,15 @@ def linear_partials(
     valid: int,
     inv_t: float,
     powers: tuple[int, ...],
-    blocks: LinearBlocks = LinearBlocks(),
+    blocks: LinearBlocks | None = None,
 ) -> ShardPartials:
     """:class:`ShardPartials` of the logits ``hidden @ weight[:valid]ᵀ`` without forming them.
 
     ``local_target`` ``[tokens]`` int64: the target's row of ``weight``, −1 where another shard
     owns it. ``inv_t`` = 1/T. ``powers``: the pairs beyond ``k = 1`` to compute, as for
-    ``logits_stats.shard_partials``.
+    ``logits_stats.shard_partials``. ``blocks``: default :data:`FORWARD_BLOCKS`.
     """
+    blocks = blocks or FORWARD_BLOCKS
     hidden, weight, matmul = _check(hidden, weight)
     tokens, h = hidden.shape
     kw = {"device": hidden.device, "dtype": torch.float32}
@@ -341,12 +349,13 @@ def linear_grads(
     row_stats: Tensor,
     need_hidden: bool,
     need_weight: bool,
-    blocks: LinearBlocks = LinearBlocks(),
+    blocks: LinearBlocks | None = None,
 ) -> tuple[Tensor | None, Tensor | None]:
     """``(∂L/∂hidden [tokens, h], ∂L/∂weight [width, h])`` in the inputs' dtype (``None`` where
     not needed); ``row_stats`` ``[tokens, 5]`` fp32 ``[m, log S0, H, g_l, g_H]`` as for
     ``logits_stats.shard_logits_grad``. ``∂L/∂hidden`` is this shard's share (summed over the
-    tensor-parallel group by the caller's layer)."""
+    tensor-parallel group by the caller's layer). ``blocks``: default :data:`GRAD_BLOCKS`."""
+    blocks = blocks or GRAD_BLOCKS
     hidden, weight, matmul = _check(hidden, weight)
     tokens, h = hidden.shape
     width = weight.shape[0]

@@ -128,12 +128,15 @@ def shard_partials(
     *,
     block_n: int = 1,
     block_v: int | None = None,
+    num_warps: int = 4,
 ) -> ShardPartials:
     """One read of ``logits`` ``[tokens, width]`` (columns ``>= valid`` are padding, never read).
 
     ``local_target`` ``[tokens]`` int64: the target's column in this shard, −1 where another
     shard owns it. ``inv_t`` = 1/T. ``powers`` (a subset of ``(2, 3)``): which pairs
     ``Σ e^k``, ``Σ e^k·d`` beyond ``k = 1`` to compute (:mod:`.partials`); the others stay 0.
+    The default tiles (one row, 4096 columns, 4 warps per program) were the fastest of the
+    variants ``benchmarks/kernel_sweep.py`` tried on an H200.
     """
     logits = _rows_last_contiguous(logits)
     tokens = logits.shape[0]
@@ -162,6 +165,7 @@ def shard_partials(
         CUBES=3 in powers,
         BLOCK_N=block_n,
         BLOCK_V=block_v,
+        num_warps=num_warps,
     )
     return ShardPartials(out.local_max, out.sums, out.target_logit, out.bad > 0)
 
@@ -176,12 +180,15 @@ def shard_logits_grad(
     out: Tensor | None = None,
     block_n: int = 1,
     block_v: int | None = None,
+    num_warps: int = 8,
 ) -> Tensor:
     """The gradient ``[tokens, width]`` in the logits' dtype (columns ``>= valid`` are 0),
     written into ``out`` (same shape and dtype, unit column stride) or a new tensor.
 
     ``row_stats`` ``[tokens, 5]`` fp32: global row max (raw), ``log S0``, ``H``, ``g_l``, ``g_H``
-    (the incoming gradients of ``logprob`` and ``entropy``, 0 where absent).
+    (the incoming gradients of ``logprob`` and ``entropy``, 0 where absent). The default 8 warps
+    per program ran at 91 % of the copy bandwidth on an H200 where 4 ran at 88 %
+    (``benchmarks/kernel_sweep.py``).
     """
     logits = _rows_last_contiguous(logits)
     tokens, width = logits.shape
@@ -207,5 +214,6 @@ def shard_logits_grad(
         float(inv_t),
         BLOCK_N=block_n,
         BLOCK_V=block_v,
+        num_warps=num_warps,
     )
     return grad

@@ -33,7 +33,7 @@ class _LinearPlan:
     inv_t: float
     group: dist.ProcessGroup | None
     sums: tuple[str, ...]  # the requested vocabulary sums, in VOCAB_SUMS order
-    blocks: LinearBlocks
+    blocks: LinearBlocks | None  # None: the kernels' own defaults
 
 
 def _stats(hidden: Tensor, weight: Tensor, target: Tensor, plan: _LinearPlan):
@@ -104,7 +104,8 @@ def linear_token_stats(
             holds rows ``[r·V/TP, (r+1)·V/TP)`` of the padded vocabulary).
         targets: int64 global vocabulary ids shaped like ``hidden[..., 0]``.
         temperature, group, vocab_size, sums: as for ``token_stats``.
-        blocks: tile sizes (default :class:`~opefo_nemo.kernels.linear_stats.LinearBlocks`).
+        blocks: tile sizes of the forward and the backward kernels (default: each kernel's own,
+            ``FORWARD_BLOCKS`` and ``GRAD_BLOCKS`` of :mod:`opefo_nemo.kernels.linear_stats`).
 
     Returns ``TokenStats`` shaped like ``targets``; ``logprob`` and ``entropy`` differentiable
     w.r.t. ``hidden`` and ``weight``. The gradient w.r.t. ``hidden`` is this rank's share: the
@@ -127,7 +128,7 @@ def linear_token_stats(
     resolve_stats_kernel("triton", hidden.is_cuda)
     shard = VocabShard.of(weight.shape[0], group, vocab_size)
     check_targets(targets, shard.vocab_size)
-    plan = _LinearPlan(shard, 1.0 / temperature, group, wanted, blocks or LinearBlocks())
+    plan = _LinearPlan(shard, 1.0 / temperature, group, wanted, blocks)
     flat_hidden = hidden.reshape(-1, hidden.shape[-1])
     target = local_target(targets.reshape(-1).long(), shard)
     if torch.is_grad_enabled() and (hidden.requires_grad or weight.requires_grad):

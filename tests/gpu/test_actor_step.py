@@ -180,8 +180,8 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
     seen = {}
 
     def recording_loss(index, with_grad):
-        seen[index] = with_grad.logprob.detach()
-        mask = micros[index].response_mask
+        seen[index] = with_grad.logprob.detach().cpu()
+        mask = micros[index].response_mask.to(with_grad.logprob.device)
         return LossOutput(-(with_grad.logprob * mask).sum() / batch.n_response_tokens, {})
 
     policy.train_step(micros, recording_loss, ())
