@@ -7,7 +7,10 @@ that generated the rollout.
 Optimizer: AdamW; learning rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``
 (linear warm-up over the first ``warmup_steps`` rollout steps, spec §8); gradient clipping by
 global norm. Gradients accumulate over micro-batches: each micro-batch's loss is already its share
-of the global token mean (spec §5), so nothing is rescaled here.
+of the global token mean (spec §5), so nothing is rescaled here. A step with an
+``EntropyCorrection`` first backpropagates the batch's token-mean entropy, keeps that gradient
+(one more copy of the parameters) and corrects the parameters after ``AdamW.step``
+(:mod:`.entropy_correction`).
 """
 
 from __future__ import annotations
@@ -24,7 +27,8 @@ from ..config.engines import EngineConfig
 from ..models.transformers_compat import load_causal_lm
 from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
 from .batch import TrainBatch
-from .protocols import LossFn, UpdateResult
+from .entropy_correction import CapturedEntropyGradient, on_one_device
+from .protocols import EntropyCorrection, LossFn, UpdateResult
 from .schedule import warmup_factor
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -94,13 +98,12 @@ class HFPolicy:
             start += micro.rows
         return TokenStats(**out)
 
-    def train_step(
+    def _backward(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
-    ) -> UpdateResult:
-        """Accumulate every micro-batch's gradient and metric sums, clip, step; skip the step if
-        anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
-        checked once, after the last backward."""
-        self.optimizer.zero_grad(set_to_none=True)
+    ) -> tuple[bool, dict[str, Tensor]]:
+        """A forward with gradient and ``loss_fn(i, stats).loss.backward()`` for every
+        micro-batch; returns whether a loss or the logits were not finite (the pass stops at
+        non-finite logits) and the summed ``LossOutput.sums`` (keys ``sum_names``)."""
         sums = {
             name: torch.zeros((), dtype=torch.float64, device=self.device) for name in sum_names
         }
@@ -117,10 +120,47 @@ class HFPolicy:
                 raise ValueError(f"loss sums {sorted(out.sums)} are not {sorted(sums)}")
             sums = {k: total + out.sums[k].detach() for k, total in sums.items()}
             out.loss.backward()
+        return bool(nonfinite > 0), sums
+
+    def _params(self) -> list[Tensor]:
+        return [p for group in self.optimizer.param_groups for p in group["params"]]
+
+    def _entropy_gradient(
+        self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
+    ) -> CapturedEntropyGradient | None:
+        """``∇θ H̄`` of every parameter (:class:`~.protocols.EntropyCorrection`), taken out of
+        the parameters' ``grad``; ``None`` if it is not finite."""
+        self.optimizer.zero_grad(set_to_none=True)
+        failed, _ = self._backward(micro_batches, entropy_fn, ())
+        params = self._params()
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
+        self.optimizer.zero_grad(set_to_none=True)
+        if failed or not all(bool(torch.isfinite(g).all()) for g in grads):
+            return None
+        return CapturedEntropyGradient(params, grads, [True] * len(params), on_one_device)
+
+    def train_step(
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        correction: EntropyCorrection | None = None,
+    ) -> UpdateResult:
+        """Accumulate every micro-batch's gradient and metric sums, clip, step; skip the step if
+        anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
+        checked once, after the last backward. With a ``correction``: the entropy gradient's
+        pass first, the update corrected after the step."""
+        captured = None
+        if correction is not None:
+            captured = self._entropy_gradient(micro_batches, correction.entropy_fn)
+            if captured is None:
+                return UpdateResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
+        self.optimizer.zero_grad(set_to_none=True)
+        failed, sums = self._backward(micro_batches, loss_fn, sum_names)
         params = [p for p in self.model.parameters() if p.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
-        if bool(nonfinite > 0) or not math.isfinite(grad_norm):
+        if failed or not math.isfinite(grad_norm):
             self.optimizer.zero_grad(set_to_none=True)
             return UpdateResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
         self.optimizer.step()
@@ -130,6 +170,7 @@ class HFPolicy:
             lr=self.lr,
             skipped=False,
             sums={k: float(v) for k, v in sums.items()},
+            correction=None if captured is None else captured.correct(correction.target),
         )
 
     def advance_schedule(self) -> None:

@@ -17,6 +17,7 @@ import torch
 from torch import Tensor
 
 from ..core.objectives import LossOutput
+from ..core.update_correction import CorrectionResult
 from ..parallel import TokenStats
 from .batch import TrainBatch
 
@@ -26,16 +27,34 @@ micro-batch (phase 3) and its metric sums (the keys ``train_step`` is given as `
 
 
 @dataclass(frozen=True)
+class EntropyCorrection:
+    """Asks :meth:`Policy.train_step` to correct the update it applies (spec §3, "Exact first
+    order"; :mod:`opefo_nemo.core.update_correction`).
+
+    Before the step, ``g = ∇θ H̄``: a forward and backward of every micro-batch with
+    ``entropy_fn(i, stats_with_grad).loss`` (micro-batch ``i``'s share ``Σ mask·H_t / N`` of the
+    batch's token-mean entropy), reduced like the policy gradient (over micro-batches,
+    data-parallel ranks, TP and PP), kept in the optimizer's own layout and precision (fp32
+    main weights, shards of the distributed optimizer). After the step, with the update
+    ``Δθ`` the optimizer applied: ``θ ← θ + α g`` so that ``⟨g, Δθ + α g⟩ = target``; the sums
+    cost two all-reduces of float64 scalars, nothing is gathered."""
+
+    entropy_fn: LossFn
+    target: float
+
+
+@dataclass(frozen=True)
 class UpdateResult:
     """Outcome of one optimizer step: the pre-clip global gradient norm, the learning rate used,
-    whether the step was skipped because the loss or the gradient was not finite, and the
-    ``LossOutput.sums`` of every micro-batch of the step added up (over all ranks; empty when
-    skipped)."""
+    whether the step was skipped because the loss or the gradient (or with a correction, the
+    entropy gradient) was not finite, the ``LossOutput.sums`` of every micro-batch of the step
+    added up (over all ranks; empty when skipped), and the correction when one was asked."""
 
     grad_norm: float
     lr: float
     skipped: bool
     sums: dict[str, float] = field(default_factory=dict)
+    correction: CorrectionResult | None = None
 
 
 @runtime_checkable
@@ -54,13 +73,19 @@ class Policy(Protocol):
         ...
 
     def train_step(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        correction: EntropyCorrection | None = None,
     ) -> UpdateResult:
         """One optimizer step: for each micro-batch ``i`` a forward with gradient, then
         ``loss_fn(i, stats).loss.backward()`` (the loss is already a share of the global token
         mean, so gradients just accumulate); then clipping and the optimizer step. The returned
         ``sums`` add up every micro-batch's ``LossOutput.sums``, whose keys are ``sum_names``
-        (the same on every rank, so an engine can reduce them as one vector)."""
+        (the same on every rank, so an engine can reduce them as one vector). With a
+        ``correction``, the entropy gradient's pass runs first and the step's update is
+        corrected after the optimizer step (:class:`EntropyCorrection`)."""
         ...
 
     def advance_schedule(self) -> None:

@@ -201,11 +201,18 @@ class Trainer:
         return metrics
 
     def _predictor_quality(self, metrics: dict[str, float]) -> dict[str, float]:
-        """``flow/predictor_corr``: correlation of the predicted net flow with ``flow/realized``
-        over every measured step so far. Steps whose prediction is zero by construction (adaptive
-        OPEFO's, up to the fp32 weights' rounding) predict nothing and are left out."""
-        predicted = metrics["flow/net_after_balance"]
-        if abs(predicted) > 1e-6 * (metrics["flow/pos"] + metrics["flow/neg"]):
+        """``flow/predictor_corr``: correlation of the predicted entropy change with
+        ``flow/realized`` over every measured step so far. The prediction is the net flow after
+        weighting, or for a corrected update its exact first order ``correction/flow_after``.
+        Steps whose prediction is zero by construction (adaptive OPEFO's, up to the fp32
+        weights' rounding; a correction to a target of 0) predict nothing and are left out."""
+        if "correction/target" in metrics:
+            predicted = metrics["correction/flow_after"]
+            informative = metrics["correction/target"] != 0
+        else:
+            predicted = metrics["flow/net_after_balance"]
+            informative = abs(predicted) > 1e-6 * (metrics["flow/pos"] + metrics["flow/neg"])
+        if informative:
             self.flow_predictor.add(predicted, metrics["flow/realized"])
         value = self.flow_predictor.value()
         return {} if value is None else {"flow/predictor_corr": value}

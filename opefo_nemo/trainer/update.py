@@ -39,7 +39,7 @@ from ..core.objectives import (
     step_loss_metrics,
 )
 from ..engines.batch import TrainBatch
-from ..engines.protocols import Policy
+from ..engines.protocols import EntropyCorrection, Policy
 from ..parallel import TokenStats
 
 
@@ -117,8 +117,10 @@ def optimizer_step(
 ) -> tuple[dict[str, float], bool]:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``.
 
-    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``) and whether the
-    engine skipped it for a non-finite loss or gradient.
+    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``, and
+    ``correction/*`` for a method that corrects its update: the engine gets an
+    ``EntropyCorrection`` whose ``entropy_fn`` is each micro-batch's share of the token-mean
+    entropy) and whether the engine skipped it for a non-finite loss or gradient.
     """
     chunks = [
         TokenChunk(
@@ -155,11 +157,21 @@ def optimizer_step(
             entropy=with_grad.entropy if objective.differentiates_entropy else None,
         )
 
-    result = policy.train_step(micro_batches, loss_fn, loss_sum_names(objective))
+    correction = None
+    if prepared.update_target is not None:
+
+        def entropy_fn(index: int, with_grad: TokenStats) -> LossOutput:
+            mask = inputs[index][1]
+            return LossOutput((with_grad.entropy * mask).sum() / prepared.n_tokens, {})
+
+        correction = EntropyCorrection(entropy_fn, prepared.update_target)
+    result = policy.train_step(micro_batches, loss_fn, loss_sum_names(objective), correction)
     metrics = dict(prepared.metrics)
     if not result.skipped:
         sums = result.sums
         metrics.update(step_loss_metrics(objective, sums, prepared.n_tokens))
+        if result.correction is not None:
+            metrics.update(result.correction.metrics())
     metrics.update({"grad/norm": result.grad_norm, "lr": result.lr})
     return metrics, result.skipped
 

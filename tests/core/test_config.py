@@ -10,7 +10,7 @@ from opefo_nemo.core.objectives import registered_objectives
 
 def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
     assert method_names() == registered_objectives()
-    strict = {"grpo_strict", "opefo", "static", "pos_only", "neg_only"}
+    strict = {"grpo_strict", "opefo", "static", "pos_only", "neg_only", "entropy_neutral"}
     for name in method_names():
         cfg = load_method(name)
         assert cfg.name == name
@@ -59,6 +59,18 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
         ("opefo", "updates_per_rollout=8", r"method\.updates_per_rollout .* strict on-policy"),
         ("grpo", "lr=abc", r"method\.lr must be a number"),
         ("entropy_reg", "entropy_coef=0", r"method\.entropy_coef is 0"),
+        (
+            "entropy_neutral",
+            "entropy_flow.balance=static",
+            r"method\.entropy_flow\.balance is 'static'",
+        ),
+        (
+            "entropy_neutral",
+            "entropy_flow.target_gain=1.5",
+            r"method\.entropy_flow\.target_gain must lie in \(0, 1\]",
+        ),
+        ("entropy_neutral", "entropy_flow.static_lambda=0.1", r"unknown key .*static_lambda"),
+        ("entropy_neutral", "updates_per_rollout=8", r"method\.updates_per_rollout .* strict"),
     ],
 )
 def test_bad_keys_and_values_fail_naming_the_key(name, override, message):

@@ -32,6 +32,7 @@ ALLOWED = {
     ("objectives/methods/covariance.py", "token_uniform"): "four hash rounds",
     ("schema.py", "build"): "config keys",
     ("schema.py", "_value"): "the types of a union, the items of a config list",
+    ("update_correction.py", "dot64"): "slices of 4 Mi elements, bounding float64 temporaries",
 }
 
 

@@ -31,6 +31,7 @@ METHOD_SETTINGS = {
     "static": {"entropy_flow": {"balance": "static", "static_lambda": 0.2}},
     "pos_only": {"entropy_flow": {"balance": "pos_only"}},
     "neg_only": {"entropy_flow": {"balance": "neg_only"}},
+    "entropy_neutral": {"entropy_flow": {"balance": "target", "target_entropy": 0.5}},
 }
 
 

@@ -10,7 +10,9 @@ A method is one module and one ``conf/method/<name>.yaml`` (docs/core.md walks t
   - ``token_loss(inputs)``: the per-token loss ``ℓ_t`` (phase 3);
   - ``loss_sums`` / ``loss_metrics``: its metric numerators per micro-batch and their ratios;
   - ``metrics(batch)``: its step metrics; ``state_dict`` / ``restore``: what it carries from
-    step to step (kept in the checkpoint; ``load_state_dict`` checks the keys, then restores).
+    step to step (kept in the checkpoint; ``load_state_dict`` checks the keys, then restores);
+  - ``update_target(batch)``: for a method that corrects the applied update along ``∇θ H̄``
+    (``corrects_update``), the first-order entropy change it wants from the step.
 
 Every method gets, without writing anything: ΔH with the configured estimator, the flow sums P
 and N, λ*, the token-mean entropy and their metrics (spec §2, §3, §6), the global token count and
@@ -88,7 +90,8 @@ class Objective:
 
     Class attributes: ``config_type`` (its settings dataclass); ``strict`` (needs ``ρ ≡ 1``:
     exactly one update per rollout); ``differentiates_entropy`` (its loss reads ``H_t`` with
-    gradient); ``loss_sum_names`` (the keys of :meth:`loss_sums`, besides ``loss``).
+    gradient); ``loss_sum_names`` (the keys of :meth:`loss_sums`, besides ``loss``);
+    ``corrects_update`` (the engine corrects the applied update to :meth:`update_target`).
     """
 
     name: ClassVar[str] = ""
@@ -96,6 +99,7 @@ class Objective:
     strict: ClassVar[bool] = True
     differentiates_entropy: ClassVar[bool] = False
     loss_sum_names: ClassVar[tuple[str, ...]] = ()
+    corrects_update: ClassVar[bool] = False
 
     def __init__(self, config: MethodConfig):
         if not isinstance(config, self.config_type):
@@ -132,6 +136,13 @@ class Objective:
     def metrics(self, batch: BatchStatistics) -> dict[str, float]:
         """The objective's own step metrics (called after :meth:`coefficients`)."""
         return {}
+
+    def update_target(self, batch: BatchStatistics) -> float | None:
+        """The first-order change ``⟨∇θ H̄, Δθ'⟩`` the corrected update must have
+        (:mod:`opefo_nemo.core.update_correction`), or ``None``: the update is not corrected
+        (every method but those with ``corrects_update``; called after :meth:`coefficients`,
+        before :meth:`metrics`)."""
+        return None
 
     # ------------------------------------------------------------------ phase 3
     def token_loss(self, inputs: LossInputs) -> Tensor:

@@ -32,7 +32,8 @@ class Prepared:
 
     ``n_tokens``: the global count of valid tokens, the loss denominator of spec §5.
     ``sums``: the global sums (0-d float64). ``metrics``: spec §6 flow metrics and the
-    objective's own.
+    objective's own. ``update_target``: the first-order entropy change the engine must correct
+    the applied update to (``Objective.update_target``), ``None`` for no correction.
     """
 
     coefficients: list[Coefficients]
@@ -40,6 +41,7 @@ class Prepared:
     lambda_star: float
     sums: dict[str, Tensor]
     metrics: dict[str, float]
+    update_target: float | None = None
 
 
 def common_sums(chunk: TokenChunk, delta_h: Tensor) -> dict[str, Tensor]:
@@ -112,8 +114,9 @@ def prepare(
     coefficients = objective.coefficients(batch, reducer, seed)
     net = reducer.sum({"net_after_balance": _weighted_flow(chunks, coefficients)})
     metrics = flow_metrics(sums, lam_star, float(net["net_after_balance"]))
+    target = objective.update_target(batch)
     metrics.update(objective.metrics(batch))
-    return Prepared(coefficients, n_tokens, lam_star, dict(sums), metrics)
+    return Prepared(coefficients, n_tokens, lam_star, dict(sums), metrics, target)
 
 
 def _weighted_flow(chunks: Sequence[TokenChunk], coefficients: Sequence[Coefficients]) -> Tensor:

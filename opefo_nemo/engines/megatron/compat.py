@@ -180,3 +180,30 @@ def distributed_optimizer_checkpoint_problem() -> str | None:
         "apex or Transformer Engine (CPU ranks); set engine.use_distributed_optimizer=false "
         "there, or install apex / Transformer Engine"
     )
+
+
+def inner_optimizers(optimizer: Any) -> list[Any]:
+    """The ``MegatronOptimizer`` objects that each own parameter groups: a ``ChainedOptimizer``'s
+    ``chained_optimizers`` (0.16.1's ``get_megatron_optimizer`` always returns one) or the
+    optimizer itself (0.11 returns it unchained when there is one)."""
+    return list(getattr(optimizer, "chained_optimizers", None) or [optimizer])
+
+
+def copy_main_weights_to_model(optimizer: Any) -> None:
+    """After the main (fp32) weights changed outside the optimizer's step: what its step does
+    next, for each inner optimizer. Both releases name it ``_copy_main_params_to_model_params``
+    (the mixed-precision and the distributed optimizer: main weights into the model's bf16 or
+    fp32 parameters, the distributed optimizer's into this rank's range of its parameter
+    buffer); the fp32 optimizer has none (its main weights are the parameters). The distributed
+    optimizer's step then all-gathers the parameter buffer over data parallel with each model
+    chunk's ``start_param_sync`` (both releases; synchronous unless ``overlap_param_gather``,
+    which the engine does not set)."""
+    from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
+
+    for inner in inner_optimizers(optimizer):
+        copy = getattr(inner, "_copy_main_params_to_model_params", None)
+        if copy is not None:
+            copy()
+        if isinstance(inner, DistributedOptimizer):
+            for chunk in inner.model_chunks:
+                chunk.start_param_sync(force_sync=True)

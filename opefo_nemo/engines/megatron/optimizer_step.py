@@ -8,6 +8,9 @@ returns whether any rank of the job failed: a non-finite loss or logits, or a no
 gradient, so that every rank skips the step together); ``step()`` (clip to ``config.grad_clip``,
 the optimizer's update at the warm-up learning rate; returns ``‖g‖₂`` before clipping);
 ``advance()`` (the next rollout step's learning rate, ``lr · min(1, (s + 1) / warmup_steps)``).
+A step with an ``EntropyCorrection`` adds two: ``capture_entropy_gradient()`` after the entropy
+pass's ``reduce`` (before the policy gradient's ``zero_grad``) and ``correct(captured, target)``
+after ``step()``.
 
 The model is wrapped in megatron-core's ``DistributedDataParallel`` (contiguous fp32
 ``main_grad`` buffers; its ``finish_grad_sync``, run by megatron's ``finalize_model_grads``,
@@ -32,7 +35,10 @@ from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
 from ...config.engines import MegatronEngineConfig
+from ...core.update_correction import CorrectionResult
+from ..entropy_correction import CapturedEntropyGradient
 from ..schedule import warmup_factor
+from . import compat
 
 
 class MegatronOptimizerStep:
@@ -100,3 +106,40 @@ class MegatronOptimizerStep:
 
     def advance(self) -> None:
         self.steps += 1
+
+    def capture_entropy_gradient(self) -> CapturedEntropyGradient:
+        """``∇θ H̄`` in the optimizer's own layout, after the entropy pass's :meth:`reduce`:
+        megatron's ``prepare_grads`` copies the reduced ``main_grad`` into its main tensors'
+        ``grad`` (fp32 main weights, or this rank's shard of them with the distributed
+        optimizer); each is cloned (they are views of the gradient buffer the next pass
+        reuses). A main tensor counts in the sums as megatron's gradient norm counts it: not a
+        tied embedding's second copy (``shared``), not a tensor-parallel replica; the sums
+        reduce over the group megatron reduces that norm over (model parallel, or every rank
+        with the distributed optimizer)."""
+        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+        from megatron.core.transformer.module import param_is_not_shared
+
+        self.optimizer.prepare_grads()
+        inner = compat.inner_optimizers(self.optimizer)
+        groups = {id(o.get_grad_stats_parallel_group()) for o in inner}
+        if len(groups) != 1:
+            raise RuntimeError("the entropy correction needs one gradient-statistics group")
+        group = inner[0].get_grad_stats_parallel_group()
+        params = [p for o in inner for p in o.get_parameters()]
+        grads = [torch.zeros_like(p) if p.grad is None else p.grad.detach().clone() for p in params]
+        counted = [
+            param_is_not_shared(p) and param_is_not_tensor_parallel_duplicate(p) for p in params
+        ]
+
+        def all_reduce(values: Tensor) -> Tensor:
+            dist.all_reduce(values, group=group)
+            return values
+
+        return CapturedEntropyGradient(params, grads, counted, all_reduce)
+
+    def correct(self, captured: CapturedEntropyGradient, target: float) -> CorrectionResult:
+        """After :meth:`step`: the main tensors corrected (:mod:`..entropy_correction`), then
+        copied into the model's parameters as megatron's step copies them."""
+        result = captured.correct(target)
+        compat.copy_main_weights_to_model(self.optimizer)
+        return result

@@ -73,7 +73,7 @@ from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weig
 from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
 from ...parallel import NonFiniteLogitsError, TokenStats, requested_sums
 from ..batch import TrainBatch
-from ..protocols import LossFn, UpdateResult
+from ..protocols import EntropyCorrection, LossFn, UpdateResult
 from . import compat
 from .checkpoint import load_megatron, save_megatron
 from .loss_closure import LossFunction, MegatronScaling, output_stats, stats_function
@@ -253,17 +253,54 @@ class MegatronPolicy:
         return TokenStats(**dict(zip(names, full, strict=True)))
 
     def train_step(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        correction: EntropyCorrection | None = None,
     ) -> UpdateResult:
         """Phase 3: one optimizer step over all ``micro_batches`` of the step (module docstring).
 
         The statistics reach ``loss_fn`` on the rank's device (the trainer has moved the step's
         coefficients there); the loss's finiteness and metric sums accumulate on the device and
-        are read once, after the backward."""
+        are read once, after the backward. With a ``correction``, the same schedule first runs
+        ``correction.entropy_fn`` and its reduced gradient is kept in the optimizer's layout;
+        the update is corrected after the optimizer step (:mod:`.optimizer_step`)."""
+        captured = None
+        if correction is not None:
+            self.updates.zero_grad()
+            failed, _ = self._backward(micro_batches, correction.entropy_fn, ())
+            if self.updates.reduce(failed):
+                self.updates.zero_grad()
+                return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
+            captured = self.updates.capture_entropy_gradient()
+        self.updates.zero_grad()
+        failed, sums = self._backward(micro_batches, loss_fn, sum_names)
+        if self.updates.reduce(failed):  # the same on every rank
+            self.updates.zero_grad()
+            return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
+        totals = self._reduce_sums(sums, sum_names)
+        grad_norm = self.updates.step()
+        return UpdateResult(
+            grad_norm=grad_norm,
+            lr=self.lr,
+            skipped=False,
+            sums=totals,
+            correction=None
+            if captured is None
+            else self.updates.correct(captured, correction.target),
+        )
+
+    def _backward(
+        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+    ) -> tuple[Tensor, Tensor]:
+        """This rank's micro-batches through the schedule with gradient, the last stage's loss
+        ``loss_fn(i, stats)`` scaled by ``MegatronScaling``; returns the device flag of a
+        non-finite loss or logits and the summed ``LossOutput.sums`` (in ``sum_names`` order,
+        this rank's micro-batches only)."""
         size, rank = self._dp
         mine = per_rank(len(micro_batches), size)(rank)
         scaling = MegatronScaling(len(mine), size)
-        self.updates.zero_grad()
         failed = torch.zeros((), device=self.device)
         names = tuple(sum_names)
         sums = torch.zeros(len(names), dtype=torch.float64, device=self.device)
@@ -302,12 +339,7 @@ class MegatronPolicy:
             forward_only=False,
             stop_before_output_layer=self.outputs.stops_before_output_layer,
         )
-        if self.updates.reduce(failed):  # the same on every rank
-            self.updates.zero_grad()
-            return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
-        totals = self._reduce_sums(sums, names)
-        grad_norm = self.updates.step()
-        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
+        return failed, sums
 
     def _reduce_sums(self, sums: Tensor, names: Sequence[str]) -> dict[str, float]:
         """This rank's metric sums (non-zero on the last pipeline stage only) added over the
