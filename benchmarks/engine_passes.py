@@ -1,4 +1,5 @@
-"""An engine's two passes per optimizer step, their times and the host synchronisations they make.
+"""An engine's two passes per optimizer step, their times and the host synchronisations they make,
+and the cost of ``entropy_neutral``'s correction of the update.
 
 The token-stats pass (phase 1, forward only) and the loss pass (phases 2 and 3: ``prepare``,
 forward + backward per micro-batch, the optimizer step) of ``opefo_nemo.trainer.update``, timed
@@ -7,6 +8,11 @@ ranks: gloo on CPU, NCCL on GPUs), median of ``--repeats`` after a warm-up step.
 Qwen2 of the tiny model's family at a benchmark size (random weights, nothing downloaded), built
 through each engine's own start-up. A forward-only pass should cost about a third to a half of
 forward + backward.
+
+The correction: the loss pass of ``entropy_neutral`` (the entropy's forward + backward before the
+step, the corrected update after it) against ``grpo_strict``'s (the same loss, no correction), as
+a time ratio, and the memory it adds: the entropy gradient the engine keeps (bytes per rank, what
+preflight's estimate counts) and, on CUDA, the growth of the pass's peak allocated memory.
 
 On CUDA one more step runs under ``torch.cuda.set_sync_debug_mode("warn")``: every operation that
 makes the host wait for the device (``.item()``, a device-to-host copy, ``torch.cuda.synchronize``)
@@ -129,23 +135,55 @@ def _policy(args: argparse.Namespace, model_dir: str, lr: float):
     return build_megatron_policy(model_dir, engine, lr=lr, temperature=1.0)
 
 
+def _kept_gradient_bytes() -> list[int]:
+    """Records the bytes of every entropy gradient the engine hands to the correction."""
+    from opefo_nemo.engines import entropy_correction
+
+    kept: list[int] = []
+    original = entropy_correction.CapturedEntropyGradient.__init__
+
+    def recording(self, params, grads, counted, all_reduce):
+        kept.append(sum(g.numel() * g.element_size() for g in grads))
+        original(self, params, grads, counted, all_reduce)
+
+    entropy_correction.CapturedEntropyGradient.__init__ = recording
+    return kept
+
+
+def _peak(function, *args):
+    """``(peak allocated bytes during the call or 0 without CUDA, seconds, result)``."""
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+        torch.cuda.reset_peak_memory_stats()
+    seconds, result = _timed(function, *args)
+    peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
+    return peak, seconds, result
+
+
 def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
     method = load_method("opefo")
-    objective = build_objective(method)
+    objectives = {
+        name: build_objective(load_method(name))
+        for name in ("opefo", "grpo_strict", "entropy_neutral")
+    }
     sums = ESTIMATOR_SUMS[method.entropy_flow.estimator]
     policy = _policy(args, model_dir, method.lr)
     batch = _batch(args)
     micros = batch.split(args.micro_batch_size)
+    kept = _kept_gradient_bytes()
 
-    def loss_pass(stats):
-        return optimizer_step(policy, objective, micros, stats, None, 0)
+    def loss_pass(stats, name="opefo"):
+        return optimizer_step(policy, objectives[name], micros, stats, None, 0)
 
-    stats_times, loss_times = [], []
+    times = collections.defaultdict(list)
+    peaks = collections.defaultdict(list)
     for _ in range(args.repeats + 1):  # the first step warms up
         seconds, stats = _timed(stats_pass, policy, batch, micros, sums)
-        stats_times.append(seconds)
-        seconds, _ = _timed(loss_pass, stats)
-        loss_times.append(seconds)
+        times["stats"].append(seconds)
+        for name in objectives:
+            peak, seconds, _ = _peak(loss_pass, stats, name)
+            times[name].append(seconds)
+            peaks[name].append(peak)
     counted = None
     if args.device == "cuda":
         stats_syncs, stats_where, stats = _host_syncs(stats_pass, policy, batch, micros, sums)
@@ -153,8 +191,8 @@ def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
         counted = (stats_syncs, stats_where, loss_syncs, loss_where)
     if rank != 0:
         return
-    stats_s = statistics.median(stats_times[1:])
-    loss_s = statistics.median(loss_times[1:])
+    median = {name: statistics.median(values[1:]) for name, values in times.items()}
+    stats_s, loss_s = median["stats"], median["opefo"]
     tokens = args.responses * (args.prompt_tokens + args.response_tokens)
     name = torch.cuda.get_device_name() if args.device == "cuda" else platform.processor()
     print(
@@ -169,6 +207,13 @@ def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
     print(f"stats pass (forward only): {stats_s:.4f} s per step")
     print(f"loss pass (forward + backward + optimizer step): {loss_s:.4f} s per step")
     print(f"stats / loss: {stats_s / loss_s:.2f}")
+    plain, corrected = median["grpo_strict"], median["entropy_neutral"]
+    print(f"update, grpo_strict: {plain:.4f} s; entropy_neutral (corrected): {corrected:.4f} s")
+    print(f"corrected / uncorrected update: {corrected / plain:.2f}")
+    print(f"entropy gradient kept by the correction: {kept[-1] / 2**20:.2f} MiB on rank 0")
+    if args.device == "cuda":
+        growth = (max(peaks["entropy_neutral"][1:]) - max(peaks["grpo_strict"][1:])) / 2**20
+        print(f"peak allocated memory of the update, corrected − uncorrected: {growth:.2f} MiB")
     if counted is not None:
         stats_syncs, stats_where, loss_syncs, loss_where = counted
         for label, count, where in (

@@ -86,6 +86,17 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
     return data, []
 
 
+def _corrects_update(config: dict[str, Any]) -> bool:
+    """Whether ``method.name`` is a method that keeps ``∇θ H̄`` to correct its update (an
+    unknown name: no; the validation reports it)."""
+    from ..core.objectives import objective_class
+
+    try:
+        return objective_class(str((config.get("method") or {}).get("name"))).corrects_update
+    except ValueError:
+        return False
+
+
 def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Problem]:
     """The trainer's own start-up validation and start-up rules
     (:func:`~opefo_nemo.engines.startup.startup_problems`, which ``trainer.setup.build_policy``
@@ -113,7 +124,9 @@ def preflight(
     config, problems = compose_config(overrides)
     if config is not None:
         try:
-            plan = plan_from_config(config, world_size, gpu_memory_bytes, gpus_per_node)
+            plan = plan_from_config(
+                config, world_size, gpu_memory_bytes, gpus_per_node, _corrects_update(config)
+            )
         except ValueError as error:
             problems.append(Problem("config", str(error)))
         else:

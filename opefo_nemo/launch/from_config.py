@@ -61,8 +61,12 @@ def _model_shape(model: Mapping[str, Any]) -> ModelShape | None:
         return None
 
 
-def memory_settings(config: Mapping[str, Any], gpu: bool) -> MemorySettings:
-    """The memory-relevant settings of ``config`` (module docstring); ``gpu``: a GPU run."""
+def memory_settings(
+    config: Mapping[str, Any], gpu: bool, corrects_update: bool = False
+) -> MemorySettings:
+    """The memory-relevant settings of ``config`` (module docstring); ``gpu``: a GPU run;
+    ``corrects_update``: the method corrects its update along ``∇θ H̄`` (its objective's
+    ``corrects_update``, which the caller looks up: this package does not import torch)."""
     engine = _section(config, "engine")
     rollout = _section(config, "rollout")
     data = _section(config, "data")
@@ -87,6 +91,7 @@ def memory_settings(config: Mapping[str, Any], gpu: bool) -> MemorySettings:
             engine.get("make_vocab_size_divisible_by", 1 if single_device else 128)
         ),
         fused_output_layer=engine.get("stats_kernel") == FUSED_LINEAR,
+        entropy_correction=corrects_update,
         vllm_memory_fraction=vllm_fraction,
         vllm_asleep_bytes=VLLM_ASLEEP_BYTES if gpu and vllm_fraction > 0 else 0,
         overhead_bytes=RUNTIME_OVERHEAD_BYTES if gpu else 0,
@@ -94,16 +99,21 @@ def memory_settings(config: Mapping[str, Any], gpu: bool) -> MemorySettings:
 
 
 def plan_from_config(
-    config: Mapping[str, Any], world_size: int, gpu_memory_bytes: int = 0, gpus_per_node: int = 0
+    config: Mapping[str, Any],
+    world_size: int,
+    gpu_memory_bytes: int = 0,
+    gpus_per_node: int = 0,
+    corrects_update: bool = False,
 ) -> LaunchPlan:
     """The launch plan of a composed config (a plain mapping) on ``world_size`` ranks,
-    ``gpus_per_node`` per node (0: all on one node)."""
+    ``gpus_per_node`` per node (0: all on one node); ``corrects_update``: as for
+    :func:`memory_settings`."""
     engine = _section(config, "engine")
     trainer = _section(config, "trainer")
     model = _section(config, "model")
     data = _section(config, "data")
     method = _section(config, "method")
-    settings = memory_settings(config, gpu=gpu_memory_bytes > 0)
+    settings = memory_settings(config, gpu=gpu_memory_bytes > 0, corrects_update=corrects_update)
     tp = int(engine.get("tensor_model_parallel_size", 1))
     pp = int(engine.get("pipeline_model_parallel_size", 1))
     responses = int(_required(trainer, "trainer", "responses_per_prompt"))

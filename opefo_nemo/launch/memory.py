@@ -14,6 +14,9 @@ first stage, the output layer on the last; the vocabulary padded to a multiple o
                   (tokens + V_pad / TP) · h · 4 with ``engine.stats_kernel=fused_linear``: no
                   logits, only the fused backward's fp32 gradient buffers of the hidden states
                   and the output weight shard
+    entropy gradient = P · grad_bytes              (a method that corrects its update,
+                  / DP with the distributed optimizer   entropy_neutral: ∇θ H̄ kept in the
+                                                   optimizer's layout during the update)
 
 ``tokens = micro_batch_size · sequence_length``; ``in_flight`` is the number of micro-batches whose
 activations the first stage holds under the 1F1B schedule, ``min(PP, micro-batches)``.
@@ -29,7 +32,8 @@ activations the first stage holds under the 1F1B schedule, ``min(PP, micro-batch
 The rollout engine colocated on the same GPU uses ``vllm_memory_fraction`` of the GPU while it
 generates and ``vllm_asleep_bytes`` while the actor trains. The peak is the larger of
 
-    training   = weights + gradients + optimizer + activations + logits + vLLM asleep + overhead
+    training   = weights + gradients + optimizer + activations + logits + entropy gradient
+                 + vLLM asleep + overhead
     generation = weights + gradients + optimizer + vLLM share + overhead
 """
 
@@ -59,6 +63,7 @@ class MemorySettings:
     activation_recompute: bool = False
     make_vocab_size_divisible_by: int = 128
     fused_output_layer: bool = False
+    entropy_correction: bool = False
     vllm_memory_fraction: float = 0.0
     vllm_asleep_bytes: int = 0
     overhead_bytes: int = 0
@@ -138,6 +143,7 @@ class MemoryEstimate:
     overhead: int
     distributed_optimizer: bool
     fused_output_layer: bool = False
+    entropy_gradient: int = 0
 
     @property
     def optimizer(self) -> int:
@@ -151,8 +157,16 @@ class MemoryEstimate:
 
     @property
     def training(self) -> int:
-        """The training phase's total: resident + activations + logits + asleep vLLM."""
-        return self.resident + self.activations + self.logits + self.vllm_asleep + self.overhead
+        """The training phase's total: resident + activations + logits + the entropy gradient
+        + asleep vLLM."""
+        return (
+            self.resident
+            + self.activations
+            + self.logits
+            + self.entropy_gradient
+            + self.vllm_asleep
+            + self.overhead
+        )
 
     @property
     def generation(self) -> int:
@@ -181,6 +195,10 @@ def estimate_memory(
     vocab = padded_vocab_size(
         shape.vocab_size, settings.make_vocab_size_divisible_by, layout.tensor
     )
+    entropy_gradient = 0
+    if settings.entropy_correction:
+        shards = layout.data if settings.distributed_optimizer else 1
+        entropy_gradient = math.ceil(params * settings.grad_bytes / shards)
     return MemoryEstimate(
         weights=params * settings.param_bytes,
         gradients=params * settings.grad_bytes,
@@ -193,6 +211,7 @@ def estimate_memory(
         overhead=settings.overhead_bytes,
         distributed_optimizer=settings.distributed_optimizer,
         fused_output_layer=settings.fused_output_layer,
+        entropy_gradient=entropy_gradient,
     )
 
 

@@ -37,6 +37,11 @@ def memory_table(estimate: MemoryEstimate, layout: ParallelLayout, gpu_memory_by
             estimate.logits,
             "",
         ),
+        *(
+            [("entropy gradient (the update's correction)", estimate.entropy_gradient, "")]
+            if estimate.entropy_gradient
+            else []
+        ),
         ("vLLM asleep (training phase)", estimate.vllm_asleep, ""),
         ("vLLM share (generation phase)", estimate.vllm_share, ""),
         ("runtime overhead", estimate.overhead, ""),

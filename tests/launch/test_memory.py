@@ -227,3 +227,47 @@ def test_model_shape_rejects_incomplete_config():
                 "intermediate_size": 8,
             }
         )
+
+
+def test_entropy_correction_adds_the_gradient_it_keeps(monkeypatch, tmp_path):
+    """A method that corrects its update (entropy_neutral) keeps ``∇θ H̄`` in the optimizer's
+    layout: on the ``hf`` engine one gradient-sized copy of every parameter, measured as the
+    bytes the real engine hands to the correction in a step; with the distributed optimizer, its
+    1/DP share of the fp32 main gradients."""
+    from opefo_nemo.config import load_method
+    from opefo_nemo.config.engines import EngineConfig
+    from opefo_nemo.core.objectives import build_objective
+    from opefo_nemo.engines import entropy_correction
+    from opefo_nemo.engines.batch import build_batch
+    from opefo_nemo.engines.hf import HFPolicy
+    from opefo_nemo.trainer.update import update_rollout_batch
+
+    config = _qwen2()
+    model_dir = tmp_path / "qwen2"
+    transformers.AutoModelForCausalLM.from_config(config).save_pretrained(model_dir)
+    kept = []
+    original = entropy_correction.CapturedEntropyGradient.__init__
+
+    def recording(self, params, grads, counted, all_reduce):
+        kept.append(sum(g.numel() * g.element_size() for g in grads))
+        original(self, params, grads, counted, all_reduce)
+
+    monkeypatch.setattr(entropy_correction.CapturedEntropyGradient, "__init__", recording)
+    policy = HFPolicy(model_dir, EngineConfig(warmup_steps=0), lr=1e-5, temperature=1.0)
+    batch = build_batch([[3, 4, 5]] * 2, [[6, 7], [8, 9, 10]], torch.tensor([1.0, -1.0]), 0)
+    update_rollout_batch(policy, build_objective(load_method("entropy_neutral")), batch, 2, 0)
+
+    shape = ModelShape.from_hf_config(config.to_dict())
+    settings = MemorySettings(**{**_fp32_cpu_settings().__dict__, "entropy_correction": True})
+    estimate = estimate_memory(shape, ParallelLayout(), settings)
+    assert kept == [estimate.entropy_gradient] and estimate.entropy_gradient > 0
+    plain = estimate_memory(shape, ParallelLayout(), _fp32_cpu_settings())
+    assert plain.entropy_gradient == 0
+    assert estimate.training == plain.training + estimate.entropy_gradient
+    assert "entropy gradient" in memory_table(estimate, ParallelLayout(), 0)
+    assert "entropy gradient" not in memory_table(plain, ParallelLayout(), 0)
+
+    megatron = MemorySettings(sequence_length=64, entropy_correction=True)
+    sharded = estimate_memory(shape, ParallelLayout(2, 1, 4), megatron)
+    params = sharded.weights // megatron.param_bytes
+    assert sharded.entropy_gradient == math.ceil(params * 4 / 4)

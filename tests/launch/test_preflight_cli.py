@@ -58,6 +58,18 @@ def test_memory_table_for_a_readable_model(capsys, tmp_path):
     for row in ("weights", "gradients", "optimizer states", "activations", "vLLM share"):
         assert row in out
     assert "GPU memory" not in out.split("generation phase total")[1]  # CPU: no capacity line
+    assert "entropy gradient" not in out
+    status, out = _run(
+        capsys,
+        "--world-size=1",
+        "--gpu-memory-gib=0",
+        "model=local",
+        f"model.path={model}",
+        f"run.output_dir={tmp_path / 'run'}",
+        "method=entropy_neutral",
+    )
+    assert status == 0, out
+    assert "entropy gradient (the update's correction)" in out
 
 
 def test_every_problem_printed_and_exit_status(capsys, tmp_path):

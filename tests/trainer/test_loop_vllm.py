@@ -64,8 +64,29 @@ def test_every_method_runs_two_steps_and_logs_its_metrics(make_trainer, tmp_path
         scale = record["flow/pos"] + record["flow/neg"]
         if method == "opefo":
             assert abs(record["flow/net_after_balance"]) <= 1e-6 * max(scale, 1.0)
-        if method in ("grpo_strict", "grpo", "clip_higher", "entropy_reg", "clip_cov", "kl_cov"):
+        if method in (
+            "grpo_strict",
+            "grpo",
+            "clip_higher",
+            "entropy_reg",
+            "clip_cov",
+            "kl_cov",
+            "entropy_neutral",
+        ):
             assert record["flow/net_after_balance"] == pytest.approx(record["flow/net"], abs=1e-9)
+        corrections = {key for key in record if key.startswith("correction/")}
+        if method == "entropy_neutral":  # spec §6
+            assert corrections == {
+                "correction/target",
+                "correction/flow_before",
+                "correction/flow_after",
+                "correction/alpha",
+                "correction/entropy_grad_norm",
+                "correction/norm",
+            }
+            assert record["correction/target"] == 0.0
+        else:
+            assert not corrections, method
     assert "flow/realized" in records[1] and "flow/realized" not in records[0]
     assert (tmp_path / method / "checkpoints" / "step_000002" / "trainer_state.json").is_file()
 
@@ -74,8 +95,17 @@ def _comparable(record):
     return {k: v for k, v in record.items() if not k.startswith("time/")}
 
 
-def test_resume_equals_an_uninterrupted_run(make_trainer, tmp_path):
-    common = ["method=opefo", "trainer.max_steps=3", "checkpoint.every=2", "method.lr=1e-3"]
+@pytest.mark.parametrize(
+    "method",
+    [
+        ["method=opefo"],
+        # the correction's target keeps the first step's entropy: objective state in the checkpoint
+        ["method=entropy_neutral", "method.entropy_flow.balance=target"],
+    ],
+    ids=["opefo", "entropy_neutral-target"],
+)
+def test_resume_equals_an_uninterrupted_run(make_trainer, tmp_path, method):
+    common = [*method, "trainer.max_steps=3", "checkpoint.every=2", "method.lr=1e-3"]
     straight = make_trainer(common, tmp_path / "straight")
     assert straight.run() == "done"
     expected = read_metrics(tmp_path / "straight" / "metrics.jsonl")
