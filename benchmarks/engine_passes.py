@@ -10,9 +10,11 @@ through each engine's own start-up. A forward-only pass should cost about a thir
 forward + backward.
 
 The correction: the loss pass of ``entropy_neutral`` (the entropy's forward + backward before the
-step, the corrected update after it) against ``grpo_strict``'s (the same loss, no correction), as
-a time ratio, and the memory it adds: the entropy gradient the engine keeps (bytes per rank, what
-preflight's estimate counts) and, on CUDA, the growth of the pass's peak allocated memory.
+step, the corrected update after it) against ``grpo_strict``'s (the same loss, no correction), run
+back to back in every repeat, as the median of the per-repeat time ratios (on CPU also of this
+process's CPU time, steadier than wall time on a shared machine), and the memory it adds: the
+entropy gradient the engine keeps (bytes per rank, what preflight's estimate counts) and, on
+CUDA, the growth of the pass's peak allocated memory.
 
 On CUDA one more step runs under ``torch.cuda.set_sync_debug_mode("warn")``: every operation that
 makes the host wait for the device (``.item()``, a device-to-host copy, ``torch.cuda.synchronize``)
@@ -151,13 +153,16 @@ def _kept_gradient_bytes() -> list[int]:
 
 
 def _peak(function, *args):
-    """``(peak allocated bytes during the call or 0 without CUDA, seconds, result)``."""
+    """``(peak allocated bytes during the call or 0 without CUDA, seconds, CPU seconds of this
+    process, result)``."""
     if torch.cuda.is_available():
         torch.cuda.synchronize()
         torch.cuda.reset_peak_memory_stats()
+    cpu = time.process_time()
     seconds, result = _timed(function, *args)
+    cpu = time.process_time() - cpu
     peak = torch.cuda.max_memory_allocated() if torch.cuda.is_available() else 0
-    return peak, seconds, result
+    return peak, seconds, cpu, result
 
 
 def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
@@ -176,13 +181,15 @@ def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
         return optimizer_step(policy, objectives[name], micros, stats, None, 0)
 
     times = collections.defaultdict(list)
+    cpu_times = collections.defaultdict(list)
     peaks = collections.defaultdict(list)
     for _ in range(args.repeats + 1):  # the first step warms up
         seconds, stats = _timed(stats_pass, policy, batch, micros, sums)
         times["stats"].append(seconds)
         for name in objectives:
-            peak, seconds, _ = _peak(loss_pass, stats, name)
+            peak, seconds, cpu, _ = _peak(loss_pass, stats, name)
             times[name].append(seconds)
+            cpu_times[name].append(cpu)
             peaks[name].append(peak)
     counted = None
     if args.device == "cuda":
@@ -209,7 +216,16 @@ def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
     print(f"stats / loss: {stats_s / loss_s:.2f}")
     plain, corrected = median["grpo_strict"], median["entropy_neutral"]
     print(f"update, grpo_strict: {plain:.4f} s; entropy_neutral (corrected): {corrected:.4f} s")
-    print(f"corrected / uncorrected update: {corrected / plain:.2f}")
+    for label, table in (("wall", times), ("CPU", cpu_times)):
+        if label == "CPU" and args.device == "cuda":
+            continue
+        ratios = [
+            c / p for c, p in zip(table["entropy_neutral"], table["grpo_strict"], strict=True)
+        ][1:]
+        print(
+            f"corrected / uncorrected update, {label} time: {statistics.median(ratios):.2f} "
+            f"(median of {len(ratios)}; each: {' '.join(f'{r:.2f}' for r in ratios)})"
+        )
     print(f"entropy gradient kept by the correction: {kept[-1] / 2**20:.2f} MiB on rank 0")
     if args.device == "cuda":
         growth = (max(peaks["entropy_neutral"][1:]) - max(peaks["grpo_strict"][1:])) / 2**20

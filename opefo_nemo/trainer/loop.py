@@ -79,6 +79,18 @@ class NanGuard:
             )
 
 
+def predicted_change(metrics: dict[str, float]) -> float | None:
+    """The entropy change a step's metrics predict (spec §6 ``flow/predictor_corr``): the net
+    flow after weighting, or for a corrected update its exact first order
+    ``correction/flow_after``; ``None`` when it is zero by construction (adaptive OPEFO's, up
+    to the fp32 weights' rounding; a correction to a target of 0), which predicts nothing."""
+    if "correction/target" in metrics:
+        return None if metrics["correction/target"] == 0 else metrics["correction/flow_after"]
+    predicted = metrics["flow/net_after_balance"]
+    flows = metrics["flow/pos"] + metrics["flow/neg"]
+    return predicted if abs(predicted) > 1e-6 * flows else None
+
+
 @dataclass
 class Dataset:
     """Problems with their encoded prompts (over-long ones already skipped)."""
@@ -201,18 +213,10 @@ class Trainer:
         return metrics
 
     def _predictor_quality(self, metrics: dict[str, float]) -> dict[str, float]:
-        """``flow/predictor_corr``: correlation of the predicted entropy change with
-        ``flow/realized`` over every measured step so far. The prediction is the net flow after
-        weighting, or for a corrected update its exact first order ``correction/flow_after``.
-        Steps whose prediction is zero by construction (adaptive OPEFO's, up to the fp32
-        weights' rounding; a correction to a target of 0) predict nothing and are left out."""
-        if "correction/target" in metrics:
-            predicted = metrics["correction/flow_after"]
-            informative = metrics["correction/target"] != 0
-        else:
-            predicted = metrics["flow/net_after_balance"]
-            informative = abs(predicted) > 1e-6 * (metrics["flow/pos"] + metrics["flow/neg"])
-        if informative:
+        """``flow/predictor_corr``: correlation of the step's :func:`predicted_change` with
+        ``flow/realized`` over every measured step so far (steps predicting nothing left out)."""
+        predicted = predicted_change(metrics)
+        if predicted is not None:
             self.flow_predictor.add(predicted, metrics["flow/realized"])
         value = self.flow_predictor.value()
         return {} if value is None else {"flow/predictor_corr": value}
