@@ -135,7 +135,8 @@ class HFPolicy:
         params = self._params()
         grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
         self.optimizer.zero_grad(set_to_none=True)
-        if failed or not all(bool(torch.isfinite(g).all()) for g in grads):
+        finite = torch.stack([torch.isfinite(g).all() for g in grads]).all()
+        if failed or not bool(finite):  # one host read
             return None
         return CapturedEntropyGradient(params, grads, [True] * len(params), on_one_device)
 

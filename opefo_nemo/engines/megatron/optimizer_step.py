@@ -32,6 +32,8 @@ import torch
 import torch.distributed as dist
 from megatron.core.distributed import DistributedDataParallel, finalize_model_grads
 from megatron.core.optimizer import MegatronOptimizer
+from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
+from megatron.core.transformer.module import param_is_not_shared
 from torch import Tensor
 
 from ...config.engines import MegatronEngineConfig
@@ -116,9 +118,6 @@ class MegatronOptimizerStep:
         tied embedding's second copy (``shared``), not a tensor-parallel replica; the sums
         reduce over the group megatron reduces that norm over (model parallel, or every rank
         with the distributed optimizer)."""
-        from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
-        from megatron.core.transformer.module import param_is_not_shared
-
         self.optimizer.prepare_grads()
         inner = compat.inner_optimizers(self.optimizer)
         groups = {id(o.get_grad_stats_parallel_group()) for o in inner}
