@@ -165,7 +165,8 @@ def optimizer_step(
             return LossOutput((with_grad.entropy * mask).sum() / prepared.n_tokens, {})
 
         correction = EntropyCorrection(entropy_fn, prepared.update_target)
-    result = policy.train_step(micro_batches, loss_fn, loss_sum_names(objective), correction)
+    names = loss_sum_names(objective)
+    result = policy.train_step(micro_batches, loss_fn, names, correction=correction)
     metrics = dict(prepared.metrics)
     if not result.skipped:
         sums = result.sums
