@@ -14,10 +14,13 @@ from typing import Any
 
 from ..core.objectives import MethodConfig, method_config
 from ..core.schema import build, one_of, require
+from ..models.packaged import PACKAGED_MODELS
 from ..models.shape import ModelShape
 from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
 
-VERIFIERS = ("arithmetic", "dapo", "answer", "math_verify")
+VERIFIERS = ("arithmetic", "last_number", "dapo", "answer", "math_verify")
+GENERATED_DATA = ("arithmetic", "word_arithmetic")
+"""``data.train`` / ``data.validation`` values that name a built-in task instead of a file."""
 LONG_PROMPT_POLICIES = ("skip", "error")
 
 
@@ -34,6 +37,7 @@ class RunConfig:
 class ModelConfig:
     path: str = ""
     embedded: bool = False
+    packaged: str | None = None
     warm_start_steps: int = 300
     warm_start_lr: float = 3e-3
     warm_start_batch_size: int = 32
@@ -251,6 +255,9 @@ class TrainConfig:
         require(1 <= a.digits <= 4, "data.arithmetic.digits", "must be in 1..4")
         require(a.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
         m = self.model
+        if m.packaged is not None:
+            one_of(m.packaged, tuple(PACKAGED_MODELS), "model.packaged")
+            require(not m.embedded, "model.packaged", "and model.embedded=true exclude each other")
         require(m.warm_start_steps >= 1, "model.warm_start_steps", "must be >= 1")
         require(m.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
         require(m.warm_start_batch_size >= 1, "model.warm_start_batch_size", "must be >= 1")

@@ -34,7 +34,7 @@ from .plan import LaunchPlan
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 RUNTIME_OVERHEAD_BYTES = 2 * GIB
 VLLM_ASLEEP_BYTES = 1 * GIB
-SYNTHETIC_DATA = ("arithmetic",)
+SYNTHETIC_DATA = ("arithmetic", "word_arithmetic")
 """``data.train`` values that name a built-in task instead of a file."""
 
 

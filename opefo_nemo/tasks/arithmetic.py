@@ -69,11 +69,12 @@ def worked_solution(
     return " ".join(steps) + f" ={answer}"
 
 
-def make_problems(
+def operand_pairs(
     digits: int, num_train: int, num_validation: int, seed: int
-) -> tuple[list[Problem], list[Problem]]:
-    """``num_train`` training and ``num_validation`` validation problems, disjoint, drawn without
-    replacement from all pairs of ``digits``-digit operands (fewer if the space is smaller)."""
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """``num_train`` training and ``num_validation`` validation operand pairs, disjoint, drawn
+    without replacement from all pairs of ``digits``-digit operands (fewer if the space is
+    smaller; one digit: 0..9)."""
     low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
     pairs = [(a, b) for a in range(low, high) for b in range(low, high)]
     random.Random(seed).shuffle(pairs)
@@ -82,14 +83,20 @@ def make_problems(
             f"data.arithmetic: only {len(pairs)} distinct problems; num_validation "
             f"({num_validation}) leaves none for training"
         )
+    return pairs[num_validation : num_validation + num_train], pairs[:num_validation]
+
+
+def make_problems(
+    digits: int, num_train: int, num_validation: int, seed: int
+) -> tuple[list[Problem], list[Problem]]:
+    """Training and validation problems ``"a+b="`` of :func:`operand_pairs`."""
 
     def problem(a: int, b: int) -> Problem:
         text, answer = problem_text(a, b), str(a + b)
         return Problem(prompt_id_for(SOURCE, text, answer), text, answer, SOURCE)
 
-    validation = [problem(*p) for p in pairs[:num_validation]]
-    train = [problem(*p) for p in pairs[num_validation : num_validation + num_train]]
-    return train, validation
+    train, validation = operand_pairs(digits, num_train, num_validation, seed)
+    return [problem(*p) for p in train], [problem(*p) for p in validation]
 
 
 def score_final_answer(

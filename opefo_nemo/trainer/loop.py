@@ -24,10 +24,11 @@ import torch
 
 from ..config.train import TrainConfig
 from ..core import group_advantages
+from ..core.advantages import signal_fraction
 from ..core.metrics import RunningCorrelation, rollout_metrics, rollout_sums
 from ..core.objectives import build_objective
 from ..data import Problem
-from ..engines.batch import build_batch
+from ..engines.batch import TrainBatch, build_batch
 from ..engines.protocols import Policy
 from ..eval import avg_at_k
 from ..parallel import NonFiniteLogitsError
@@ -79,6 +80,15 @@ class NanGuard:
             )
 
 
+@dataclass(frozen=True)
+class CollectedRollout:
+    """One step's generated batch: the training batch (advantages included) and the rollout
+    metrics (reward, length, verifier outcomes, share of groups with signal, time)."""
+
+    batch: TrainBatch
+    metrics: dict[str, float]
+
+
 @dataclass
 class Dataset:
     """Problems with their encoded prompts (over-long ones already skipped)."""
@@ -126,16 +136,15 @@ class Trainer:
             log.info("generation stops at token ids %s", self.stop.describe(codec))
 
     # ----------------------------------------------------------------- one rollout step
-    def train_step(self) -> dict[str, float]:
-        """One rollout step; returns its metrics (the step counter is advanced by the caller)."""
+    def collect(self) -> CollectedRollout:
+        """The rollout half of a step: sample this step's prompts, generate K responses each,
+        score them and form the training batch with its group advantages (spec §4)."""
         cfg, k = self.config, self.config.trainer.responses_per_prompt
-        timings: dict[str, float] = {}
         start = time.perf_counter()
-
         indices = self.sampler.next_batch()
         prompts = [self.train.prompts[i] for i in indices]
         completions = self.rollout.generate(prompts, k, self._sampling(self.step))
-        timings["time/rollout_s"] = time.perf_counter() - start
+        rollout_s = time.perf_counter() - start
 
         problems = [self.train.problems[indices[c.prompt_index]] for c in completions]
         responses = [self.codec.decode(c.token_ids) for c in completions]
@@ -157,7 +166,22 @@ class Trainer:
             self.codec.pad_id,
             [c.logprobs for c in completions],
         )
-        timings["time/reward_s"] = time.perf_counter() - start - timings["time/rollout_s"]
+        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
+        metrics = rollout_metrics(rollout_sums(rewards, lengths, truncated))
+        metrics.update(reason_metrics(results))
+        metrics["reward/group_signal_frac"] = signal_fraction(rewards, group_ids)
+        if cfg.reward.overlong_buffer:
+            metrics["reward/overlong_penalty"] = sum(penalties) / max(len(penalties), 1)
+        metrics["time/rollout_s"] = rollout_s
+        metrics["time/reward_s"] = time.perf_counter() - start - rollout_s
+        return CollectedRollout(batch, metrics)
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout step; returns its metrics (the step counter is advanced by the caller)."""
+        cfg, timings = self.config, {}
+        start = time.perf_counter()
+        collected = self.collect()
+        batch = collected.batch
         self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
 
         mark = time.perf_counter()
@@ -168,7 +192,7 @@ class Trainer:
                 self.objective,
                 batch,
                 micro,
-                seed=cfg.run.seed * 1_000_003 + self.step,
+                seed=self.update_seed(),
                 fidelity_threshold=cfg.metrics.fidelity_threshold,
             )
         except NonFiniteLogitsError as error:
@@ -189,16 +213,16 @@ class Trainer:
         timings["time/weight_sync_s"] = time.perf_counter() - mark
 
         self.nan_guard.record(self.step, outcome.skipped_steps)
-        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
-        metrics.update(rollout_metrics(rollout_sums(rewards, lengths, truncated)))
-        metrics.update(reason_metrics(results))
-        if cfg.reward.overlong_buffer:
-            metrics["reward/overlong_penalty"] = sum(penalties) / max(len(penalties), 1)
+        metrics.update(collected.metrics)
         metrics.update(timings)
         metrics["train/skipped_updates"] = float(outcome.skipped_steps)
         metrics["data/epoch"] = float(self.sampler.epoch)
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics
+
+    def update_seed(self) -> int:
+        """The seed of this step's update (a method's randomness: Clip-Cov's subset)."""
+        return self.config.run.seed * 1_000_003 + self.step
 
     def _predictor_quality(self, metrics: dict[str, float]) -> dict[str, float]:
         """``flow/predictor_corr``: correlation of the predicted net flow with ``flow/realized``

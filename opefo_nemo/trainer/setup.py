@@ -21,17 +21,19 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config.train import DataConfig, TrainConfig
+from ..config.train import GENERATED_DATA, DataConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
 from ..engines.protocols import Policy
 from ..engines.startup import startup_problems
 from ..launch.placement import ColocatedPlacement, device_slices
+from ..models.packaged import converted_model
 from ..models.shape import ModelShape
 from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
 from ..tasks.arithmetic import make_problems, operands, worked_solution
 from ..tasks.warm_start import read_recipe, supervised_warm_start
+from ..tasks.word_arithmetic import make_word_problems
 from .colocated_rollout import ColocatedRollout
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
@@ -48,6 +50,14 @@ TASK = "column addition with worked steps"
 def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
     a = data.arithmetic
     return make_problems(a.digits, a.num_train, a.num_validation, a.seed)
+
+
+def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """Training and validation problems of the built-in task ``name`` (``GENERATED_DATA``)."""
+    if name == ARITHMETIC:
+        return arithmetic_split(data)
+    a = data.arithmetic
+    return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed)
 
 
 def default_embedded_path() -> Path:
@@ -141,6 +151,8 @@ def embedded_model(config: TrainConfig) -> Path:
 def model_dir(config: TrainConfig) -> Path:
     if config.model.embedded:
         return embedded_model(config)
+    if config.model.packaged is not None:
+        return converted_model(config.model.packaged, Path(config.model.path))
     path = Path(config.model.path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
@@ -152,10 +164,10 @@ def model_dir(config: TrainConfig) -> Path:
 def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dataset | None]:
     """Training and validation problems, encoded; long prompts handled per ``data.long_prompt``."""
     data = config.data
-    split = arithmetic_split(data) if ARITHMETIC in (data.train, data.validation) else None
 
     def load(source: str, which: int, what: str) -> Dataset:
-        problems = split[which] if source == ARITHMETIC else load_problems(source)
+        generated = source in GENERATED_DATA
+        problems = generated_split(source, data)[which] if generated else load_problems(source)
         encoded = encode_problems(problems, codec, data.max_prompt_tokens, data.long_prompt, what)
         if encoded.skipped_long:
             log.warning(

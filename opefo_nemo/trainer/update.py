@@ -107,20 +107,14 @@ def _on_device(
     )
 
 
-def optimizer_step(
-    policy: Policy,
-    objective: Objective,
+def token_chunks(
     micro_batches: Sequence[TrainBatch],
     stats: Sequence[TokenStats],
-    old_logprob: Sequence[Tensor] | None,
-    seed: int,
-) -> tuple[dict[str, float], bool]:
-    """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``.
-
-    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``) and whether the
-    engine skipped it for a non-finite loss or gradient.
-    """
-    chunks = [
+    old_logprob: Sequence[Tensor] | None = None,
+) -> list[TokenChunk]:
+    """What phase 2 (``prepare``) reads of each micro-batch: its phase-1 ``stats`` with the
+    batch's advantages, mask, token ids and rollout logprobs."""
+    return [
         TokenChunk(
             logprob=s.logprob,
             entropy=s.entropy,
@@ -136,6 +130,22 @@ def optimizer_step(
         )
         for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
     ]
+
+
+def optimizer_step(
+    policy: Policy,
+    objective: Objective,
+    micro_batches: Sequence[TrainBatch],
+    stats: Sequence[TokenStats],
+    old_logprob: Sequence[Tensor] | None,
+    seed: int,
+) -> tuple[dict[str, float], bool]:
+    """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``.
+
+    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``) and whether the
+    engine skipped it for a non-finite loss or gradient.
+    """
+    chunks = token_chunks(micro_batches, stats, old_logprob)
     prepared = prepare(objective, chunks, SingleProcessReducer(), seed=seed)
     inputs = [
         _on_device(policy.device, m, c, None if old_logprob is None else old_logprob[i])
