@@ -9,7 +9,10 @@ sums keeps that absolute error however small the difference is:
 - ``flow/net_after_balance = (1+λ*)P − (1−λ*)N`` (zero by construction for OPEFO): terms
   ``(1+|λ*|)(P + N)``;
 - ``flow/lambda = (P − N)/(P + N)``: if ``P`` and ``N`` are each within ``δ`` relative, λ* moves by
-  at most ``δ`` (``|∂λ/∂P|·P + |∂λ/∂N|·N = 4PN/(P+N)² ≤ 1``), so its scale is 1;
+  at most ``δ`` (``|∂λ/∂P|·P + |∂λ/∂N|·N = 4PN/(P+N)² ≤ 1``), so its scale is 1; the same for
+  ``flow/lambda_applied`` (λ* for the adaptive methods);
+- ``flow/adv_shift``, ``flow/adv_shift_confident`` (``Σ (w_t − 1) A_t / Σ |A_t|``, advantages of
+  both signs): terms ``Σ |w_t A_t| / Σ |A_t| + 1 ≤ 1 + |λ*|`` for weights ``1 ± λ``;
 - ``loss`` (``−Σ w_t A_t log π_t / n``, advantages of both signs): ``Σ|w_t A_t log π_t| / n``,
   which only the caller can form (:func:`loss_terms`), else ``|loss|``.
 
@@ -30,8 +33,10 @@ def term_scale(name: str, metrics: Mapping[str, float]) -> float:
         return flows
     if name == "flow/net_after_balance":
         return (1 + abs(metrics.get("flow/lambda", 0.0))) * flows
-    if name == "flow/lambda":
+    if name in ("flow/lambda", "flow/lambda_applied"):
         return 1.0
+    if name in ("flow/adv_shift", "flow/adv_shift_confident"):
+        return 1 + abs(metrics.get("flow/lambda", 0.0))
     return abs(metrics[name])
 
 

@@ -21,6 +21,7 @@ from opefo_nemo.core.objectives import (
     policy_loss,
     prepare,
 )
+from tests.metric_bounds import assert_metrics_close
 
 CONFIGS = [
     method_config({"name": "opefo", "entropy_flow": {"balance": "adaptive"}}),
@@ -98,6 +99,9 @@ def test_any_split_gives_the_same_coefficients_and_loss(
     assert -1.0 <= one.lambda_star <= 1.0
     for key in ("flow_pos", "flow_neg", "entropy"):
         assert float(many.sums[key]) == pytest.approx(float(one.sums[key]), rel=1e-9, abs=1e-12)
+    # every spec §6 metric of prepare, the reweighting's included: the same up to the float64
+    # round-off of adding the same terms in other groupings
+    assert_metrics_close(many.metrics, one.metrics, rel=1e-9)
     for field in ("weight", "selected", "delta_h"):
         joined = torch.cat([getattr(c, field) for c in many.coefficients])
         assert torch.equal(joined, getattr(one.coefficients[0], field)), field
