@@ -267,3 +267,32 @@ def test_bad_inputs_name_the_tensor_the_count_and_the_index():
             10,
             old_logprob=chunk.logprob,
         )
+
+
+def test_clip_cov_default_loss_is_cui_et_al_s_without_a_dual_clip():
+    """``clip_cov`` as configured by default (conf/method/clip_cov.yaml) against Cui et al.'s
+    Clip-Cov loss, ``max(−A ρ, −A clip(ρ, 1 − ε, 1 + ε))`` on the unselected tokens with no cap at
+    ``−c A``, on heavy-tailed ratios (ρ up to e³) where a dual clip at c = 3 would cap it."""
+    from opefo_nemo.config import load_method
+    from opefo_nemo.core.objectives import Coefficients
+
+    objective = build_objective(load_method("clip_cov"))
+    g = torch.Generator().manual_seed(21)
+    n = 400
+    old = -torch.rand(n, generator=g) * 3
+    logprob = old + torch.randn(n, generator=g).abs() * 1.5  # ρ ≥ 1, heavy upper tail
+    adv = torch.randn(n, generator=g)
+    mask = torch.rand(n, generator=g) > 0.1
+    selected = torch.zeros(n, dtype=torch.bool)
+    coefficients = Coefficients(torch.zeros(n), torch.ones(n), selected)
+    tokens = int(mask.sum())
+    out = policy_loss(objective, logprob, adv, mask, coefficients, tokens, old_logprob=old)
+
+    rho = (logprob.double() - old.double()).exp()
+    a = adv.double()
+    eps_low, eps_high = objective.config.clip_eps_low, objective.config.clip_eps_high
+    per_token = torch.maximum(-a * rho, -a * rho.clamp(1 - eps_low, 1 + eps_high))
+    assert bool(((a < 0) & (rho > 3) & mask).any())  # tokens a dual clip at c = 3 would cap
+    want = float((per_token * mask).sum() / tokens)
+    scale = float((per_token.abs() * mask).sum() / tokens)  # terms of both signs
+    assert out.loss.item() == pytest.approx(want, rel=0, abs=1e-5 * scale)
