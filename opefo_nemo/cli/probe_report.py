@@ -103,13 +103,40 @@ def verdict(result: ProbeResult) -> str:
         else "The ΔH estimators disagree on the sign of λ*: the balance is fragile here; compare "
         "their columns."
     )
+    shift = _shift(metrics)
     sparse = (
         f" Only {100 * signal:.0f} % of the groups have rewards that differ; the others add "
         "nothing to any update."
         if signal is not None and signal < 0.25
         else ""
     )
-    return f"{regime} Here {direction}. {agreement}{sparse}"
+    return f"{regime} Here {direction}. {_source(metrics, lam)}{shift}{agreement}{sparse}"
+
+
+def _source(metrics: Mapping[str, float], lam: float) -> str:
+    """Which sign of the advantage the dominant side's flow comes from (spec §6's split)."""
+    side, total = ("neg", metrics["flow/neg"]) if lam > 0 else ("pos", metrics["flow/pos"])
+    from_positive = metrics.get(f"flow/{side}_adv_pos")
+    if from_positive is None or total <= 0:
+        return ""
+    share = from_positive / total
+    name = "N" if side == "neg" else "P"
+    return (
+        f"{100 * share:.0f} % of {name} comes from responses with A > 0 "
+        f"(rewarded ones), {100 * (1 - share):.0f} % from A < 0. "
+    )
+
+
+def _shift(metrics: Mapping[str, float]) -> str:
+    """The advantage shift of the weights the configured method applies, over all tokens and
+    over the confident ones (spec §6), when the method applies weights."""
+    if "flow/adv_shift" not in metrics or "flow/lambda_applied" not in metrics:
+        return ""
+    return (
+        f"Its weights shift the update by {100 * metrics['flow/adv_shift']:+.1f} % of Σ|A| "
+        f"over all tokens and {100 * metrics['flow/adv_shift_confident']:+.1f} % over the "
+        f"confident ones ({100 * metrics['flow/confident_tokens']:.0f} % of the tokens). "
+    )
 
 
 def _sign(value: float) -> int:

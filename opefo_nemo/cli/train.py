@@ -24,6 +24,7 @@ from ..config.compose import compose
 from ..config.train import TrainConfig
 from ..data import DatasetError
 from ..engines.aligner import AlignerUnavailableError
+from ..engines.startup import DeviceUnavailableError
 from ..report import write_report
 from ..trainer.checkpoint import list_checkpoints
 from ..trainer.ranks import RankLayoutError
@@ -48,7 +49,13 @@ EMBEDDED_DEFAULT = (
 #: The comparison whose figures are checked against the demo's targets (targets.md).
 DEMO_METHODS = (GRPO, OPEFO)
 #: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.
-START_UP_ERRORS = (FileNotFoundError, DatasetError, AlignerUnavailableError, RankLayoutError)
+START_UP_ERRORS = (
+    FileNotFoundError,
+    DatasetError,
+    AlignerUnavailableError,
+    DeviceUnavailableError,
+    RankLayoutError,
+)
 log = logging.getLogger("opefo_nemo")
 
 

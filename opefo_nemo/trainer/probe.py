@@ -60,7 +60,11 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
         flow = dataclasses.replace(config.method.entropy_flow, estimator=estimator)
         method = dataclasses.replace(config.method, entropy_flow=flow)
         prepared = prepare(
-            build_objective(method), chunks, SingleProcessReducer(), seed=trainer.update_seed()
+            build_objective(method),
+            chunks,
+            SingleProcessReducer(),
+            seed=trainer.update_seed(),
+            confident_prob=config.metrics.confident_prob,
         )
         per_estimator[estimator] = dict(prepared.metrics)
     return ProbeResult(

@@ -47,6 +47,24 @@ def test_disagreeing_estimators_sparse_signal_and_no_flow_are_said():
     assert "no method learns from this batch" in verdict(_result({"paper": (0.0, 0.0)}))
 
 
+def test_the_reweighting_split_and_shift_are_said():
+    result = _result({"paper": (100.0, 300.0)})
+    result.estimators["paper"].update(
+        {
+            "flow/neg_adv_pos": 225.0,
+            "flow/lambda_applied": 0.5,
+            "flow/adv_shift": -0.0123,
+            "flow/adv_shift_confident": -0.5,
+            "flow/confident_tokens": 0.42,
+        }
+    )
+    text = verdict(result)
+    assert "75 % of N comes from responses with A > 0" in text and "25 % from A < 0" in text
+    assert "by -1.2 % of Σ|A| over all tokens and -50.0 % over the confident ones" in text
+    assert "(42 % of the tokens)" in text
+    assert "shift the update" not in verdict(_result({"paper": (100.0, 300.0)}))
+
+
 def test_the_table_shows_every_metric_and_the_weights():
     result = _result({"paper": (1334.0, 1594.0), "expectation": (10.0, 30.0)})
     text = table(result)

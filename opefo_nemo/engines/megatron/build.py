@@ -30,6 +30,7 @@ from megatron.core import parallel_state
 from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.hf_loading import load_stage_weights
 from ...models.megatron_weights.layout import MegatronLayout
+from ..startup import DeviceUnavailableError
 from . import compat
 from .cpu_execution import megatron_on_cpu
 from .megatron_optimizer import build_megatron_optimizer, wrap_in_ddp
@@ -97,7 +98,7 @@ def build_megatron_policy(
 ) -> MegatronPolicy:
     """The module docstring's four steps for the Hugging Face model at ``model_dir``."""
     if engine.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
+        raise DeviceUnavailableError(
             "engine.device=cuda but this rank sees no GPU: run on GPU nodes, or set "
             "engine.device=cpu (CPU ranks over gloo, for small models)"
         )
