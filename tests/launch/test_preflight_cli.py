@@ -128,7 +128,9 @@ def test_config_validation_errors_are_problems(capsys):
 def test_composition_errors_are_one_line_problems(capsys):
     status, out = _run(capsys, "+preset=opefo_9b")
     assert status == 1
-    expected = "Could not find 'preset/opefo_9b' (available: opefo_4b, opefo_7b, smollm2_cpu, tiny_cpu)"
+    expected = (
+        "Could not find 'preset/opefo_9b' (available: opefo_4b, opefo_7b, smollm2_cpu, tiny_cpu)"
+    )
     assert f"[config] cannot compose the config: {expected}" in out
     status, out = _run(capsys, "trainer.max_stepz=3")
     assert status == 1
