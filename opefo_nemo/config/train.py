@@ -16,6 +16,7 @@ from ..core.objectives import MethodConfig, method_config
 from ..core.schema import build, one_of, require
 from ..models.packaged import PACKAGED_MODELS
 from ..models.shape import ModelShape
+from ..models.tiny import ALPHABET
 from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
 
 VERIFIERS = ("arithmetic", "last_number", "dapo", "answer", "math_verify")
@@ -42,6 +43,12 @@ class ModelConfig:
     warm_start_lr: float = 3e-3
     warm_start_batch_size: int = 32
     warm_start_slip_rate: float = 0.0
+    warm_start_slips: tuple[int, ...] = (-2, -1, 1, 2)
+    warm_start_swap_rate: float = 0.0
+    warm_start_carry_first_rate: float = 0.0
+    warm_start_zero_carry_rate: float = 0.0
+    warm_start_separators: str = ""
+    warm_start_separator_rate: float = 0.0
     warm_start_seed: int = 0
 
 
@@ -263,6 +270,27 @@ class TrainConfig:
         require(m.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
         require(m.warm_start_batch_size >= 1, "model.warm_start_batch_size", "must be >= 1")
         require(0 <= m.warm_start_slip_rate < 1, "model.warm_start_slip_rate", "must be in [0, 1)")
+        require(
+            bool(m.warm_start_slips) and 0 not in m.warm_start_slips,
+            "model.warm_start_slips",
+            f"must be a non-empty list of non-zero offsets, got {list(m.warm_start_slips)}",
+        )
+        rates = ("swap", "carry_first", "zero_carry", "separator")
+        for key in (f"warm_start_{name}_rate" for name in rates):
+            rate = getattr(m, key)
+            require(0 <= rate <= 1, f"model.{key}", f"must be in [0, 1], got {rate}")
+        require(
+            not m.warm_start_separator_rate or m.warm_start_separators,
+            "model.warm_start_separators",
+            "is empty, but model.warm_start_separator_rate > 0 needs separators to choose from",
+        )
+        separators = set(m.warm_start_separators)
+        require(
+            separators <= set(ALPHABET) - set("0123456789+= \n"),
+            "model.warm_start_separators",
+            f"({m.warm_start_separators!r}) must be characters of the tiny model's alphabet other "
+            "than digits, '+', '=' and whitespace",
+        )
         self.reward.validate(r.max_new_tokens)
         require(
             self.model.path != "", "model.path", "is empty: set model.path=<HF model directory>"

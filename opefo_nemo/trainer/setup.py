@@ -60,10 +60,15 @@ def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Pr
     return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed)
 
 
-def default_embedded_path() -> Path:
-    """Where the embedded model is built: ``$OPEFO_CACHE/tiny_arithmetic``, ``OPEFO_CACHE``
-    defaulting to ``.cache/opefo`` (``conf/model/tiny_arithmetic.yaml``)."""
-    return Path(os.environ.get("OPEFO_CACHE", ".cache/opefo")) / "tiny_arithmetic"
+#: The embedded models' directory names under the cache (``conf/model/<name>.yaml``).
+EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
+
+
+def embedded_paths() -> tuple[Path, ...]:
+    """Where embedded models are built: ``$OPEFO_CACHE/<name>`` for each of
+    :data:`EMBEDDED_MODELS`, ``OPEFO_CACHE`` defaulting to ``.cache/opefo``."""
+    cache = Path(os.environ.get("OPEFO_CACHE", ".cache/opefo"))
+    return tuple(cache / name for name in EMBEDDED_MODELS)
 
 
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
@@ -74,6 +79,12 @@ def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
         "lr": config.model.warm_start_lr,
         "batch_size": config.model.warm_start_batch_size,
         "slip_rate": config.model.warm_start_slip_rate,
+        "slips": list(config.model.warm_start_slips),
+        "swap_rate": config.model.warm_start_swap_rate,
+        "carry_first_rate": config.model.warm_start_carry_first_rate,
+        "zero_carry_rate": config.model.warm_start_zero_carry_rate,
+        "separators": config.model.warm_start_separators,
+        "separator_rate": config.model.warm_start_separator_rate,
         "seed": config.model.warm_start_seed,
         "template": config.data.template,
         "arithmetic": dataclasses.asdict(config.data.arithmetic),
@@ -83,7 +94,7 @@ def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
 def embedded_model(config: TrainConfig) -> Path:
     """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded).
 
-    It is built only into :func:`default_embedded_path`: any other ``model.path`` must already
+    It is built only into one of :func:`embedded_paths`: any other ``model.path`` must already
     hold it, so that a mistyped path of one's own model (``model.path=...`` without
     ``model=local``) is an error, not a toy model trained in its place. The recipe
     (:func:`warm_start_recipe`) is stored with the model. A warm start in the default place made
@@ -91,13 +102,13 @@ def embedded_model(config: TrainConfig) -> Path:
     build. Anywhere else another recipe is an error rather than a silent reuse.
     """
     target = Path(config.model.path)
-    default = default_embedded_path()
-    is_default = target.resolve() == default.resolve()
+    defaults = embedded_paths()
+    is_default = target.resolve() in {path.resolve() for path in defaults}
     if not target.exists() and not is_default:
         raise FileNotFoundError(
             f"model.path={target} does not exist. To train a model of your own, select it with "
-            "model=local model.path=<Hugging Face model directory>; the embedded toy model is "
-            f"built only into {default} (set OPEFO_CACHE to move it)"
+            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
+            f"built only into {' or '.join(map(str, defaults))} (set OPEFO_CACHE to move them)"
         )
     recipe = warm_start_recipe(config)
     if target.exists():
@@ -127,11 +138,21 @@ def embedded_model(config: TrainConfig) -> Path:
     codec = PromptCodec(base, config.data.template)
     train, _ = arithmetic_split(config.data)
     prompts = [codec.encode(p) for p in train]
-    slip_rate = config.model.warm_start_slip_rate
+    m = config.model
 
     def draw(rng: random.Random) -> tuple[list[int], list[int]]:
         index = rng.randrange(len(train))
-        solution = worked_solution(*operands(train[index].problem), slip_rate, rng)
+        solution = worked_solution(
+            *operands(train[index].problem),
+            m.warm_start_slip_rate,
+            rng,
+            slips=m.warm_start_slips,
+            swap_rate=m.warm_start_swap_rate,
+            carry_first_rate=m.warm_start_carry_first_rate,
+            zero_carry_rate=m.warm_start_zero_carry_rate,
+            separators=m.warm_start_separators,
+            separator_rate=m.warm_start_separator_rate,
+        )
         response = codec.tokenizer.encode(solution, add_special_tokens=False)
         return prompts[index], [*response, codec.eos_id]
 

@@ -160,6 +160,24 @@ def test_a_cached_warm_start_is_reused_rebuilt_or_refused_by_its_recipe(tmp_path
         embedded_model(compose([*small, f"model.path={copy}"])[0])
 
 
+def test_each_embedded_task_is_built_into_its_own_place(tmp_path, monkeypatch):
+    """The orders task's warm start goes to its own directory under the cache, with its recipe;
+    the first task's cache beside it is left as it is."""
+    monkeypatch.setenv("OPEFO_CACHE", str(tmp_path))
+    small = ["model.warm_start_steps=2", "model.warm_start_batch_size=4"]
+    first = embedded_model(compose(small)[0])
+    weights = (first / "model.safetensors").read_bytes()
+    orders, _ = compose(["model=tiny_arithmetic_orders", *small])
+    path = embedded_model(orders)
+    assert path == tmp_path / "tiny_arithmetic_orders" != first
+    recipe = read_recipe(path)
+    assert recipe == warm_start_recipe(orders)
+    assert (recipe["slips"], recipe["swap_rate"]) == ([-1], orders.model.warm_start_swap_rate)
+    assert recipe["swap_rate"] > 0 and recipe["carry_first_rate"] > 0
+    assert read_recipe(first)["swap_rate"] == 0
+    assert (first / "model.safetensors").read_bytes() == weights
+
+
 def test_the_warm_start_is_deterministic(tmp_path, monkeypatch):
     """Two builds of the same recipe in two caches give bit-identical weights."""
     small = ["model.warm_start_steps=3", "model.warm_start_batch_size=8"]
