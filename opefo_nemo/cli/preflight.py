@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..engines.startup import startup_problems
 from ..launch import GIB, Problem, all_problems, plan_memory
@@ -83,7 +83,7 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
         return None, [Problem(topic, f"cannot compose the config: {message}")]
     except (ValueError, FileNotFoundError) as error:
         return None, [Problem("config", f"cannot compose the config: {error}")]
-    return data, []
+    return cast("dict[str, Any]", data), []  # a composed config is a mapping of strings
 
 
 def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Problem]:

@@ -25,6 +25,7 @@ the unfused path's gradient of bf16 logits is.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -33,7 +34,7 @@ from torch import Tensor
 
 from .partials import SUM_COLUMNS, ShardPartials
 from .select import triton_interpreted
-from .tiles import count_bad, dot_acc, grad_tile, merge_tile, store_sums
+from .tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
 
 
 @dataclass(frozen=True)
@@ -275,7 +276,7 @@ def _grad_weight_kernel(
             tl.store(out, acc, mask=out_ok)
 
 
-def _check(hidden: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, dict[str, object]]:
+def _check(hidden: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
     """Row-major ``hidden`` ``[tokens, h]`` and ``weight`` ``[width, h]`` of one dtype, and the
     matmul constants: IEEE fp32 products for fp32 (not TF32; ``tf32`` is Triton's default and
     has no effect on bf16/fp16), fp32 products for bf16 under the interpreter."""
@@ -312,12 +313,12 @@ def linear_partials(
     blocks = blocks or FORWARD_BLOCKS
     hidden, weight, matmul = _check(hidden, weight)
     tokens, h = hidden.shape
-    kw = {"device": hidden.device, "dtype": torch.float32}
+    kw: dict[str, Any] = {"device": hidden.device, "dtype": torch.float32}
     local_max, target_logit = torch.empty(tokens, **kw), torch.empty(tokens, **kw)
     sums = torch.zeros(tokens, SUM_COLUMNS, **kw)
     bad = torch.zeros(tokens, dtype=torch.int32, device=hidden.device)
     if tokens > 0:
-        _forward_kernel[(triton.cdiv(tokens, blocks.n),)](
+        launch(_forward_kernel, (triton.cdiv(tokens, blocks.n),))(
             hidden,
             weight,
             local_target.contiguous(),
@@ -360,7 +361,7 @@ def linear_grads(
     tokens, h = hidden.shape
     width = weight.shape[0]
     args = (hidden, weight, local_target.contiguous(), row_stats.contiguous())
-    const = {
+    const: dict[str, Any] = {
         **matmul,
         "BLOCK_N": blocks.n,
         "BLOCK_V": blocks.v,
@@ -372,12 +373,12 @@ def linear_grads(
         dx = torch.zeros(tokens, h, dtype=torch.float32, device=hidden.device)
         if tokens > 0 and valid > 0:
             grid = (triton.cdiv(tokens, blocks.n),)
-            _grad_hidden_kernel[grid](*args, dx, tokens, valid, h, float(inv_t), **const)
+            launch(_grad_hidden_kernel, grid)(*args, dx, tokens, valid, h, float(inv_t), **const)
         grad_hidden = dx.to(hidden.dtype)
     if need_weight:
         dw = torch.zeros(width, h, dtype=torch.float32, device=hidden.device)
         if tokens > 0 and valid > 0:
             grid = (triton.cdiv(valid, blocks.v),)
-            _grad_weight_kernel[grid](*args, dw, tokens, valid, h, float(inv_t), **const)
+            launch(_grad_weight_kernel, grid)(*args, dw, tokens, valid, h, float(inv_t), **const)
         grad_weight = dw.to(weight.dtype)
     return grad_hidden, grad_weight

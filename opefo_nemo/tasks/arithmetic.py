@@ -60,7 +60,7 @@ def worked_solution(
         x = int(digits_a[i]) if i < len(digits_a) else 0
         y = int(digits_b[i]) if i < len(digits_b) else 0
         total = x + y + carry
-        if slip_rate and rng.random() < slip_rate:
+        if slip_rate and rng is not None and rng.random() < slip_rate:
             total += rng.choice([d for d in SLIPS if 0 <= total + d <= 19])
         steps.append(f"{x}+{y}" + ("+1" if carry else "") + f"={total}")
         units.append(str(total % 10))

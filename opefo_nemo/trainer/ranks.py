@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -86,7 +86,7 @@ class LoopRanks:
             return compute()
         box = [compute() if self.is_main else None]
         dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return cast(T, box[0])  # rank 0's result, on every rank
 
     def gather(self, item: T) -> list[T]:
         """Every rank's ``item``, in rank order, on every rank."""

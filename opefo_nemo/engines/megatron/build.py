@@ -26,6 +26,7 @@ from pathlib import Path
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.models.gpt.gpt_model import GPTModel
 
 from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.hf_loading import load_stage_weights
@@ -79,7 +80,7 @@ def initialize_parallel_state(engine: MegatronEngineConfig) -> None:
 
 
 def wrap_for_training(
-    model: torch.nn.Module,
+    model: GPTModel,
     layout: MegatronLayout,
     engine: MegatronEngineConfig,
     *,
