@@ -54,10 +54,17 @@ def _default_gpu_memory_gib() -> float:
         import torch
 
         if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).total_memory / GIB
+            return _cuda_memory_gib()
     except ImportError:
         pass
     return float(os.environ.get("OPEFO_GPU_MEMORY_GIB", "0") or 0)
+
+
+def _cuda_memory_gib() -> float:  # pragma: no cover
+    """CUDA only: the memory of this machine's first GPU in GiB."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / GIB
 
 
 def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, list[Problem]]:

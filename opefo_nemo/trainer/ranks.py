@@ -74,9 +74,7 @@ class LoopRanks:
         if not dist.is_initialized():
             backend = "gloo"
             if torch.cuda.is_available():
-                local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world_size))
-                torch.cuda.set_device(local_rank)
-                backend = "nccl"
+                backend = _select_cuda_device(rank, local_world_size)
             dist.init_process_group(backend, rank=rank, world_size=world_size)
         return cls(rank, world_size, local_world_size)
 
@@ -112,3 +110,10 @@ class LoopRanks:
 
 SINGLE_PROCESS = LoopRanks()
 """The ranks of a one-process run: every operation is the identity."""
+
+
+def _select_cuda_device(rank: int, local_world_size: int) -> str:  # pragma: no cover
+    """CUDA only: this rank's GPU is ``LOCAL_RANK`` (else its index on the node); the backend is
+    NCCL."""
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % local_world_size)))
+    return "nccl"

@@ -153,12 +153,9 @@ def build_gpt_model(
     check_supported(hf_config, source)
     shape = layout.shape
     config = transformer_config(layout, engine, hf_config)
+    spec: Any
     if uses_transformer_engine(engine):
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
-
-        spec: Any = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_norm)
+        spec = transformer_engine_layer_spec(qk_layernorm=shape.qk_norm)
     else:
         layer = compat.local_layer_spec(qk_layernorm=shape.qk_norm, norm=LocalRMSNorm)
         layers = len(layout.stage_layers(stage))
@@ -178,3 +175,11 @@ def build_gpt_model(
         rotary_base=rope_theta(hf_config),  # type: ignore[arg-type]  # annotated int; any real base works
     )
     return model.to(_DTYPES[engine.dtype])
+
+
+def transformer_engine_layer_spec(*, qk_layernorm: bool) -> Any:  # pragma: no cover
+    """Transformer Engine only (a GPU rank with ``transformer_engine`` importable): megatron-core's
+    TE GPT layer spec (fused layer norms in the linear layers)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)
