@@ -7,8 +7,9 @@ set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-echo "typecheck: opefo_nemo on $(.venv/bin/python -c 'import megatron.core as m; print("megatron-core", m.__version__)')"
+version='import importlib.metadata as m; print("megatron-core", m.version("megatron-core"))'
+echo "typecheck: opefo_nemo on $(.venv/bin/python -c "$version")"
 .venv/bin/python -m mypy
-echo "typecheck: opefo_nemo/engines on $(.venv-mcore011/bin/python -c 'import megatron.core as m; print("megatron-core", m.__version__)')"
+echo "typecheck: opefo_nemo/engines on $(.venv-mcore011/bin/python -c "$version")"
 # its own cache: the two environments install different megatron-core sources
 .venv-mcore011/bin/python -m mypy --cache-dir .mypy_cache/mcore011 opefo_nemo/engines
