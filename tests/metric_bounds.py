@@ -14,10 +14,14 @@ Step metrics (spec §6), :func:`term_scale`:
   ``(1+|λ*|)(P + N)``;
 - ``flow/lambda = (P − N)/(P + N)``, ``flow/lambda_applied``, ``flow/predictor_corr``: if ``P`` and
   ``N`` are each within ``δ`` relative, λ* moves by at most ``δ`` (``|∂λ/∂P|·P + |∂λ/∂N|·N =
-  4PN/(P+N)² ≤ 1``), so their scale is 1 (a correlation is bounded by 1 likewise);
+  4PN/(P+N)² ≤ 1``), so their scale is 1 (a correlation is bounded by 1 likewise); so is that of
+  the advantage shifts ``flow/adv_shift*`` (``Σ (w−1) A / Σ|A|``, a difference of terms of both
+  signs, each ``|w − 1| ≤ 1``);
 - ``flow/realized = H_after − H_before``: terms ``2·entropy/mean``;
 - ``fidelity/abs_logprob_diff``, ``fidelity/kl``: means of differences of the sampled tokens'
   log-probabilities, whose magnitude is ``E_y[−log π(y)] = H``: terms ``1 + entropy/mean`` nats;
+- ``flow/adv_shift``, ``flow/adv_shift_confident`` (``Σ (w_t − 1) A_t / Σ |A_t|``, advantages of
+  both signs): terms ``Σ |w_t A_t| / Σ |A_t| + 1 ≤ 1 + |λ*|`` for weights ``1 ± λ``;
 - ``loss`` (``−Σ w_t A_t log π_t / n``, advantages of both signs): ``Σ|w_t A_t log π_t| / n``,
   which only the caller can form (:func:`loss_terms`); from a logged record alone, advantages of
   unit scale and ``E_y[−log π(y)] = H`` give ``(1+|λ*|)·entropy/mean`` (or ``|loss|`` if larger).
@@ -35,7 +39,13 @@ import torch
 U32 = 2.0**-24
 
 _FLOW_SUBSETS = ("flow/net", "clip/dh_upper", "clip/dh_lower")
-_UNIT_SCALE = ("flow/lambda", "flow/lambda_applied", "flow/predictor_corr")
+_UNIT_SCALE = (
+    "flow/lambda",
+    "flow/lambda_applied",
+    "flow/predictor_corr",
+    "flow/adv_shift",
+    "flow/adv_shift_confident",
+)
 _LOGPROB_DIFFERENCES = ("fidelity/abs_logprob_diff", "fidelity/kl")
 
 
@@ -50,6 +60,8 @@ def term_scale(name: str, metrics: Mapping[str, float]) -> float:
         return (1 + lam) * flows
     if name in _UNIT_SCALE:
         return 1.0
+    if name in ("flow/adv_shift", "flow/adv_shift_confident"):
+        return 1 + lam
     if name == "flow/realized":
         return 2 * entropy
     if name in _LOGPROB_DIFFERENCES:

@@ -148,6 +148,7 @@ class WandbConfig:
 class MetricsConfig:
     realized_every: int = 0
     fidelity_threshold: float = 0.2
+    confident_prob: float = 0.9
     tensorboard: bool = True
     progress: bool = True
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -266,6 +267,11 @@ class TrainConfig:
         require(self.metrics.realized_every >= 0, "metrics.realized_every", "must be >= 0")
         require(
             self.metrics.fidelity_threshold > 0, "metrics.fidelity_threshold", "must be > 0 (nats)"
+        )
+        require(
+            0 < self.metrics.confident_prob < 1,
+            "metrics.confident_prob",
+            f"must lie in (0, 1) (a probability), got {self.metrics.confident_prob}",
         )
         one_of(self.metrics.wandb.mode, ("offline", "online", "disabled"), "metrics.wandb.mode")
 

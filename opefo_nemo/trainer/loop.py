@@ -171,6 +171,7 @@ class Trainer:
                 micro,
                 seed=cfg.run.seed * 1_000_003 + self.step,
                 fidelity_threshold=cfg.metrics.fidelity_threshold,
+                confident_prob=cfg.metrics.confident_prob,
             )
         except NonFiniteLogitsError as error:
             log.warning("step %d: non-finite logits in the token-stats pass (%s)", self.step, error)

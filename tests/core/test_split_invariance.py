@@ -22,7 +22,7 @@ from opefo_nemo.core.objectives import (
     prepare,
 )
 from opefo_nemo.core.objectives.tokens import LossInputs
-from tests.metric_bounds import U32, balanced_flow_bound
+from tests.metric_bounds import U32, assert_metrics_close, balanced_flow_bound
 
 CONFIGS = [
     method_config({"name": "opefo", "entropy_flow": {"balance": "adaptive"}}),
@@ -101,6 +101,9 @@ def test_any_split_gives_the_same_coefficients_and_loss(
     assert -1.0 <= one.lambda_star <= 1.0
     for key in ("flow_pos", "flow_neg", "entropy"):
         assert float(many.sums[key]) == pytest.approx(float(one.sums[key]), rel=1e-9, abs=1e-12)
+    # every spec §6 metric of prepare, the reweighting's included: the same up to the float64
+    # round-off of adding the same terms in other groupings
+    assert_metrics_close(many.metrics, one.metrics, rel=1e-9)
     for field in ("weight", "selected", "delta_h"):
         joined = torch.cat([getattr(c, field) for c in many.coefficients])
         assert torch.equal(joined, getattr(one.coefficients[0], field)), field

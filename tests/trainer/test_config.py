@@ -66,6 +66,8 @@ def test_every_method_file_composes(name):
         (["run.seeds=[1,-2]"], "run.seeds"),
         (["run.seeds=[0.5]"], "run.seeds"),
         (["run.compare=[opefo,grpo_strict,opefo]"], "run.compare"),
+        (["metrics.confident_prob=1.0"], "metrics.confident_prob"),
+        (["metrics.confident_prob=0"], "metrics.confident_prob"),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):
