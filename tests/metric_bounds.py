@@ -14,7 +14,9 @@ Step metrics (spec §6), :func:`term_scale`:
   ``(1+|λ*|)(P + N)``;
 - ``flow/lambda = (P − N)/(P + N)``, ``flow/lambda_applied``, ``flow/predictor_corr``: if ``P`` and
   ``N`` are each within ``δ`` relative, λ* moves by at most ``δ`` (``|∂λ/∂P|·P + |∂λ/∂N|·N =
-  4PN/(P+N)² ≤ 1``), so their scale is 1 (a correlation is bounded by 1 likewise);
+  4PN/(P+N)² ≤ 1``), so their scale is 1 (a correlation is bounded by 1 likewise); so is that of
+  the advantage shifts ``flow/adv_shift*`` (``Σ (w−1) A / Σ|A|``, a difference of terms of both
+  signs, each ``|w − 1| ≤ 1``);
 - ``flow/realized = H_after − H_before``: terms ``2·entropy/mean``;
 - ``fidelity/abs_logprob_diff``, ``fidelity/kl``: means of differences of the sampled tokens'
   log-probabilities, whose magnitude is ``E_y[−log π(y)] = H``: terms ``1 + entropy/mean`` nats;
@@ -37,7 +39,13 @@ import torch
 U32 = 2.0**-24
 
 _FLOW_SUBSETS = ("flow/net", "clip/dh_upper", "clip/dh_lower")
-_UNIT_SCALE = ("flow/lambda", "flow/lambda_applied", "flow/predictor_corr")
+_UNIT_SCALE = (
+    "flow/lambda",
+    "flow/lambda_applied",
+    "flow/predictor_corr",
+    "flow/adv_shift",
+    "flow/adv_shift_confident",
+)
 _LOGPROB_DIFFERENCES = ("fidelity/abs_logprob_diff", "fidelity/kl")
 
 

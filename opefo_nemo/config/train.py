@@ -253,7 +253,7 @@ class TrainConfig:
         require(r.python != "", "rollout.python", "is empty: give an interpreter or null")
         require(r.startup_timeout_s > 0, "rollout.startup_timeout_s", "must be > 0")
         require(
-            r.stop_token_ids is None or (r.stop_token_ids and min(r.stop_token_ids) >= 0),
+            r.stop_token_ids is None or bool(r.stop_token_ids and min(r.stop_token_ids) >= 0),
             "rollout.stop_token_ids",
             "must be null (derived from the model) or a non-empty list of token ids >= 0",
         )

@@ -28,6 +28,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
@@ -37,7 +38,7 @@ from torch import Tensor
 from . import budgets
 from .partials import SUM_COLUMNS, ShardPartials
 from .select import triton_interpreted
-from .tiles import count_bad, dot_acc, grad_tile, merge_tile, store_sums
+from .tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
 
 
 @dataclass(frozen=True)
@@ -214,7 +215,7 @@ def _grad_logits_kernel(
     tl.store(out, dz.to(dz_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-def _check(hidden: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, dict[str, object]]:
+def _check(hidden: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
     """Row-major ``hidden`` ``[tokens, h]`` and ``weight`` ``[width, h]`` of one dtype, and the
     matmul constants: IEEE fp32 products for fp32 (not TF32; ``tf32`` is Triton's default and
     has no effect on bf16/fp16), fp32 products for bf16 under the interpreter."""
@@ -251,12 +252,12 @@ def linear_partials(
     blocks = blocks or FORWARD_BLOCKS
     hidden, weight, matmul = _check(hidden, weight)
     tokens, h = hidden.shape
-    kw = {"device": hidden.device, "dtype": torch.float32}
+    kw: dict[str, Any] = {"device": hidden.device, "dtype": torch.float32}
     local_max, target_logit = torch.empty(tokens, **kw), torch.empty(tokens, **kw)
     sums = torch.zeros(tokens, SUM_COLUMNS, **kw)
     bad = torch.zeros(tokens, dtype=torch.int32, device=hidden.device)
     if tokens > 0:
-        _forward_kernel[(triton.cdiv(tokens, blocks.n),)](
+        launch(_forward_kernel, (triton.cdiv(tokens, blocks.n),))(
             hidden,
             weight,
             local_target.contiguous(),
@@ -331,7 +332,7 @@ def linear_grads(
         stop = min(valid, start + chunk)
         dz = torch.empty(tokens, stop - start, dtype=hidden.dtype, device=hidden.device)
         grid = (triton.cdiv(tokens, blocks.n), triton.cdiv(stop - start, blocks.v))
-        _grad_logits_kernel[grid](
+        launch(_grad_logits_kernel, grid)(
             hidden,
             weight,
             target,

@@ -76,6 +76,7 @@ def worked_solution(
     rates = (slip_rate, swap_rate, carry_first_rate, zero_carry_rate, separator_rate)
     if any(rates) and rng is None:
         raise ValueError("worked_solution: a slip or writing-choice rate > 0 needs an rng")
+    rng = rng if rng is not None else random.Random(0)  # drawn from only when a rate is > 0
     if separator_rate and not separators:
         raise ValueError("worked_solution: separator_rate > 0 needs separators")
     digits_a, digits_b = str(a)[::-1], str(b)[::-1]

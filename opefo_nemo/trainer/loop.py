@@ -34,6 +34,7 @@ from ..eval import avg_at_k
 from ..parallel import NonFiniteLogitsError
 from ..rollout import SamplingConfig
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from .colocated_rollout import ColocatedRollout
 from .metrics_log import MetricsLogger
 from .prompts import PromptCodec
 from .ranks import SINGLE_PROCESS, LoopRanks
@@ -106,7 +107,7 @@ class Trainer:
         config: TrainConfig,
         config_dict: dict[str, Any],
         policy: Policy,
-        rollout: GuardedRollout,
+        rollout: GuardedRollout | ColocatedRollout,
         codec: PromptCodec,
         train: Dataset,
         validation: Dataset | None,

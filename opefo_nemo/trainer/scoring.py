@@ -12,10 +12,11 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import cast
 
 from ..config.train import RewardSettings
 from ..rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
-from ..rewards.result import ERROR
+from ..rewards.result import ERROR, Verifier
 from ..tasks.arithmetic import score_final_answer
 from ..tasks.word_arithmetic import score_last_number
 
@@ -29,7 +30,7 @@ def score_responses(
     """One result per response, in order."""
     if settings.verifier not in TASK_VERIFIERS:
         config = RewardConfig(
-            verifier=settings.verifier,
+            verifier=cast(Verifier, settings.verifier),  # validated by RewardSettings
             timeout_s=settings.timeout_s,
             wrong_score=settings.incorrect_score,
         )

@@ -21,6 +21,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..config.engines import MegatronEngineConfig
 from ..config.train import GENERATED_DATA, DataConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
@@ -277,21 +278,17 @@ def build_policy(config: TrainConfig, path: Path) -> Policy:
     problems = startup_problems(config.engine, shape)
     if problems:
         raise RankLayoutError("; ".join(problems))
-    if config.engine.name == "megatron":
+    engine, lr, temperature = config.engine, config.method.lr, config.rollout.temperature
+    if isinstance(engine, MegatronEngineConfig) and engine.name == "megatron":
         from ..engines.megatron.build import build_megatron_policy
 
-        return build_megatron_policy(
-            path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
-        )
-    if config.engine.name == "aligner":
+        return build_megatron_policy(path, engine, lr=lr, temperature=temperature)
+    if isinstance(engine, MegatronEngineConfig) and engine.name == "aligner":
         from ..engines.aligner import build_actor
 
-        return build_actor(
-            path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
-        )
-    return HFPolicy(
-        path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
-    )
+        return build_actor(path, engine, lr=lr, temperature=temperature)
+    assert not isinstance(engine, MegatronEngineConfig), engine.name  # validated: hf
+    return HFPolicy(path, engine, lr=lr, temperature=temperature)
 
 
 def build_trainer(
@@ -317,15 +314,17 @@ def build_trainer(
     policy = build_policy(config, path)
     codec = PromptCodec(path, config.data.template)
     train, validation = load_datasets(config, codec)
+    engine: GuardedRollout | ColocatedRollout
     if rollout is None and ranks.distributed:
-        rollout = start_colocated_rollout(config, path, policy.named_weights, ranks)
+        engine = start_colocated_rollout(config, path, policy.named_weights, ranks)
     elif rollout is None:
-        rollout = start_rollout(config, path, policy.named_weights)
+        engine = start_rollout(config, path, policy.named_weights)
     else:
-        rollout.weights = policy.named_weights
-        rollout.update_weights(policy.named_weights())
+        engine = rollout
+        engine.weights = policy.named_weights
+        engine.update_weights(policy.named_weights())
     trainer = Trainer(
-        config, config_dict, policy, rollout, codec, train, validation, output_dir, ranks
+        config, config_dict, policy, engine, codec, train, validation, output_dir, ranks
     )
     if config.checkpoint.resume is not None:
         trainer.resume(config.checkpoint.resume)

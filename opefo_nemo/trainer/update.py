@@ -188,6 +188,7 @@ def rollout_fidelity(
         return {}
     sums: dict[str, Tensor] = {}
     for micro, s in zip(micro_batches, stats, strict=True):
+        assert micro.rollout_logprob is not None  # checked above
         part = fidelity_sums(s.logprob, micro.rollout_logprob, micro.response_mask, threshold)
         sums = add_sums(sums, part)
     return fidelity_metrics(sums)
