@@ -280,7 +280,7 @@ class TrainConfig:
             rate = getattr(m, key)
             require(0 <= rate <= 1, f"model.{key}", f"must be in [0, 1], got {rate}")
         require(
-            not m.warm_start_separator_rate or m.warm_start_separators,
+            not m.warm_start_separator_rate or bool(m.warm_start_separators),
             "model.warm_start_separators",
             "is empty, but model.warm_start_separator_rate > 0 needs separators to choose from",
         )
