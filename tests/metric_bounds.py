@@ -1,17 +1,30 @@
-"""Comparing one update's metrics (spec §6) between two implementations of the same arithmetic.
+"""Bounds for comparing what two implementations compute, scaled by the terms behind each number.
 
-Each metric is compared within ``rel`` of the magnitude of the terms it is computed from, not of
-its own value. Two implementations (engines, layouts, devices) sum the same terms in other
-orders, so each sum carries round-off of order ``ε · Σ|terms|``; a metric that is a difference of
-sums keeps that absolute error however small the difference is:
+Two implementations (engines, layouts, devices, thread counts) sum the same terms in other orders,
+so each sum carries round-off of order ``ε · Σ|terms|``; a number that is a difference of sums
+keeps that absolute error however small the difference is. So each comparison here is within
+``rel`` of the magnitude of the *terms*, never of the value alone and never an absolute constant
+(the rule is stated in tests/README.md).
 
-- ``flow/net = P − N``: terms ``P + N``;
+Step metrics (spec §6), :func:`term_scale`:
+
+- ``flow/net = P − N``, ``clip/dh_upper``, ``clip/dh_lower`` (ΔH summed over a subset of the
+  tokens): terms ``P + N``;
 - ``flow/net_after_balance = (1+λ*)P − (1−λ*)N`` (zero by construction for OPEFO): terms
   ``(1+|λ*|)(P + N)``;
-- ``flow/lambda = (P − N)/(P + N)``: if ``P`` and ``N`` are each within ``δ`` relative, λ* moves by
-  at most ``δ`` (``|∂λ/∂P|·P + |∂λ/∂N|·N = 4PN/(P+N)² ≤ 1``), so its scale is 1;
+- ``flow/lambda = (P − N)/(P + N)``, ``flow/lambda_applied``, ``flow/predictor_corr``: if ``P`` and
+  ``N`` are each within ``δ`` relative, λ* moves by at most ``δ`` (``|∂λ/∂P|·P + |∂λ/∂N|·N =
+  4PN/(P+N)² ≤ 1``), so their scale is 1 (a correlation is bounded by 1 likewise); so is that of
+  the advantage shifts ``flow/adv_shift*`` (``Σ (w−1) A / Σ|A|``, a difference of terms of both
+  signs, each ``|w − 1| ≤ 1``);
+- ``flow/realized = H_after − H_before``: terms ``2·entropy/mean``;
+- ``fidelity/abs_logprob_diff``, ``fidelity/kl``: means of differences of the sampled tokens'
+  log-probabilities, whose magnitude is ``E_y[−log π(y)] = H``: terms ``1 + entropy/mean`` nats;
+- ``flow/adv_shift``, ``flow/adv_shift_confident`` (``Σ (w_t − 1) A_t / Σ |A_t|``, advantages of
+  both signs): terms ``Σ |w_t A_t| / Σ |A_t| + 1 ≤ 1 + |λ*|`` for weights ``1 ± λ``;
 - ``loss`` (``−Σ w_t A_t log π_t / n``, advantages of both signs): ``Σ|w_t A_t log π_t| / n``,
-  which only the caller can form (:func:`loss_terms`), else ``|loss|``.
+  which only the caller can form (:func:`loss_terms`); from a logged record alone, advantages of
+  unit scale and ``E_y[−log π(y)] = H`` give ``(1+|λ*|)·entropy/mean`` (or ``|loss|`` if larger).
 
 Every other metric is a ratio of positive sums or a count: its scale is its own magnitude.
 """
@@ -22,17 +35,48 @@ from collections.abc import Mapping
 
 import torch
 
+#: Unit round-off of fp32.
+U32 = 2.0**-24
+
+_FLOW_SUBSETS = ("flow/net", "clip/dh_upper", "clip/dh_lower")
+_UNIT_SCALE = (
+    "flow/lambda",
+    "flow/lambda_applied",
+    "flow/predictor_corr",
+    "flow/adv_shift",
+    "flow/adv_shift_confident",
+)
+_LOGPROB_DIFFERENCES = ("fidelity/abs_logprob_diff", "fidelity/kl")
+
 
 def term_scale(name: str, metrics: Mapping[str, float]) -> float:
     """The magnitude of the terms behind ``metrics[name]`` (module docstring)."""
     flows = abs(metrics.get("flow/pos", 0.0)) + abs(metrics.get("flow/neg", 0.0))
-    if name == "flow/net":
+    lam = abs(metrics.get("flow/lambda", 0.0))
+    entropy = abs(metrics.get("entropy/mean", 0.0))
+    if name in _FLOW_SUBSETS:
         return flows
     if name == "flow/net_after_balance":
-        return (1 + abs(metrics.get("flow/lambda", 0.0))) * flows
-    if name == "flow/lambda":
+        return (1 + lam) * flows
+    if name in _UNIT_SCALE:
         return 1.0
+    if name in ("flow/adv_shift", "flow/adv_shift_confident"):
+        return 1 + lam
+    if name == "flow/realized":
+        return 2 * entropy
+    if name in _LOGPROB_DIFFERENCES:
+        return 1 + entropy
+    if name == "loss":
+        return max(abs(metrics[name]), (1 + lam) * entropy)
     return abs(metrics[name])
+
+
+def balanced_flow_bound(metrics: Mapping[str, float]) -> float:
+    """Bound on ``|flow/net_after_balance|`` of one balanced (adaptive OPEFO) step, zero in exact
+    arithmetic: the fp32 weights ``1 ± λ*`` are each rounded by at most ``u₃₂`` relative, which
+    leaves ``u₃₂((1+λ*)P + (1−λ*)N) = u₃₂·4PN/(P+N) ≤ u₃₂(P+N)``; the float64 sums of ``n``
+    tokens add ``n·u₆₄ ≤ u₃₂`` of the same terms (``n < 2²⁹``). Bound: ``2u₃₂(P + N)``."""
+    return 2 * U32 * (abs(metrics["flow/pos"]) + abs(metrics["flow/neg"]))
 
 
 def loss_terms(
@@ -59,3 +103,31 @@ def assert_metrics_close(
         assert abs(ours[name] - value) <= bound, (
             f"{name}: {ours[name]!r} vs {value!r}, bound {bound:.3g} ({rel:g} × terms {scale:.3g})"
         )
+
+
+def assert_close_to_scale(got: torch.Tensor, want: torch.Tensor, rel: float, msg: str = "") -> None:
+    """Every element of ``got`` within ``rel × max|want|`` of ``want``: each element of a tensor
+    computed by sums (a matmul, a backward pass) carries round-off of the magnitude of the
+    tensor's terms, also where its own exact value is near 0."""
+    assert got.shape == want.shape, (msg, got.shape, want.shape)
+    scale = float(want.double().abs().max()) if want.numel() else 0.0
+    bound = rel * scale
+    error = float((got.double() - want.double()).abs().max()) if want.numel() else 0.0
+    assert error <= bound, f"{msg}: max |difference| {error:.3g} > {rel:g} × {scale:.3g}"
+
+
+def assert_grads_close(
+    got: Mapping[str, torch.Tensor], want: Mapping[str, torch.Tensor], rel: float
+) -> None:
+    """The same parameter names, each gradient within ``rel`` of the magnitude of its terms: the
+    largest ``|want|`` of the tensor, and for a ``bias`` that of its layer's ``weight`` too (a
+    bias's gradient sums the same back-propagated terms as its weight's without the normalised
+    input factor, and can be zero in exact arithmetic, as an attention key bias's is)."""
+    assert got.keys() == want.keys(), sorted(set(got) ^ set(want))
+    for name, grad in want.items():
+        scale = float(grad.double().abs().max())
+        if name.endswith("bias") and name[: -len("bias")] + "weight" in want:
+            weight = want[name[: -len("bias")] + "weight"]
+            scale = max(scale, float(weight.double().abs().max()))
+        error = float((got[name].double() - grad.double()).abs().max())
+        assert error <= rel * scale, f"{name}: max |difference| {error:.3g} > {rel:g} × {scale:.3g}"

@@ -23,7 +23,7 @@ import argparse
 import os
 import sys
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from ..engines.startup import startup_problems
 from ..launch import GIB, Problem, all_problems, plan_memory
@@ -54,10 +54,17 @@ def _default_gpu_memory_gib() -> float:
         import torch
 
         if torch.cuda.is_available():
-            return torch.cuda.get_device_properties(0).total_memory / GIB
+            return _cuda_memory_gib()
     except ImportError:
         pass
     return float(os.environ.get("OPEFO_GPU_MEMORY_GIB", "0") or 0)
+
+
+def _cuda_memory_gib() -> float:  # pragma: no cover
+    """CUDA only: the memory of this machine's first GPU in GiB."""
+    import torch
+
+    return torch.cuda.get_device_properties(0).total_memory / GIB
 
 
 def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, list[Problem]]:
@@ -83,7 +90,7 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
         return None, [Problem(topic, f"cannot compose the config: {message}")]
     except (ValueError, FileNotFoundError) as error:
         return None, [Problem("config", f"cannot compose the config: {error}")]
-    return data, []
+    return cast("dict[str, Any]", data), []  # a composed config is a mapping of strings
 
 
 def _corrects_update(config: dict[str, Any]) -> bool:

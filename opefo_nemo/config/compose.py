@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 from collections.abc import Sequence
-from typing import Any
+from typing import Any, cast
 
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -38,7 +38,8 @@ def compose(overrides: Sequence[str] = ()) -> tuple[TrainConfig, dict[str, Any]]
             f"missing value for {error.full_key}: set it on the command line"
         ) from None
     assert isinstance(data, dict)
-    return TrainConfig.from_mapping(data), data
+    mapping = cast("dict[str, Any]", data)  # YAML keys are strings
+    return TrainConfig.from_mapping(mapping), mapping
 
 
 def hydra_error_message(error: Exception) -> str:

@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any, cast
 
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
@@ -59,4 +60,4 @@ def load_method(name_or_path: str | Path, overrides: Sequence[str] = ()) -> Meth
         data = OmegaConf.to_container(merged, resolve=True, throw_on_missing=True)
     except MissingMandatoryValue as error:
         raise ValueError(f"missing value for method.{error.full_key} in {path}") from None
-    return method_config(data, prefix="method")
+    return method_config(cast("dict[str, Any]", data), prefix="method")  # YAML: string keys

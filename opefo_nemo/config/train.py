@@ -14,10 +14,14 @@ from typing import Any
 
 from ..core.objectives import MethodConfig, method_config
 from ..core.schema import build, one_of, require
+from ..models.packaged import PACKAGED_MODELS
 from ..models.shape import ModelShape
+from ..models.tiny import ALPHABET
 from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
 
-VERIFIERS = ("arithmetic", "dapo", "answer", "math_verify")
+VERIFIERS = ("arithmetic", "last_number", "dapo", "answer", "math_verify")
+GENERATED_DATA = ("arithmetic", "word_arithmetic")
+"""``data.train`` / ``data.validation`` values that name a built-in task instead of a file."""
 LONG_PROMPT_POLICIES = ("skip", "error")
 
 
@@ -34,10 +38,17 @@ class RunConfig:
 class ModelConfig:
     path: str = ""
     embedded: bool = False
+    packaged: str | None = None
     warm_start_steps: int = 300
     warm_start_lr: float = 3e-3
     warm_start_batch_size: int = 32
     warm_start_slip_rate: float = 0.0
+    warm_start_slips: tuple[int, ...] = (-2, -1, 1, 2)
+    warm_start_swap_rate: float = 0.0
+    warm_start_carry_first_rate: float = 0.0
+    warm_start_zero_carry_rate: float = 0.0
+    warm_start_separators: str = ""
+    warm_start_separator_rate: float = 0.0
     warm_start_seed: int = 0
 
 
@@ -148,6 +159,7 @@ class WandbConfig:
 class MetricsConfig:
     realized_every: int = 0
     fidelity_threshold: float = 0.2
+    confident_prob: float = 0.9
     tensorboard: bool = True
     progress: bool = True
     wandb: WandbConfig = field(default_factory=WandbConfig)
@@ -241,7 +253,7 @@ class TrainConfig:
         require(r.python != "", "rollout.python", "is empty: give an interpreter or null")
         require(r.startup_timeout_s > 0, "rollout.startup_timeout_s", "must be > 0")
         require(
-            r.stop_token_ids is None or (r.stop_token_ids and min(r.stop_token_ids) >= 0),
+            r.stop_token_ids is None or bool(r.stop_token_ids and min(r.stop_token_ids) >= 0),
             "rollout.stop_token_ids",
             "must be null (derived from the model) or a non-empty list of token ids >= 0",
         )
@@ -251,10 +263,34 @@ class TrainConfig:
         require(1 <= a.digits <= 4, "data.arithmetic.digits", "must be in 1..4")
         require(a.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
         m = self.model
+        if m.packaged is not None:
+            one_of(m.packaged, tuple(PACKAGED_MODELS), "model.packaged")
+            require(not m.embedded, "model.packaged", "and model.embedded=true exclude each other")
         require(m.warm_start_steps >= 1, "model.warm_start_steps", "must be >= 1")
         require(m.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
         require(m.warm_start_batch_size >= 1, "model.warm_start_batch_size", "must be >= 1")
         require(0 <= m.warm_start_slip_rate < 1, "model.warm_start_slip_rate", "must be in [0, 1)")
+        require(
+            bool(m.warm_start_slips) and 0 not in m.warm_start_slips,
+            "model.warm_start_slips",
+            f"must be a non-empty list of non-zero offsets, got {list(m.warm_start_slips)}",
+        )
+        rates = ("swap", "carry_first", "zero_carry", "separator")
+        for key in (f"warm_start_{name}_rate" for name in rates):
+            rate = getattr(m, key)
+            require(0 <= rate <= 1, f"model.{key}", f"must be in [0, 1], got {rate}")
+        require(
+            not m.warm_start_separator_rate or bool(m.warm_start_separators),
+            "model.warm_start_separators",
+            "is empty, but model.warm_start_separator_rate > 0 needs separators to choose from",
+        )
+        separators = set(m.warm_start_separators)
+        require(
+            separators <= set(ALPHABET) - set("0123456789+= \n"),
+            "model.warm_start_separators",
+            f"({m.warm_start_separators!r}) must be characters of the tiny model's alphabet other "
+            "than digits, '+', '=' and whitespace",
+        )
         self.reward.validate(r.max_new_tokens)
         require(
             self.model.path != "", "model.path", "is empty: set model.path=<HF model directory>"
@@ -266,6 +302,11 @@ class TrainConfig:
         require(self.metrics.realized_every >= 0, "metrics.realized_every", "must be >= 0")
         require(
             self.metrics.fidelity_threshold > 0, "metrics.fidelity_threshold", "must be > 0 (nats)"
+        )
+        require(
+            0 < self.metrics.confident_prob < 1,
+            "metrics.confident_prob",
+            f"must lie in (0, 1) (a probability), got {self.metrics.confident_prob}",
         )
         one_of(self.metrics.wandb.mode, ("offline", "online", "disabled"), "metrics.wandb.mode")
 

@@ -59,3 +59,21 @@ def group_advantages(
         var = squares[group] / torch.where(singleton, torch.ones_like(n), n - 1)
         centered = centered / (var.sqrt() + STD_EPS)
     return torch.where(singleton, torch.zeros_like(centered), centered).float()
+
+
+def signal_fraction(rewards: Tensor, group_ids: Tensor) -> float:
+    """Share of the groups (``group_ids`` ``[B]``) whose rewards ``[B]`` are not all equal: those
+    whose advantages are not all zero, the only ones that move a group-relative policy gradient."""
+    check_same_shape("rewards", rewards, group_ids=group_ids)
+    if rewards.numel() == 0:
+        raise ValueError("signal_fraction of an empty batch")
+    _, group = torch.unique(group_ids, return_inverse=True)
+    n_groups = int(group.max()) + 1
+    r = rewards.double()
+    low = torch.full((n_groups,), float("inf"), dtype=torch.float64).scatter_reduce(
+        0, group, r, "amin"
+    )
+    high = torch.full((n_groups,), float("-inf"), dtype=torch.float64).scatter_reduce(
+        0, group, r, "amax"
+    )
+    return float((high > low).double().mean())

@@ -78,7 +78,8 @@ def delta_entropy(
     lp = logprob.detach().float()
     h = entropy.detach().float()
     adv = advantages.detach().float()
-    s = {name: given[name].detach().float() for name in needed}
+    present = {name: tensor for name, tensor in given.items() if tensor is not None}
+    s = {name: present[name].detach().float() for name in needed}
     if estimator == "paper":
         return -adv * (1.0 - lp.exp()).square() * (lp + h)
     centred_p2 = s["sum_p2_logp"] + h * s["sum_p2"]

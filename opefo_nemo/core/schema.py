@@ -13,9 +13,12 @@ import dataclasses
 import types
 import typing
 from collections.abc import Mapping
-from typing import Any, TypeVar
+from typing import TYPE_CHECKING, Any, TypeVar
 
-T = TypeVar("T")
+if TYPE_CHECKING:
+    from _typeshed import DataclassInstance
+
+T = TypeVar("T", bound="DataclassInstance")
 
 
 def build(cls: type[T], data: Any, prefix: str) -> T:
@@ -48,7 +51,7 @@ def _value(kind: Any, value: Any, path: str) -> Any:
             except ValueError:
                 continue
         return _value(options[-1], value, path)
-    if dataclasses.is_dataclass(kind):
+    if isinstance(kind, type) and dataclasses.is_dataclass(kind):
         return build(kind, value if value is not None else {}, path)
     if origin in (list, tuple):
         if not isinstance(value, list | tuple):

@@ -13,6 +13,11 @@ from ..models.shape import ModelShape
 from .megatron import compat
 
 
+class DeviceUnavailableError(RuntimeError):
+    """The configured device is not there (``engine.device=cuda`` on a rank without a GPU): a
+    start-up problem of the set-up, reported in one line like the others."""
+
+
 def _megatron_importable() -> bool:
     try:
         return importlib.util.find_spec("megatron.core") is not None

@@ -13,6 +13,7 @@ import json
 from collections.abc import Mapping, Sequence
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
+from typing import Any
 
 from opefo_nemo.data.benchmarks import BENCHMARKS, PASS_AT_K_VALUES
 from opefo_nemo.eval.metrics import CorrectMatrix, avg_at_k, mean_pass_at_k
@@ -93,7 +94,7 @@ def report_json(
 ) -> dict:
     """The same numbers as `render_markdown`, as plain JSON-ready data (fractions in [0, 1]);
     with `verifier`, each method's entry records it under "verifier"."""
-    out = {}
+    out: dict[str, dict[str, Any]] = {}
     for method, scores in rows.items():
         entries = {name: asdict(score) for name, score in scores.items()}
         values = [score.avg_at_k for score in scores.values()]

@@ -9,31 +9,36 @@ rows ``[r·width, (r+1)·width)`` of the padded vocabulary). Each tile
 - :func:`linear_partials` (forward): programs over row blocks sweep the shard's real columns,
   folding each tile into the running max and sums of :mod:`.partials` and picking the target's
   logit; one matmul's worth of work.
-- :func:`linear_grads` (backward): the tile of ``∂L/∂z`` (``kernels.tiles.grad_tile``) is rebuilt
-  from the global row statistics; ``∂L/∂X = (∂L/∂z) W`` by programs over row blocks and
-  ``∂L/∂W = (∂L/∂z)ᵀ X`` by programs over vocabulary blocks, each owning its output rows, so the
-  result is deterministic (no atomics) at the price of recomputing ``z`` in both: about four
-  matmuls of ``[tokens, h] × [h, width]`` against the unfused path's three. The two outputs are
-  accumulated in fp32 buffers ``[tokens, h]`` and ``[width, h]`` and returned in the inputs'
-  dtypes; padded weight rows get 0.
+- :func:`linear_grads` (backward), per chunk of vocabulary columns whose ``∂L/∂z`` fits
+  ``budgets.GRAD_CHUNK_BYTES``: one kernel rebuilds the logit tiles of the chunk and writes
+  ``∂L/∂z`` (``kernels.tiles.grad_tile``, from the global row statistics) in the inputs' dtype,
+  tile by tile over (row blocks, column blocks); then ``∂L/∂X += (∂L/∂z) W_chunk`` and
+  ``∂L/∂W_chunk = (∂L/∂z)ᵀ X`` are two library matmuls with fp32 accumulation. About four matmuls
+  of ``[tokens, h] × [h, width]`` in all against the unfused path's three, with at most one
+  chunk of ``∂L/∂z`` in memory instead of the logits and their gradient; deterministic (no
+  atomics); padded weight rows get 0.
 
-Precision: products in the input dtype (bf16/fp16 on tensor cores, fp32 as IEEE fp32, never
-TF32), accumulation in fp32. ``∂L/∂z`` is rounded to the input dtype before its two matmuls, as
-the unfused path's gradient of bf16 logits is.
+Precision: products in the input dtype (bf16/fp16 on tensor cores, fp32 as IEEE fp32: never
+TF32 in the kernels; the backward's library matmuls follow torch's fp32 matmul setting, IEEE by
+default), accumulation in fp32. ``∂L/∂z`` is rounded to the input dtype before its two matmuls,
+as the unfused path's gradient of bf16 logits is.
 """
 
 from __future__ import annotations
 
+import functools
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 import triton
 import triton.language as tl
 from torch import Tensor
 
+from . import budgets
 from .partials import SUM_COLUMNS, ShardPartials
 from .select import triton_interpreted
-from .tiles import count_bad, dot_acc, grad_tile, merge_tile, store_sums
+from .tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
 
 
 @dataclass(frozen=True)
@@ -50,7 +55,7 @@ class LinearBlocks:
 #: (docs/performance.md), 1.7 times the throughput of :class:`LinearBlocks`' defaults.
 FORWARD_BLOCKS = LinearBlocks(n=64, v=256, k=64, num_warps=8)
 #: The backward's tiles (``∂L/∂z`` tiles and their fp32 accumulators): the defaults.
-GRAD_BLOCKS = LinearBlocks()
+GRAD_BLOCKS = LinearBlocks(v=budgets.GRAD_BLOCKS_V)
 
 
 @triton.jit
@@ -166,14 +171,15 @@ def _grad_logit_tile(
 
 
 @triton.jit
-def _grad_hidden_kernel(
+def _grad_logits_kernel(
     x_ptr,
     w_ptr,
     target_ptr,
     row_stats_ptr,
-    dx_ptr,
+    dz_ptr,
     tokens,
-    valid,
+    col_start,
+    col_stop,
     hidden,
     inv_t,
     PRECISION: tl.constexpr,
@@ -182,100 +188,34 @@ def _grad_hidden_kernel(
     BLOCK_V: tl.constexpr,
     BLOCK_K: tl.constexpr,
 ):
-    """``dX[rows] += Σ_tiles (∂L/∂z) W[cols]`` into the fp32 buffer ``dx`` ``[tokens, h]``."""
+    """``∂L/∂z`` of the columns ``[col_start, col_stop)`` into ``dz`` ``[tokens, chunk]`` in the
+    inputs' dtype (its column ``j`` is shard column ``col_start + j``; row stride ``chunk``); one
+    tile per program, programs over (row blocks, column blocks)."""
     rows = (tl.program_id(0) * BLOCK_N + tl.arange(0, BLOCK_N)).to(tl.int64)
+    cols = (col_start + tl.program_id(1) * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
     row_ok = rows < tokens
-    ks = tl.arange(0, BLOCK_K)
-    for v0 in range(0, valid, BLOCK_V):
-        cols = (v0 + tl.arange(0, BLOCK_V)).to(tl.int64)
-        col_ok = cols < valid
-        dz = _grad_logit_tile(
-            x_ptr,
-            w_ptr,
-            target_ptr,
-            row_stats_ptr,
-            rows,
-            cols,
-            row_ok,
-            col_ok,
-            hidden,
-            inv_t,
-            PRECISION,
-            UPCAST,
-            BLOCK_K,
-        )
-        dz = dz.to(w_ptr.dtype.element_ty)
-        for k0 in range(0, hidden, BLOCK_K):
-            k = k0 + ks
-            k_ok = k < hidden
-            w = tl.load(
-                w_ptr + cols[:, None] * hidden + k[None, :],
-                mask=col_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            out = dx_ptr + rows[:, None] * hidden + k[None, :]
-            out_ok = row_ok[:, None] & k_ok[None, :]
-            acc = tl.load(out, mask=out_ok, other=0.0)
-            acc = dot_acc(dz, w, acc, PRECISION, UPCAST)
-            tl.store(out, acc, mask=out_ok)
+    col_ok = cols < col_stop
+    dz = _grad_logit_tile(
+        x_ptr,
+        w_ptr,
+        target_ptr,
+        row_stats_ptr,
+        rows,
+        cols,
+        row_ok,
+        col_ok,
+        hidden,
+        inv_t,
+        PRECISION,
+        UPCAST,
+        BLOCK_K,
+    )
+    chunk = col_stop - col_start
+    out = dz_ptr + rows[:, None] * chunk + (cols - col_start)[None, :]
+    tl.store(out, dz.to(dz_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
 
 
-@triton.jit
-def _grad_weight_kernel(
-    x_ptr,
-    w_ptr,
-    target_ptr,
-    row_stats_ptr,
-    dw_ptr,
-    tokens,
-    valid,
-    hidden,
-    inv_t,
-    PRECISION: tl.constexpr,
-    UPCAST: tl.constexpr,
-    BLOCK_N: tl.constexpr,
-    BLOCK_V: tl.constexpr,
-    BLOCK_K: tl.constexpr,
-):
-    """``dW[cols] += Σ_row blocks (∂L/∂z)ᵀ X[rows]`` into the fp32 buffer ``dw`` ``[width, h]``."""
-    cols = (tl.program_id(0) * BLOCK_V + tl.arange(0, BLOCK_V)).to(tl.int64)
-    col_ok = cols < valid
-    ks = tl.arange(0, BLOCK_K)
-    for n0 in range(0, tokens, BLOCK_N):
-        rows = (n0 + tl.arange(0, BLOCK_N)).to(tl.int64)
-        row_ok = rows < tokens
-        dz = _grad_logit_tile(
-            x_ptr,
-            w_ptr,
-            target_ptr,
-            row_stats_ptr,
-            rows,
-            cols,
-            row_ok,
-            col_ok,
-            hidden,
-            inv_t,
-            PRECISION,
-            UPCAST,
-            BLOCK_K,
-        )
-        dz_t = tl.trans(dz.to(x_ptr.dtype.element_ty))
-        for k0 in range(0, hidden, BLOCK_K):
-            k = k0 + ks
-            k_ok = k < hidden
-            x = tl.load(
-                x_ptr + rows[:, None] * hidden + k[None, :],
-                mask=row_ok[:, None] & k_ok[None, :],
-                other=0.0,
-            )
-            out = dw_ptr + cols[:, None] * hidden + k[None, :]
-            out_ok = col_ok[:, None] & k_ok[None, :]
-            acc = tl.load(out, mask=out_ok, other=0.0)
-            acc = dot_acc(dz_t, x, acc, PRECISION, UPCAST)
-            tl.store(out, acc, mask=out_ok)
-
-
-def _check(hidden: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, dict[str, object]]:
+def _check(hidden: Tensor, weight: Tensor) -> tuple[Tensor, Tensor, dict[str, Any]]:
     """Row-major ``hidden`` ``[tokens, h]`` and ``weight`` ``[width, h]`` of one dtype, and the
     matmul constants: IEEE fp32 products for fp32 (not TF32; ``tf32`` is Triton's default and
     has no effect on bf16/fp16), fp32 products for bf16 under the interpreter."""
@@ -312,12 +252,12 @@ def linear_partials(
     blocks = blocks or FORWARD_BLOCKS
     hidden, weight, matmul = _check(hidden, weight)
     tokens, h = hidden.shape
-    kw = {"device": hidden.device, "dtype": torch.float32}
+    kw: dict[str, Any] = {"device": hidden.device, "dtype": torch.float32}
     local_max, target_logit = torch.empty(tokens, **kw), torch.empty(tokens, **kw)
     sums = torch.zeros(tokens, SUM_COLUMNS, **kw)
     bad = torch.zeros(tokens, dtype=torch.int32, device=hidden.device)
     if tokens > 0:
-        _forward_kernel[(triton.cdiv(tokens, blocks.n),)](
+        launch(_forward_kernel, (triton.cdiv(tokens, blocks.n),))(
             hidden,
             weight,
             local_target.contiguous(),
@@ -340,6 +280,25 @@ def linear_partials(
     return ShardPartials(local_max, sums, target_logit, bad > 0)
 
 
+def _mm_fp32(a: Tensor, b: Tensor) -> Tensor:
+    """``a @ b`` as fp32 with fp32 accumulation of the products of the operands' values: cuBLAS
+    with an fp32 result for bf16/fp16 CUDA operands, else an fp32 product of the upcast operands
+    (exact products: the same arithmetic up to summation order)."""
+    if a.is_cuda and a.dtype != torch.float32 and _cuda_mm_has_out_dtype():
+        return torch.mm(a, b, out_dtype=torch.float32)
+    return a.float() @ b.float()
+
+
+@functools.cache
+def _cuda_mm_has_out_dtype() -> bool:
+    """Whether this torch's CUDA ``mm`` takes ``out_dtype`` (checked once on tiny operands)."""
+    probe = torch.ones(16, 16, dtype=torch.bfloat16, device="cuda")
+    try:
+        return torch.mm(probe, probe, out_dtype=torch.float32).dtype == torch.float32
+    except (RuntimeError, TypeError):
+        return False
+
+
 def linear_grads(
     hidden: Tensor,
     weight: Tensor,
@@ -354,30 +313,44 @@ def linear_grads(
     """``(∂L/∂hidden [tokens, h], ∂L/∂weight [width, h])`` in the inputs' dtype (``None`` where
     not needed); ``row_stats`` ``[tokens, 5]`` fp32 ``[m, log S0, H, g_l, g_H]`` as for
     ``logits_stats.shard_logits_grad``. ``∂L/∂hidden`` is this shard's share (summed over the
-    tensor-parallel group by the caller's layer). ``blocks``: default :data:`GRAD_BLOCKS`."""
+    tensor-parallel group by the caller's layer); padded weight rows get 0.
+
+    Per chunk of real columns (``budgets.grad_chunk_columns``: within ``GRAD_CHUNK_BYTES``), the
+    kernel writes ``∂L/∂z`` ``[tokens, chunk]`` in the inputs' dtype, then
+    ``∂L/∂X += (∂L/∂z) W_chunk`` into an fp32 ``[tokens, h]`` accumulator and
+    ``∂L/∂W_chunk = (∂L/∂z)ᵀ X``, both products with fp32 accumulation. ``blocks``: the kernel's
+    tiles, default :data:`GRAD_BLOCKS`."""
     blocks = blocks or GRAD_BLOCKS
     hidden, weight, matmul = _check(hidden, weight)
     tokens, h = hidden.shape
-    width = weight.shape[0]
-    args = (hidden, weight, local_target.contiguous(), row_stats.contiguous())
-    const = {
-        **matmul,
-        "BLOCK_N": blocks.n,
-        "BLOCK_V": blocks.v,
-        "BLOCK_K": blocks.k,
-        "num_warps": blocks.num_warps,
-    }
-    grad_hidden = grad_weight = None
-    if need_hidden:
-        dx = torch.zeros(tokens, h, dtype=torch.float32, device=hidden.device)
-        if tokens > 0 and valid > 0:
-            grid = (triton.cdiv(tokens, blocks.n),)
-            _grad_hidden_kernel[grid](*args, dx, tokens, valid, h, float(inv_t), **const)
-        grad_hidden = dx.to(hidden.dtype)
-    if need_weight:
-        dw = torch.zeros(width, h, dtype=torch.float32, device=hidden.device)
-        if tokens > 0 and valid > 0:
-            grid = (triton.cdiv(valid, blocks.v),)
-            _grad_weight_kernel[grid](*args, dw, tokens, valid, h, float(inv_t), **const)
-        grad_weight = dw.to(weight.dtype)
-    return grad_hidden, grad_weight
+    dx = torch.zeros(tokens, h, dtype=torch.float32, device=hidden.device) if need_hidden else None
+    dw = torch.zeros_like(weight) if need_weight else None
+    itemsize = hidden.element_size()
+    chunk = budgets.grad_chunk_columns(tokens, valid, itemsize, blocks.v)
+    target, stats = local_target.contiguous(), row_stats.contiguous()
+    for start in range(0, valid if tokens > 0 else 0, chunk):
+        stop = min(valid, start + chunk)
+        dz = torch.empty(tokens, stop - start, dtype=hidden.dtype, device=hidden.device)
+        grid = (triton.cdiv(tokens, blocks.n), triton.cdiv(stop - start, blocks.v))
+        launch(_grad_logits_kernel, grid)(
+            hidden,
+            weight,
+            target,
+            stats,
+            dz,
+            tokens,
+            start,
+            stop,
+            h,
+            float(inv_t),
+            **matmul,
+            BLOCK_N=blocks.n,
+            BLOCK_V=blocks.v,
+            BLOCK_K=blocks.k,
+            num_warps=blocks.num_warps,
+        )
+        if dx is not None:
+            dx += _mm_fp32(dz, weight[start:stop])
+        if dw is not None:
+            dw[start:stop] = _mm_fp32(dz.T, hidden)
+    return (None if dx is None else dx.to(hidden.dtype)), dw

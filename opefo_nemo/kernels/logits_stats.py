@@ -19,7 +19,7 @@ import triton.language as tl
 from torch import Tensor
 
 from .partials import SUM_COLUMNS, ShardPartials
-from .tiles import count_bad, grad_tile, merge_tile, store_sums
+from .tiles import count_bad, grad_tile, launch, merge_tile, store_sums
 
 #: Widest vocabulary tile a program holds (fp32 registers per row).
 MAX_BLOCK_V = 4096
@@ -150,7 +150,7 @@ def shard_partials(
     if tokens == 0:
         return ShardPartials(out.local_max, out.sums, out.target_logit, out.bad.bool())
     block_v = block_v or default_block_v(valid)
-    _partials_kernel[(triton.cdiv(tokens, block_n),)](
+    launch(_partials_kernel, (triton.cdiv(tokens, block_n),))(
         logits,
         logits.stride(0),
         local_target.contiguous(),
@@ -201,7 +201,7 @@ def shard_logits_grad(
     if tokens == 0 or width == 0:
         return grad.zero_()
     block_v = block_v or default_block_v(width)
-    _grad_kernel[(triton.cdiv(tokens, block_n),)](
+    launch(_grad_kernel, (triton.cdiv(tokens, block_n),))(
         logits,
         grad,
         logits.stride(0),

@@ -8,8 +8,18 @@ vocabulary columns, ``−inf`` in the columns that are not real vocabulary (past
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import triton
 import triton.language as tl
+
+
+def launch(kernel: Any, grid: tuple[int, ...]) -> Callable[..., None]:
+    """``kernel[grid]``: Triton's launcher, which takes plain Python values for the kernel's
+    ``tl.constexpr`` parameters and launch options such as ``num_warps`` (the kernel's own
+    annotations, ``tl.constexpr``, do not describe what a caller passes)."""
+    return kernel[grid]
 
 
 @triton.jit
@@ -37,7 +47,7 @@ def merge_tile(z, m, s0, s1, s2, s3, s4, s5, inv_t, SQUARES: tl.constexpr, CUBES
     alpha = tl.where(was_empty, 0.0, tl.exp(delta))
     base = tl.where(new_m == float("-inf"), 0.0, new_m)
     d = (z - base[:, None]) * inv_t
-    e = tl.exp(d)
+    e = tl.exp(d)  # type: ignore[var-annotated, unused-ignore]  # untyped triton.language, per mypy cache
     s0, s1 = _merge_power(s0, s1, alpha, delta, e, d)
     if SQUARES:
         s2, s3 = _merge_power(s2, s3, alpha * alpha, delta, e * e, d)

@@ -10,7 +10,8 @@ Keys read (absent ones take the default shown; the ``hf`` engine has no parallel
     rollout.max_new_tokens, rollout.gpu_memory_utilization [0: vLLM not on the training GPUs]
     data.max_prompt_tokens, data.train, data.validation
     trainer.prompts_per_step, trainer.responses_per_prompt, method.updates_per_rollout
-    model.path, model.embedded [false], run.output_dir, checkpoint.resume
+    model.path, model.embedded [false], model.packaged [null] (either: the model is made at
+    start-up, its path is not checked), run.output_dir, checkpoint.resume
 
 Precision: the ``hf`` engine keeps weights, gradients and both AdamW moments in ``engine.dtype``;
 every other engine is Megatron mixed precision (``dtype`` weights, fp32 main gradients, fp32 master
@@ -34,7 +35,7 @@ from .plan import LaunchPlan
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 RUNTIME_OVERHEAD_BYTES = 2 * GIB
 VLLM_ASLEEP_BYTES = 1 * GIB
-SYNTHETIC_DATA = ("arithmetic",)
+SYNTHETIC_DATA = ("arithmetic", "word_arithmetic")
 """``data.train`` values that name a built-in task instead of a file."""
 
 
@@ -122,7 +123,7 @@ def plan_from_config(
     data_parallel = max(world_size // max(tp * pp, 1), 1)
     micro_batches = prompts * responses // max(updates, 1) // data_parallel
     micro_batches = max(micro_batches // settings.micro_batch_size, 1)
-    embedded = bool(model.get("embedded", False))
+    built_at_start = bool(model.get("embedded", False)) or bool(model.get("packaged"))
     data_paths = tuple(
         str(data[key])
         for key in ("train", "validation")
@@ -142,7 +143,7 @@ def plan_from_config(
         sequence_parallel=bool(engine.get("sequence_parallel", False)),
         shape=_model_shape(model),
         gpu_memory_bytes=gpu_memory_bytes,
-        model_path=None if embedded or not model.get("path") else str(model["path"]),
+        model_path=None if built_at_start or not model.get("path") else str(model["path"]),
         data_paths=data_paths,
         checkpoint_dir=str(Path(_required(_section(config, "run"), "run", "output_dir"))),
         resume_path=str(resume) if resume and str(resume) not in ("auto", "latest") else None,

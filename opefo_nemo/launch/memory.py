@@ -11,9 +11,10 @@ first stage, the output layer on the last; the vocabulary padded to a multiple o
                   / DP with the distributed optimizer   mixed precision; 2·param_bytes without)
     activations = tokens · layers_per_stage · in_flight · per_token_layer
     logits      = tokens · V_pad / TP · (activation_bytes + 4)    (last stage; fp32 for the stats)
-                  (tokens + V_pad / TP) · h · 4 with ``engine.stats_kernel=fused_linear``: no
-                  logits, only the fused backward's fp32 gradient buffers of the hidden states
-                  and the output weight shard
+                  with ``engine.stats_kernel=fused_linear`` no logits, only the fused
+                  backward's buffers (``kernels.budgets.fused_backward_bytes``): fp32
+                  ``[tokens, h]`` accumulators, one vocabulary chunk's gradient (at most 64 MiB)
+                  and the output weight shard's gradient in ``activation_bytes``
     entropy gradient = P · grad_bytes              (a method that corrects its update,
                   / DP with the distributed optimizer   entropy_neutral: ∇θ H̄ kept in the
                                                    optimizer's layout during the update)
@@ -42,6 +43,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
+from ..kernels.budgets import GRAD_BLOCKS_V, fused_backward_bytes
 from ..models.shape import ModelShape, padded_vocab_size
 from .layout import ParallelLayout
 
@@ -220,8 +222,10 @@ def output_layer_bytes(
 ) -> int:
     """The last stage's statistics memory beyond the activations (module docstring, ``logits``):
     the ``[tokens, V_pad/TP]`` logits and their fp32 copy, or, with the output layer fused into
-    the statistics, the fp32 gradient buffers ``[tokens, h]`` and ``[V_pad/TP, h]``."""
+    the statistics, what its backward allocates (``kernels.budgets.fused_backward_bytes``)."""
     shard = vocab // layout.tensor
     if settings.fused_output_layer:
-        return (tokens + shard) * shape.hidden_size * 4
+        return fused_backward_bytes(
+            tokens, shard, shape.hidden_size, settings.activation_bytes, GRAD_BLOCKS_V
+        )
     return tokens * shard * (settings.activation_bytes + 4)

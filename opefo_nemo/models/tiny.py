@@ -18,6 +18,7 @@ import shutil
 import string
 import tempfile
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -93,6 +94,13 @@ def decode(ids: list[int]) -> str:
 def _qwen2_config(spec: TinyModelSpec):
     from transformers import Qwen2Config
 
+    # Written into config.json under these names, which vLLM and every transformers release
+    # read; transformers 5 takes them as extra keyword arguments, not named parameters.
+    written: dict[str, Any] = {
+        "head_dim": spec.head_dim,
+        "rope_theta": spec.rope_theta,
+        "torch_dtype": "float32",
+    }
     return Qwen2Config(
         vocab_size=len(VOCAB),
         hidden_size=spec.hidden_size,
@@ -100,15 +108,13 @@ def _qwen2_config(spec: TinyModelSpec):
         num_hidden_layers=spec.num_hidden_layers,
         num_attention_heads=spec.num_attention_heads,
         num_key_value_heads=spec.num_key_value_heads,
-        head_dim=spec.head_dim,
         max_position_embeddings=spec.max_position_embeddings,
-        rope_theta=spec.rope_theta,
         tie_word_embeddings=spec.tie_word_embeddings,
         initializer_range=spec.initializer_range,
         bos_token_id=BOS_ID,
         eos_token_id=EOS_ID,
         pad_token_id=PAD_ID,
-        torch_dtype="float32",
+        **written,
     )
 
 
@@ -162,7 +168,7 @@ def build_tiny_model(
     try:
         generator_state = torch.random.get_rng_state()
         torch.manual_seed(seed)
-        model = Qwen2ForCausalLM(_qwen2_config(spec)).to(torch.float32)
+        model = Qwen2ForCausalLM(_qwen2_config(spec)).to(torch.float32)  # type: ignore[arg-type]  # transformers wraps Module.to untyped
         torch.random.set_rng_state(generator_state)
         model.save_pretrained(staging, safe_serialization=True)
         _save_tokenizer(staging / TOKENIZER_SUBDIR, spec.max_position_embeddings)

@@ -52,7 +52,7 @@ class _LinearTokenStats(torch.autograd.Function):
     recomputes the logit tiles from the saved inputs and the global row statistics."""
 
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, plan: _LinearPlan):  # type: ignore[override]
+    def forward(ctx, hidden: Tensor, weight: Tensor, target: Tensor, plan: _LinearPlan):
         chunk = _stats(hidden, weight, target, plan)
         outputs = (chunk.logprob, chunk.entropy, chunk.local_bad)
         outputs += tuple(chunk.sums[name] for name in plan.sums)
@@ -63,7 +63,7 @@ class _LinearTokenStats(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None, *_):  # type: ignore[override]
+    def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None, *_):
         if grad_logprob is None and grad_entropy is None:
             return None, None, None, None
         hidden, weight, target, row_max, log_sum_exp, entropy = ctx.saved_tensors

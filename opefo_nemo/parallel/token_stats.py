@@ -108,7 +108,7 @@ class _VocabParallelTokenStats(torch.autograd.Function):
     saved input logits and the saved global row statistics (no fp32 softmax is kept)."""
 
     @staticmethod
-    def forward(ctx, logits: Tensor, targets: Tensor, plan: _Plan):  # type: ignore[override]
+    def forward(ctx, logits: Tensor, targets: Tensor, plan: _Plan):
         chunks = _forward(logits, targets, plan)
         names = ("logprob", "entropy", "local_bad", *plan.sums)
         outputs = tuple(_cat(chunks, name, logits) for name in names)
@@ -125,7 +125,7 @@ class _VocabParallelTokenStats(torch.autograd.Function):
         return outputs
 
     @staticmethod
-    def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None, *_):  # type: ignore[override]
+    def backward(ctx, grad_logprob: Tensor | None, grad_entropy: Tensor | None, *_):
         if grad_logprob is None and grad_entropy is None:
             return None, None, None
         logits, targets, row_max, log_sum_exp, entropy = ctx.saved_tensors
@@ -153,7 +153,7 @@ def check_targets(targets: Tensor, vocab_size: int) -> None:
         raise TypeError(f"targets must be int64 vocabulary ids, got {targets.dtype}")
     bad = (targets < 0) | (targets >= vocab_size)
     if bool(bad.any()):
-        where = torch.nonzero(bad.reshape(-1))[0].item()
+        where = int(torch.nonzero(bad.reshape(-1))[0].item())
         raise ValueError(
             f"target id {int(targets.reshape(-1)[where])} at flat position {where} is outside the "
             f"vocabulary [0, {vocab_size}) ({int(bad.sum())} such targets)"

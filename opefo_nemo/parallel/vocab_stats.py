@@ -75,7 +75,7 @@ def _shifted(logits: Tensor, row_max: Tensor, inv_t: float) -> Tensor:
     return d
 
 
-def _all_reduce(t: Tensor, op: dist.ReduceOp, group: dist.ProcessGroup | None) -> None:
+def _all_reduce(t: Tensor, op: dist.ReduceOp.RedOpType, group: dist.ProcessGroup | None) -> None:
     if group is not None and dist.get_world_size(group) > 1:
         dist.all_reduce(t, op=op, group=group)
 
@@ -215,6 +215,7 @@ def chunk_backward_into(
     logits = logits[:, : shard.valid]
     log_p = _shifted(logits, row_max, inv_t).sub_(log_sum_exp[:, None])
     if grad_entropy is None:
+        assert grad_logprob is not None  # the autograd function passes at least one
         grad = log_p.exp_().mul_(-grad_logprob[:, None])
     else:
         coef = grad_entropy * entropy

@@ -56,6 +56,31 @@ PANELS = (
         zero_line=True,
         clipped_only=True,
     ),
+    Panel(
+        "P by the sign of the advantage",
+        ("flow/pos_adv_pos", "flow/pos_adv_neg"),
+        FLOW,
+        key_names=("A > 0", "A < 0"),
+    ),
+    Panel(
+        "N by the sign of the advantage",
+        ("flow/neg_adv_pos", "flow/neg_adv_neg"),
+        FLOW,
+        key_names=("A > 0", "A < 0"),
+    ),
+    Panel(
+        "advantage shift Σ(w − 1)A / Σ|A|",
+        ("flow/adv_shift", "flow/adv_shift_confident"),
+        "shift",
+        key_names=("all tokens", "confident tokens"),
+        zero_line=True,
+    ),
+    Panel(
+        "confident tokens (π(y) > metrics.confident_prob)",
+        ("flow/confident_tokens", "flow/confident_abs_dh"),
+        "share",
+        key_names=("of the tokens", "of Σ|ΔH|"),
+    ),
 )
 
 

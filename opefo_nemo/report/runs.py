@@ -186,14 +186,15 @@ def group_runs(runs: Sequence[Run]) -> list[Group]:
 
 def _label(found: tuple[Run, ...], groups: Iterable[tuple[Run, ...]]) -> str:
     first = found[0]
-    if first.config is None:
+    config = first.config
+    if config is None:
         return first.path.name
     name = str(first.method)
     same_method = [g[0] for g in groups if g[0].config is not None and g[0].method == first.method]
     if len(same_method) == 1:
         return name
-    mine = settings(first.config)
-    others = [settings(run.config) for run in same_method if run is not first]
+    mine = settings(config)
+    others = [settings(run.config) for run in same_method if run is not first and run.config]
     keys = set(mine).union(*others)
     differing = sorted(k for k in keys if any(o.get(k, "—") != mine.get(k, "—") for o in others))
     shown = ", ".join(f"{k}={mine.get(k, '—')}" for k in differing[:2])

@@ -2,7 +2,10 @@
 
 Per run, over its logged values: the means of the first and of the last ``window`` values
 (entropy, reward, response length), the relative entropy change ``(last − first) / first``, the
-mean |λ*|, the mean net flow ``P − N`` and the sum of ``flow/realized``. Per group, each figure is
+reward's rise ``last − first``, the mean |λ*| over the run and over its first ``EARLY_STEPS``
+logged steps (before a collapse changes the regime), the mean advantage shift over all and over
+the confident tokens, the mean net flow ``P − N`` and the mean of ``flow/realized`` (the entropy
+change an update realized, where it was measured). Per group, each figure is
 the mean over its runs, followed by ``± s`` (the sample standard deviation over seeds) when
 several runs have it; ``–`` where no run logged the metric.
 """
@@ -44,12 +47,28 @@ def _relative_change(run: Run, window: int) -> float | None:
     return 100.0 * (edges[1] - edges[0]) / abs(edges[0])
 
 
-def _over_run(key: str, reduce: Callable[[np.ndarray], float]) -> Figure:
+def _reward_rise(run: Run, window: int) -> float | None:
+    edges = edge_means(run, "reward/mean", window)
+    return None if edges is None else edges[1] - edges[0]
+
+
+def _over_run(key: str, reduce: Callable[[np.ndarray], float], steps: int | None = None) -> Figure:
+    """``reduce`` of ``key``'s logged values (the first ``steps`` of them when given)."""
+
     def figure(run: Run, window: int) -> float | None:
         _, values = run.series(key)
+        values = values[:steps]
         return float(reduce(values)) if len(values) else None
 
     return figure
+
+
+#: Steps over which the early |λ*| is averaged (the regime a run starts in).
+EARLY_STEPS = 20
+
+
+def _mean_abs(values: np.ndarray) -> float:
+    return float(np.abs(values).mean())
 
 
 #: ``(column, figure of one run, format of the mean)``; deviations get two significant digits.
@@ -59,11 +78,15 @@ COLUMNS: tuple[tuple[str, Figure, str], ...] = (
     ("H change %", _relative_change, "{:+.1f}"),
     ("reward first", _first("reward/mean"), "{:.3f}"),
     ("reward last", _last("reward/mean"), "{:.3f}"),
+    ("reward rise", _reward_rise, "{:+.3f}"),
     ("length first", _first("response/length_mean"), "{:.2f}"),
     ("length last", _last("response/length_mean"), "{:.2f}"),
-    ("mean abs λ*", _over_run("flow/lambda", lambda v: np.abs(v).mean()), "{:.3f}"),
+    ("mean abs λ*", _over_run("flow/lambda", _mean_abs), "{:.3f}"),
+    (f"abs λ* steps 1–{EARLY_STEPS}", _over_run("flow/lambda", _mean_abs, EARLY_STEPS), "{:.3f}"),
+    ("adv shift", _over_run("flow/adv_shift", np.mean), "{:+.3f}"),
+    ("confident shift", _over_run("flow/adv_shift_confident", np.mean), "{:+.3f}"),
     ("mean P − N", _over_run("flow/net", np.mean), "{:.3g}"),
-    ("Σ realized", _over_run("flow/realized", np.sum), "{:.3g}"),
+    ("mean realized", _over_run("flow/realized", np.mean), "{:.3g}"),
 )
 
 
@@ -98,10 +121,14 @@ def summary_markdown(
         "# Training report",
         "",
         f"{len(runs)} run(s) in {len(groups)} group(s). First / last: means over the first and the "
-        f"last {window} logged steps of each run; H change = (last − first) / first. With several "
+        f"last {window} logged steps of each run; H change = (last − first) / first, reward rise "
+        f"= last − first. abs λ*: mean |λ*| over the run and over its first {EARLY_STEPS} steps; "
+        "adv shift / confident shift: mean `flow/adv_shift` / `flow/adv_shift_confident` "
+        "(Σ (w − 1) A / Σ |A| of the applied weights, spec §6). With several "
         "seeds: mean ± sample standard deviation over seeds. P − N sums ΔH over one optimizer "
         "step's batch (spec §3; with several updates per rollout, the mean over its mini-batch "
-        "steps); Σ realized sums `flow/realized` (logged every `metrics.realized_every` steps).",
+        "steps); mean realized: mean `flow/realized` (logged every `metrics.realized_every` "
+        "steps).",
         f"Figure (report.png): each run smoothed by a {smooth}-step trailing moving average; "
         "lines are the mean over seeds, bands span their minimum to maximum.",
         "",

@@ -19,6 +19,7 @@ import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
+from typing import Any, cast
 
 from opefo_nemo.rewards.result import ERROR, TIMEOUT, RewardConfig, RewardResult
 from opefo_nemo.rewards.scoring import score_with_config
@@ -41,7 +42,7 @@ def _worker_main(conn: Connection, config: RewardConfig) -> None:
 
 
 class _Worker:
-    def __init__(self, context: multiprocessing.context.BaseContext, config: RewardConfig):
+    def __init__(self, context: Any, config: RewardConfig):  # a multiprocessing context
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(
             target=_worker_main, args=(child_conn, config), daemon=True, name="opefo-reward"
@@ -135,7 +136,8 @@ class RewardPool:
             if not busy:
                 continue
             next_deadline = min(deadline for _, _, deadline in busy.values())
-            for conn in wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic())):
+            ready = wait(list(busy), timeout=max(0.0, next_deadline - time.monotonic()))
+            for conn in cast("list[Connection]", ready):  # wait returns what it was given
                 worker, index, _ = busy.pop(conn)
                 try:
                     _, value, answer, reason = conn.recv()

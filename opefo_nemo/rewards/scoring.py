@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
 from opefo_nemo.rewards.answer import extract_answer, normalize_answer
 from opefo_nemo.rewards.dapo import dapo_answer, dapo_correct
@@ -24,13 +25,16 @@ from opefo_nemo.rewards.result import (
 )
 from opefo_nemo.rewards.time_limit import VerificationTimeout, time_limit
 
+if TYPE_CHECKING:
+    from opefo_nemo.rewards.pool import RewardPool
+
 
 def resolve_config(
     verifier: str | None, config: RewardConfig | None, timeout_s: float | None = None
 ) -> RewardConfig:
     """`config` (default `RewardConfig()`) with `verifier` and `timeout_s` applied when given."""
     config = config if config is not None else RewardConfig()
-    changes: dict[str, object] = {}
+    changes: dict[str, Any] = {}
     if verifier is not None:
         changes["verifier"] = verifier
     if timeout_s is not None:
@@ -109,7 +113,7 @@ def score_batch(
     config: RewardConfig | None = None,
     workers: int = 0,
     timeout_s: float | None = None,
-    pool: object | None = None,
+    pool: RewardPool | None = None,
 ) -> list[RewardResult]:
     """Score `responses[i]` against `ground_truths[i]`; results in input order.
 

@@ -78,10 +78,10 @@ def parse_prediction(response: str) -> list:
     the whole response (possibly empty)."""
     *focused, whole = focus_candidates(response)
     for text in focused:
-        parsed = parse(text, list(_PREDICTION_EXTRACTION), parsing_timeout=None)
+        parsed = parse(text, list(_PREDICTION_EXTRACTION), parsing_timeout=None)  # type: ignore[arg-type]  # None: no signal-based timeout
         if _has_expression(parsed) and not _is_prose(text):
             return parsed
-    return parse(whole, list(_PREDICTION_EXTRACTION), parsing_timeout=None)
+    return parse(whole, list(_PREDICTION_EXTRACTION), parsing_timeout=None)  # type: ignore[arg-type]  # None: no signal-based timeout
 
 
 def verify_symbolic(response: str, ground_truth: str) -> tuple[bool | None, str | None, bool]:
@@ -90,7 +90,7 @@ def verify_symbolic(response: str, ground_truth: str) -> tuple[bool | None, str 
     Returns (verdict, extracted answer, gold_parsed): verdict is None when no answer was found
     in the response; gold_parsed is False when the gold answer itself could not be parsed.
     """
-    gold = parse("\\boxed{" + ground_truth + "}", list(_GOLD_EXTRACTION), parsing_timeout=None)
+    gold = parse("\\boxed{" + ground_truth + "}", list(_GOLD_EXTRACTION), parsing_timeout=None)  # type: ignore[arg-type]  # None: no signal-based timeout
     prediction = parse_prediction(response)
     answer = _extracted_text(prediction)
     if not prediction:

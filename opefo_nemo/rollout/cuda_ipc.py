@@ -1,4 +1,5 @@
-"""Weight transfer by CUDA IPC handles, for a trainer and vLLM servers sharing GPUs.
+"""Weight transfer by CUDA IPC handles, for a trainer and vLLM servers sharing GPUs. Needs CUDA
+beyond refusing CPU tensors (left out of CPU coverage: docs/verification.md).
 
 NOT VERIFIED: no GPU (and no GPU build of vLLM) was available when this was written; only the
 shared-memory path (``shm.py``) is tested. The reasoning it rests on:

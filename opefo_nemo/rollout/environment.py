@@ -84,7 +84,7 @@ def foreign_imports(
     """Why a server with ``report`` (:func:`imported_from`) must not run: torch or vLLM taken
     from the trainer's site-packages although the server runs in another environment. Empty
     when the server shares the trainer's environment (nothing to separate) or all is well."""
-    if os.path.realpath(report["prefix"]) == os.path.realpath(trainer_prefix):
+    if os.path.realpath(str(report["prefix"])) == os.path.realpath(trainer_prefix):
         return []
     trainer_sites = list(trainer_sites)
     return [
@@ -92,7 +92,7 @@ def foreign_imports(
         f"({trainer_prefix}), but the rollout environment is {report['prefix']} "
         f"(interpreter {report['python']}): its PYTHONPATH reaches the trainer's site-packages"
         for name in ("torch", "vllm")
-        if is_inside(report[f"{name}_path"], trainer_sites)
+        if is_inside(str(report[f"{name}_path"]), trainer_sites)
     ]
 
 

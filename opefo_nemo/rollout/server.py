@@ -64,6 +64,13 @@ def _build_llm(args: argparse.Namespace):
     from vllm.platforms import current_platform
 
     on_cpu = current_platform.is_cpu()
+    # On CPU a seeded request whose prompt is prefilled in chunks makes vLLM rewind its sampling
+    # generator, which CPU generators cannot do (RuntimeError): prefill whole prompts there.
+    cpu_scheduling = (
+        {"enable_chunked_prefill": False, "max_num_batched_tokens": max(args.max_model_len, 4096)}
+        if on_cpu
+        else {}
+    )
     return LLM(
         model=args.model,
         skip_tokenizer_init=True,
@@ -75,6 +82,7 @@ def _build_llm(args: argparse.Namespace):
         enable_sleep_mode=not on_cpu,
         gpu_memory_utilization=args.gpu_memory_utilization,
         tensor_parallel_size=args.tensor_parallel_size,
+        **cpu_scheduling,
     ), on_cpu
 
 

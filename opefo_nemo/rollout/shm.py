@@ -17,7 +17,7 @@ import mmap
 import os
 import re
 import secrets
-from collections.abc import Iterable, Iterator
+from collections.abc import Generator, Iterable
 from pathlib import Path
 
 import torch
@@ -65,7 +65,7 @@ class SharedSegment:
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
         try:
             os.ftruncate(fd, size)
-            self._map = mmap.mmap(fd, size)
+            self._map: mmap.mmap | None = mmap.mmap(fd, size)
         finally:
             os.close(fd)
         self.bytes = torch.frombuffer(self._map, dtype=torch.uint8)
@@ -81,7 +81,7 @@ class SharedSegment:
 
 def pack_chunks(
     named_weights: Iterable[tuple[str, torch.Tensor]], chunk_bytes: int, directory: Path
-) -> Iterator[tuple[SharedSegment, list[dict]]]:
+) -> Generator[tuple[SharedSegment, list[dict]], None, None]:
     """Yield ``(segment, table)`` per chunk; the segment's content is valid until the next yield.
 
     Each tensor is copied (as raw bytes, any device → host) into the segment at a 64-byte aligned
@@ -113,7 +113,7 @@ def pack_chunks(
                 }
             )
             offset = _aligned(offset + nbytes)
-        if table:
+        if segment is not None and table:
             yield segment, table
     finally:
         if segment is not None:
@@ -152,7 +152,7 @@ def read_chunk(
 
 def remove_stale_segments(directory: Path) -> list[str]:
     """Unlink segments whose creating process is gone; returns their names."""
-    removed = []
+    removed: list[str] = []
     if not directory.is_dir():
         return removed
     for path in directory.iterdir():

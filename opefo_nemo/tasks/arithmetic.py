@@ -9,10 +9,15 @@ term when there is one, and ends with the sum after a lone ``=``::
 
 Step ``i`` (``i = 0`` the units) is ``"{a_i}+{b_i}=s_i"`` or ``"{a_i}+{b_i}+1=s_i"`` with
 ``s_i = a_i + b_i + c_i``, ``c_0 = 0``, ``c_{i+1} = s_i // 10``; the answer is ``s_{d-1}`` written
-in full followed by the units digits of ``s_{d-2}, …, s_0``. Every character is in the tiny
-model's alphabet (:data:`opefo_nemo.models.tiny.ALPHABET`), one token each. The verifier scores
-the final answer only. Problems are drawn with a seeded generator, so the training and validation
-sets are the same on every machine; the validation problems are disjoint from the training ones.
+in full followed by the units digits of ``s_{d-2}, …, s_0``. A solution may also be written in
+other, equally correct ways: a column's two digits swapped, its carry first, a missing carry
+written as ``+0``, a step followed by another separator than the space
+(``"8+7+0=15,1+4+3=8 =85"``): the warm start of the ``orders`` task
+(``conf/model/tiny_arithmetic_orders.yaml``) writes them so at uneven odds. Every character is
+in the tiny model's alphabet (:data:`opefo_nemo.models.tiny.ALPHABET`), one token each. The
+verifier scores the final answer only. Problems are drawn with a seeded generator, so the
+training and validation sets are the same on every machine; the validation problems are disjoint
+from the training ones.
 """
 
 from __future__ import annotations
@@ -43,37 +48,69 @@ def operands(prompt: str) -> tuple[int, int]:
 
 
 def worked_solution(
-    a: int, b: int, slip_rate: float = 0.0, rng: random.Random | None = None
+    a: int,
+    b: int,
+    slip_rate: float = 0.0,
+    rng: random.Random | None = None,
+    *,
+    slips: tuple[int, ...] = SLIPS,
+    swap_rate: float = 0.0,
+    carry_first_rate: float = 0.0,
+    zero_carry_rate: float = 0.0,
+    separators: str = "",
+    separator_rate: float = 0.0,
 ) -> str:
     """The column-by-column solution of ``a + b`` (module docstring), without end-of-sequence.
 
     The number of columns is the longer operand's digit count. With ``slip_rate > 0`` each
     column's sum is, with that probability, off by a slip ``δ`` drawn uniformly from those of
-    ``SLIPS`` that keep it within ``0..19``, and the carries and the answer follow the slipped
-    sums, as a careless but consistent writer would: the answer is then wrong.
+    ``slips`` that keep it within ``0..19`` (none: no slip), and the carries and the answer follow
+    the slipped sums, as a careless but consistent writer would: the answer is then wrong.
+    Harmless choices, each column independently: with probability ``swap_rate`` its two digits
+    are written in the other order; a carry is written first with probability
+    ``carry_first_rate`` (else last); a column without a carry writes it as ``+0`` with
+    probability ``zero_carry_rate``; and each step is followed, with probability
+    ``separator_rate``, by one of ``separators`` (uniformly) instead of the space. A rate of 0
+    draws nothing from ``rng``. The answer is always after a space (the verifier's field).
     """
-    if slip_rate and rng is None:
-        raise ValueError("worked_solution: slip_rate > 0 needs an rng")
+    rates = (slip_rate, swap_rate, carry_first_rate, zero_carry_rate, separator_rate)
+    if any(rates) and rng is None:
+        raise ValueError("worked_solution: a slip or writing-choice rate > 0 needs an rng")
+    rng = rng if rng is not None else random.Random(0)  # drawn from only when a rate is > 0
+    if separator_rate and not separators:
+        raise ValueError("worked_solution: separator_rate > 0 needs separators")
     digits_a, digits_b = str(a)[::-1], str(b)[::-1]
     steps, units, carry = [], [], 0
-    for i in range(max(len(digits_a), len(digits_b))):
+    width = max(len(digits_a), len(digits_b))
+    for i in range(width):
         x = int(digits_a[i]) if i < len(digits_a) else 0
         y = int(digits_b[i]) if i < len(digits_b) else 0
         total = x + y + carry
         if slip_rate and rng.random() < slip_rate:
-            total += rng.choice([d for d in SLIPS if 0 <= total + d <= 19])
-        steps.append(f"{x}+{y}" + ("+1" if carry else "") + f"={total}")
+            possible = [d for d in slips if 0 <= total + d <= 19]
+            total += rng.choice(possible) if possible else 0
+        terms = [str(y), str(x)] if swap_rate and rng.random() < swap_rate else [str(x), str(y)]
+        if carry:
+            first = carry_first_rate and rng.random() < carry_first_rate
+            terms = ["1", *terms] if first else [*terms, "1"]
+        elif zero_carry_rate and rng.random() < zero_carry_rate:
+            terms.append("0")
+        separator = " "
+        if i < width - 1 and separator_rate and rng.random() < separator_rate:
+            separator = rng.choice(separators)
+        steps.append("+".join(terms) + f"={total}" + separator)
         units.append(str(total % 10))
         carry = total // 10
     answer = str(total) + "".join(reversed(units[:-1]))
-    return " ".join(steps) + f" ={answer}"
+    return "".join(steps) + f"={answer}"
 
 
-def make_problems(
+def operand_pairs(
     digits: int, num_train: int, num_validation: int, seed: int
-) -> tuple[list[Problem], list[Problem]]:
-    """``num_train`` training and ``num_validation`` validation problems, disjoint, drawn without
-    replacement from all pairs of ``digits``-digit operands (fewer if the space is smaller)."""
+) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
+    """``num_train`` training and ``num_validation`` validation operand pairs, disjoint, drawn
+    without replacement from all pairs of ``digits``-digit operands (fewer if the space is
+    smaller; one digit: 0..9)."""
     low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
     pairs = [(a, b) for a in range(low, high) for b in range(low, high)]
     random.Random(seed).shuffle(pairs)
@@ -82,14 +119,20 @@ def make_problems(
             f"data.arithmetic: only {len(pairs)} distinct problems; num_validation "
             f"({num_validation}) leaves none for training"
         )
+    return pairs[num_validation : num_validation + num_train], pairs[:num_validation]
+
+
+def make_problems(
+    digits: int, num_train: int, num_validation: int, seed: int
+) -> tuple[list[Problem], list[Problem]]:
+    """Training and validation problems ``"a+b="`` of :func:`operand_pairs`."""
 
     def problem(a: int, b: int) -> Problem:
         text, answer = problem_text(a, b), str(a + b)
         return Problem(prompt_id_for(SOURCE, text, answer), text, answer, SOURCE)
 
-    validation = [problem(*p) for p in pairs[:num_validation]]
-    train = [problem(*p) for p in pairs[num_validation : num_validation + num_train]]
-    return train, validation
+    train, validation = operand_pairs(digits, num_train, num_validation, seed)
+    return [problem(*p) for p in train], [problem(*p) for p in validation]
 
 
 def score_final_answer(

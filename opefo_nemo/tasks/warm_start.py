@@ -12,6 +12,7 @@ sharpening the policy, and whose entropy it collapses.
 from __future__ import annotations
 
 import json
+import logging
 import random
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -22,6 +23,9 @@ import torch
 from ..models.transformers_compat import load_causal_lm
 
 RECIPE_FILE = "opefo_warm_start.json"
+#: A progress line (step, loss) every this many supervised steps.
+LOG_EVERY = 50
+log = logging.getLogger(__name__)
 
 
 def supervised_warm_start(
@@ -59,6 +63,8 @@ def supervised_warm_start(
         optimizer.zero_grad(set_to_none=True)
         loss.backward()
         optimizer.step()
+        if (step + 1) % LOG_EVERY == 0 or step + 1 == steps:
+            log.info("warm start: step %d of %d, loss %.4f", step + 1, steps, float(loss))
     staging = out_dir.parent / f".{out_dir.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)

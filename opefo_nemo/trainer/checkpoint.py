@@ -41,10 +41,12 @@ def list_checkpoints(root: Path) -> list[Path]:
     """Complete checkpoints under ``root``, oldest first."""
     if not root.is_dir():
         return []
-    found = [
-        p for p in root.iterdir() if _NAME.match(p.name) and (p / "trainer_state.json").is_file()
-    ]
-    return sorted(found, key=lambda p: int(_NAME.match(p.name).group(1)))
+    found = []
+    for path in root.iterdir():
+        match = _NAME.match(path.name)
+        if match and (path / "trainer_state.json").is_file():
+            found.append((int(match.group(1)), path))
+    return [path for _, path in sorted(found)]
 
 
 def rng_file(rank: int) -> str:

@@ -21,6 +21,7 @@ from __future__ import annotations
 
 import dataclasses
 from collections.abc import Callable, Iterable, Iterator, Sequence
+from typing import cast
 
 from torch import Tensor
 
@@ -80,7 +81,8 @@ class ColocatedRollout:
         if self._restart_failed(gathered):
             gathered = self.ranks.gather(self._generate_share(prompts, share, n, sampling))
         self._raise_any(gathered, "failed to generate")
-        return [c for part in gathered for c in part]
+        parts = cast("list[list[Completion]]", gathered)  # _raise_any raised on a failure
+        return [c for part in parts for c in part]
 
     def update_weights(self, named_weights: Iterable[tuple[str, Tensor]]) -> None:
         """Every rank walks ``named_weights`` to its end; leaders load them."""
@@ -90,11 +92,11 @@ class ColocatedRollout:
 
     def sleep(self) -> None:
         if self.is_leader:
-            self.local.sleep()
+            self._engine.sleep()
 
     def wake(self, tags: Sequence[str] | None = None) -> None:
         if self.is_leader:
-            self.local.wake(tags)
+            self._engine.wake(tags)
 
     def close(self) -> None:
         if self.local is not None:
@@ -102,6 +104,12 @@ class ColocatedRollout:
             self.local = None
 
     # ----------------------------------------------------------------- internals
+    @property
+    def _engine(self) -> RolloutEngine:
+        """This leader's server (a leader holds one once started)."""
+        assert self.local is not None, "no rollout server on this rank"
+        return self.local
+
     def _start(self) -> _Failure | None:
         try:
             self.local = self.start_server(self.placement, self.server.index)
@@ -117,7 +125,7 @@ class ColocatedRollout:
         if sampling.seed is not None:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + share.start * n)
         try:
-            local = self.local.generate(prompts[share.start : share.stop], n, sampling)
+            local = self._engine.generate(prompts[share.start : share.stop], n, sampling)
         except TRANSPORT_FAILURES as error:
             return _Failure(str(error), restartable=True)
         except Exception as error:
@@ -128,7 +136,7 @@ class ColocatedRollout:
         stream = iter(named_weights)
         try:
             if load:
-                self.local.update_weights(stream)
+                self._engine.update_weights(stream)
         except TRANSPORT_FAILURES as error:
             return _Failure(str(error), restartable=True)
         except Exception as error:
@@ -152,7 +160,7 @@ class ColocatedRollout:
         self.restarts += 1
         restarting = self.ranks.rank in dead
         if restarting:
-            self.local.close()
+            self._engine.close()
         failure = self._start() if restarting else None
         self._raise_any(self.ranks.gather(failure), "could not restart its rollout server")
         failure = self._load(self.weights(), restarting)

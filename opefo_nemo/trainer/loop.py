@@ -24,15 +24,17 @@ import torch
 
 from ..config.train import TrainConfig
 from ..core import group_advantages
+from ..core.advantages import signal_fraction
 from ..core.metrics import RunningCorrelation, rollout_metrics, rollout_sums
 from ..core.objectives import build_objective
 from ..data import Problem
-from ..engines.batch import build_batch
+from ..engines.batch import TrainBatch, build_batch
 from ..engines.protocols import Policy
 from ..eval import avg_at_k
 from ..parallel import NonFiniteLogitsError
 from ..rollout import SamplingConfig
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from .colocated_rollout import ColocatedRollout
 from .metrics_log import MetricsLogger
 from .prompts import PromptCodec
 from .ranks import SINGLE_PROCESS, LoopRanks
@@ -91,6 +93,15 @@ def predicted_change(metrics: dict[str, float]) -> float | None:
     return predicted if abs(predicted) > 1e-6 * flows else None
 
 
+@dataclass(frozen=True)
+class CollectedRollout:
+    """One step's generated batch: the training batch (advantages included) and the rollout
+    metrics (reward, length, verifier outcomes, share of groups with signal, time)."""
+
+    batch: TrainBatch
+    metrics: dict[str, float]
+
+
 @dataclass
 class Dataset:
     """Problems with their encoded prompts (over-long ones already skipped)."""
@@ -108,7 +119,7 @@ class Trainer:
         config: TrainConfig,
         config_dict: dict[str, Any],
         policy: Policy,
-        rollout: GuardedRollout,
+        rollout: GuardedRollout | ColocatedRollout,
         codec: PromptCodec,
         train: Dataset,
         validation: Dataset | None,
@@ -138,16 +149,15 @@ class Trainer:
             log.info("generation stops at token ids %s", self.stop.describe(codec))
 
     # ----------------------------------------------------------------- one rollout step
-    def train_step(self) -> dict[str, float]:
-        """One rollout step; returns its metrics (the step counter is advanced by the caller)."""
+    def collect(self) -> CollectedRollout:
+        """The rollout half of a step: sample this step's prompts, generate K responses each,
+        score them and form the training batch with its group advantages (spec §4)."""
         cfg, k = self.config, self.config.trainer.responses_per_prompt
-        timings: dict[str, float] = {}
         start = time.perf_counter()
-
         indices = self.sampler.next_batch()
         prompts = [self.train.prompts[i] for i in indices]
         completions = self.rollout.generate(prompts, k, self._sampling(self.step))
-        timings["time/rollout_s"] = time.perf_counter() - start
+        rollout_s = time.perf_counter() - start
 
         problems = [self.train.problems[indices[c.prompt_index]] for c in completions]
         responses = [self.codec.decode(c.token_ids) for c in completions]
@@ -169,7 +179,22 @@ class Trainer:
             self.codec.pad_id,
             [c.logprobs for c in completions],
         )
-        timings["time/reward_s"] = time.perf_counter() - start - timings["time/rollout_s"]
+        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
+        metrics = rollout_metrics(rollout_sums(rewards, lengths, truncated))
+        metrics.update(reason_metrics(results))
+        metrics["reward/group_signal_frac"] = signal_fraction(rewards, group_ids)
+        if cfg.reward.overlong_buffer:
+            metrics["reward/overlong_penalty"] = sum(penalties) / max(len(penalties), 1)
+        metrics["time/rollout_s"] = rollout_s
+        metrics["time/reward_s"] = time.perf_counter() - start - rollout_s
+        return CollectedRollout(batch, metrics)
+
+    def train_step(self) -> dict[str, float]:
+        """One rollout step; returns its metrics (the step counter is advanced by the caller)."""
+        cfg, timings = self.config, {}
+        start = time.perf_counter()
+        collected = self.collect()
+        batch = collected.batch
         self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
 
         mark = time.perf_counter()
@@ -180,8 +205,9 @@ class Trainer:
                 self.objective,
                 batch,
                 micro,
-                seed=cfg.run.seed * 1_000_003 + self.step,
+                seed=self.update_seed(),
                 fidelity_threshold=cfg.metrics.fidelity_threshold,
+                confident_prob=cfg.metrics.confident_prob,
             )
         except NonFiniteLogitsError as error:
             log.warning("step %d: non-finite logits in the token-stats pass (%s)", self.step, error)
@@ -201,16 +227,16 @@ class Trainer:
         timings["time/weight_sync_s"] = time.perf_counter() - mark
 
         self.nan_guard.record(self.step, outcome.skipped_steps)
-        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
-        metrics.update(rollout_metrics(rollout_sums(rewards, lengths, truncated)))
-        metrics.update(reason_metrics(results))
-        if cfg.reward.overlong_buffer:
-            metrics["reward/overlong_penalty"] = sum(penalties) / max(len(penalties), 1)
+        metrics.update(collected.metrics)
         metrics.update(timings)
         metrics["train/skipped_updates"] = float(outcome.skipped_steps)
         metrics["data/epoch"] = float(self.sampler.epoch)
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics
+
+    def update_seed(self) -> int:
+        """The seed of this step's update (a method's randomness: Clip-Cov's subset)."""
+        return self.config.run.seed * 1_000_003 + self.step
 
     def _predictor_quality(self, metrics: dict[str, float]) -> dict[str, float]:
         """``flow/predictor_corr``: correlation of the step's :func:`predicted_change` with

@@ -67,7 +67,7 @@ class MetricsLogger:
             self._wandb = wandb.init(
                 project=config.wandb.project,
                 name=run_name,
-                mode=config.wandb.mode,
+                mode=config.wandb.mode,  # type: ignore[arg-type]  # wandb checks its own modes
                 dir=str(output_dir),
                 config=config_dict,
             )

@@ -10,6 +10,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from ..data import Problem, render_prompt
 
@@ -50,7 +51,8 @@ class PromptCodec:
         return ([int(bos)] if bos is not None else []) + ids
 
     def decode(self, ids: Sequence[int]) -> str:
-        return self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        text = self.tokenizer.decode(list(ids), skip_special_tokens=True)
+        return cast(str, text)  # one sequence of ids decodes to one string
 
 
 @dataclass(frozen=True)

@@ -22,7 +22,7 @@ from __future__ import annotations
 import os
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import TypeVar, cast
 
 import torch
 import torch.distributed as dist
@@ -74,9 +74,7 @@ class LoopRanks:
         if not dist.is_initialized():
             backend = "gloo"
             if torch.cuda.is_available():
-                local_rank = int(os.environ.get("LOCAL_RANK", rank % local_world_size))
-                torch.cuda.set_device(local_rank)
-                backend = "nccl"
+                backend = _select_cuda_device(rank, local_world_size)
             dist.init_process_group(backend, rank=rank, world_size=world_size)
         return cls(rank, world_size, local_world_size)
 
@@ -86,7 +84,7 @@ class LoopRanks:
             return compute()
         box = [compute() if self.is_main else None]
         dist.broadcast_object_list(box, src=0)
-        return box[0]
+        return cast(T, box[0])  # rank 0's result, on every rank
 
     def gather(self, item: T) -> list[T]:
         """Every rank's ``item``, in rank order, on every rank."""
@@ -112,3 +110,10 @@ class LoopRanks:
 
 SINGLE_PROCESS = LoopRanks()
 """The ranks of a one-process run: every operation is the identity."""
+
+
+def _select_cuda_device(rank: int, local_world_size: int) -> str:  # pragma: no cover
+    """CUDA only: this rank's GPU is ``LOCAL_RANK`` (else its index on the node); the backend is
+    NCCL."""
+    torch.cuda.set_device(int(os.environ.get("LOCAL_RANK", rank % local_world_size)))
+    return "nccl"

@@ -28,7 +28,7 @@ WEIGHTS = ("weights",)
 KV_CACHE = ("kv_cache",)
 
 
-def release_cached_memory() -> None:
+def release_cached_memory() -> None:  # pragma: no cover
     """Hand the CUDA caching allocator's unused blocks back to the device (no-op without CUDA)."""
     if torch.cuda.is_available() and torch.cuda.is_initialized():
         gc.collect()

@@ -1,7 +1,8 @@
 """Responses → rewards, with failures scored like a wrong answer and counted, never raised.
 
-``arithmetic`` is the embedded arithmetic task's verifier of a worked solution's final answer
-(1 / 0 unless ``reward.incorrect_score`` says otherwise); ``dapo``, ``answer`` and
+``arithmetic`` is the embedded arithmetic task's verifier of a worked solution's final answer and
+``last_number`` the word-problem task's of a response's last integer (1 / 0 unless
+``reward.incorrect_score`` says otherwise); ``dapo``, ``answer`` and
 ``math_verify`` are :mod:`opefo_nemo.rewards`' (which already turn a crashing or slow item into
 an ``error`` or ``timeout`` reason scored like a wrong answer). :func:`overlong_penalties` adds
 DAPO's optional length shaping from the responses' token counts.
@@ -11,30 +12,36 @@ from __future__ import annotations
 
 from collections import Counter
 from collections.abc import Sequence
+from typing import cast
 
 from ..config.train import RewardSettings
 from ..rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
-from ..rewards.result import ERROR
+from ..rewards.result import ERROR, Verifier
 from ..tasks.arithmetic import score_final_answer
+from ..tasks.word_arithmetic import score_last_number
+
+#: The verifiers of the built-in tasks (the others are :mod:`opefo_nemo.rewards`').
+TASK_VERIFIERS = {"arithmetic": score_final_answer, "last_number": score_last_number}
 
 
 def score_responses(
     responses: Sequence[str], ground_truths: Sequence[str], settings: RewardSettings
 ) -> list[RewardResult]:
     """One result per response, in order."""
-    if settings.verifier != "arithmetic":
+    if settings.verifier not in TASK_VERIFIERS:
         config = RewardConfig(
-            verifier=settings.verifier,
+            verifier=cast(Verifier, settings.verifier),  # validated by RewardSettings
             timeout_s=settings.timeout_s,
             wrong_score=settings.incorrect_score,
         )
         return score_batch(responses, ground_truths, config=config, workers=settings.workers)
     incorrect = 0.0 if settings.incorrect_score is None else settings.incorrect_score
     config = RewardConfig(wrong_score=incorrect)
+    verify = TASK_VERIFIERS[settings.verifier]
     results = []
     for response, truth in zip(responses, ground_truths, strict=True):
         try:
-            results.append(score_final_answer(response, truth, config))
+            results.append(verify(response, truth, config))
         except Exception:
             results.append(RewardResult(config.score_for(ERROR), None, ERROR))
     return results

@@ -21,17 +21,20 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config.train import DataConfig, TrainConfig
+from ..config.engines import MegatronEngineConfig
+from ..config.train import GENERATED_DATA, DataConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
 from ..engines.protocols import Policy
 from ..engines.startup import startup_problems
 from ..launch.placement import ColocatedPlacement, device_slices
+from ..models.packaged import converted_model
 from ..models.shape import ModelShape
 from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
 from ..tasks.arithmetic import make_problems, operands, worked_solution
 from ..tasks.warm_start import read_recipe, supervised_warm_start
+from ..tasks.word_arithmetic import make_word_problems
 from .colocated_rollout import ColocatedRollout
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
@@ -50,10 +53,23 @@ def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
     return make_problems(a.digits, a.num_train, a.num_validation, a.seed)
 
 
-def default_embedded_path() -> Path:
-    """Where the embedded model is built: ``$OPEFO_CACHE/tiny_arithmetic``, ``OPEFO_CACHE``
-    defaulting to ``.cache/opefo`` (``conf/model/tiny_arithmetic.yaml``)."""
-    return Path(os.environ.get("OPEFO_CACHE", ".cache/opefo")) / "tiny_arithmetic"
+def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Problem]]:
+    """Training and validation problems of the built-in task ``name`` (``GENERATED_DATA``)."""
+    if name == ARITHMETIC:
+        return arithmetic_split(data)
+    a = data.arithmetic
+    return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed)
+
+
+#: The embedded models' directory names under the cache (``conf/model/<name>.yaml``).
+EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
+
+
+def embedded_paths() -> tuple[Path, ...]:
+    """Where embedded models are built: ``$OPEFO_CACHE/<name>`` for each of
+    :data:`EMBEDDED_MODELS`, ``OPEFO_CACHE`` defaulting to ``.cache/opefo``."""
+    cache = Path(os.environ.get("OPEFO_CACHE", ".cache/opefo"))
+    return tuple(cache / name for name in EMBEDDED_MODELS)
 
 
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
@@ -64,6 +80,12 @@ def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
         "lr": config.model.warm_start_lr,
         "batch_size": config.model.warm_start_batch_size,
         "slip_rate": config.model.warm_start_slip_rate,
+        "slips": list(config.model.warm_start_slips),
+        "swap_rate": config.model.warm_start_swap_rate,
+        "carry_first_rate": config.model.warm_start_carry_first_rate,
+        "zero_carry_rate": config.model.warm_start_zero_carry_rate,
+        "separators": config.model.warm_start_separators,
+        "separator_rate": config.model.warm_start_separator_rate,
         "seed": config.model.warm_start_seed,
         "template": config.data.template,
         "arithmetic": dataclasses.asdict(config.data.arithmetic),
@@ -73,7 +95,7 @@ def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
 def embedded_model(config: TrainConfig) -> Path:
     """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded).
 
-    It is built only into :func:`default_embedded_path`: any other ``model.path`` must already
+    It is built only into one of :func:`embedded_paths`: any other ``model.path`` must already
     hold it, so that a mistyped path of one's own model (``model.path=...`` without
     ``model=local``) is an error, not a toy model trained in its place. The recipe
     (:func:`warm_start_recipe`) is stored with the model. A warm start in the default place made
@@ -81,13 +103,13 @@ def embedded_model(config: TrainConfig) -> Path:
     build. Anywhere else another recipe is an error rather than a silent reuse.
     """
     target = Path(config.model.path)
-    default = default_embedded_path()
-    is_default = target.resolve() == default.resolve()
+    defaults = embedded_paths()
+    is_default = target.resolve() in {path.resolve() for path in defaults}
     if not target.exists() and not is_default:
         raise FileNotFoundError(
             f"model.path={target} does not exist. To train a model of your own, select it with "
-            "model=local model.path=<Hugging Face model directory>; the embedded toy model is "
-            f"built only into {default} (set OPEFO_CACHE to move it)"
+            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
+            f"built only into {' or '.join(map(str, defaults))} (set OPEFO_CACHE to move them)"
         )
     recipe = warm_start_recipe(config)
     if target.exists():
@@ -117,11 +139,21 @@ def embedded_model(config: TrainConfig) -> Path:
     codec = PromptCodec(base, config.data.template)
     train, _ = arithmetic_split(config.data)
     prompts = [codec.encode(p) for p in train]
-    slip_rate = config.model.warm_start_slip_rate
+    m = config.model
 
     def draw(rng: random.Random) -> tuple[list[int], list[int]]:
         index = rng.randrange(len(train))
-        solution = worked_solution(*operands(train[index].problem), slip_rate, rng)
+        solution = worked_solution(
+            *operands(train[index].problem),
+            m.warm_start_slip_rate,
+            rng,
+            slips=m.warm_start_slips,
+            swap_rate=m.warm_start_swap_rate,
+            carry_first_rate=m.warm_start_carry_first_rate,
+            zero_carry_rate=m.warm_start_zero_carry_rate,
+            separators=m.warm_start_separators,
+            separator_rate=m.warm_start_separator_rate,
+        )
         response = codec.tokenizer.encode(solution, add_special_tokens=False)
         return prompts[index], [*response, codec.eos_id]
 
@@ -141,6 +173,8 @@ def embedded_model(config: TrainConfig) -> Path:
 def model_dir(config: TrainConfig) -> Path:
     if config.model.embedded:
         return embedded_model(config)
+    if config.model.packaged is not None:
+        return converted_model(config.model.packaged, Path(config.model.path))
     path = Path(config.model.path)
     if not (path / "config.json").is_file():
         raise FileNotFoundError(
@@ -152,10 +186,10 @@ def model_dir(config: TrainConfig) -> Path:
 def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dataset | None]:
     """Training and validation problems, encoded; long prompts handled per ``data.long_prompt``."""
     data = config.data
-    split = arithmetic_split(data) if ARITHMETIC in (data.train, data.validation) else None
 
     def load(source: str, which: int, what: str) -> Dataset:
-        problems = split[which] if source == ARITHMETIC else load_problems(source)
+        generated = source in GENERATED_DATA
+        problems = generated_split(source, data)[which] if generated else load_problems(source)
         encoded = encode_problems(problems, codec, data.max_prompt_tokens, data.long_prompt, what)
         if encoded.skipped_long:
             log.warning(
@@ -244,21 +278,17 @@ def build_policy(config: TrainConfig, path: Path) -> Policy:
     problems = startup_problems(config.engine, shape)
     if problems:
         raise RankLayoutError("; ".join(problems))
-    if config.engine.name == "megatron":
+    engine, lr, temperature = config.engine, config.method.lr, config.rollout.temperature
+    if isinstance(engine, MegatronEngineConfig) and engine.name == "megatron":
         from ..engines.megatron.build import build_megatron_policy
 
-        return build_megatron_policy(
-            path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
-        )
-    if config.engine.name == "aligner":
+        return build_megatron_policy(path, engine, lr=lr, temperature=temperature)
+    if isinstance(engine, MegatronEngineConfig) and engine.name == "aligner":
         from ..engines.aligner import build_actor
 
-        return build_actor(
-            path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
-        )
-    return HFPolicy(
-        path, config.engine, lr=config.method.lr, temperature=config.rollout.temperature
-    )
+        return build_actor(path, engine, lr=lr, temperature=temperature)
+    assert not isinstance(engine, MegatronEngineConfig), engine.name  # validated: hf
+    return HFPolicy(path, engine, lr=lr, temperature=temperature)
 
 
 def build_trainer(
@@ -284,15 +314,17 @@ def build_trainer(
     policy = build_policy(config, path)
     codec = PromptCodec(path, config.data.template)
     train, validation = load_datasets(config, codec)
+    engine: GuardedRollout | ColocatedRollout
     if rollout is None and ranks.distributed:
-        rollout = start_colocated_rollout(config, path, policy.named_weights, ranks)
+        engine = start_colocated_rollout(config, path, policy.named_weights, ranks)
     elif rollout is None:
-        rollout = start_rollout(config, path, policy.named_weights)
+        engine = start_rollout(config, path, policy.named_weights)
     else:
-        rollout.weights = policy.named_weights
-        rollout.update_weights(policy.named_weights())
+        engine = rollout
+        engine.weights = policy.named_weights
+        engine.update_weights(policy.named_weights())
     trainer = Trainer(
-        config, config_dict, policy, rollout, codec, train, validation, output_dir, ranks
+        config, config_dict, policy, engine, codec, train, validation, output_dir, ranks
     )
     if config.checkpoint.resume is not None:
         trainer.resume(config.checkpoint.resume)

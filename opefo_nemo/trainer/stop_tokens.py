@@ -21,6 +21,7 @@ import logging
 from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
+from typing import cast
 
 from .prompts import PromptCodec
 
@@ -76,7 +77,7 @@ def _chat_template_end_of_turn(codec: PromptCodec) -> int | None:
         return None
     messages = [{"role": "user", "content": "Question"}, {"role": "assistant", "content": _ANSWER}]
     try:
-        text = tokenizer.apply_chat_template(messages, tokenize=False)
+        text = cast(str, tokenizer.apply_chat_template(messages, tokenize=False))  # not tokenized
     except Exception as error:  # a template's own refusal (role order, missing system turn)
         log.warning("the chat template does not render a plain chat (%s): no end-of-turn", error)
         return None

@@ -38,6 +38,7 @@ from ..core.objectives import (
     prepare,
     step_loss_metrics,
 )
+from ..core.reweighting import DEFAULT_CONFIDENT_PROB
 from ..engines.batch import TrainBatch
 from ..engines.protocols import EntropyCorrection, Policy
 from ..parallel import TokenStats
@@ -107,22 +108,14 @@ def _on_device(
     )
 
 
-def optimizer_step(
-    policy: Policy,
-    objective: Objective,
+def token_chunks(
     micro_batches: Sequence[TrainBatch],
     stats: Sequence[TokenStats],
-    old_logprob: Sequence[Tensor] | None,
-    seed: int,
-) -> tuple[dict[str, float], bool]:
-    """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``.
-
-    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``, and
-    ``correction/*`` for a method that corrects its update: the engine gets an
-    ``EntropyCorrection`` whose ``entropy_fn`` is each micro-batch's share of the token-mean
-    entropy) and whether the engine skipped it for a non-finite loss or gradient.
-    """
-    chunks = [
+    old_logprob: Sequence[Tensor] | None = None,
+) -> list[TokenChunk]:
+    """What phase 2 (``prepare``) reads of each micro-batch: its phase-1 ``stats`` with the
+    batch's advantages, mask, token ids and rollout logprobs."""
+    return [
         TokenChunk(
             logprob=s.logprob,
             entropy=s.entropy,
@@ -138,7 +131,29 @@ def optimizer_step(
         )
         for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
     ]
-    prepared = prepare(objective, chunks, SingleProcessReducer(), seed=seed)
+
+
+def optimizer_step(
+    policy: Policy,
+    objective: Objective,
+    micro_batches: Sequence[TrainBatch],
+    stats: Sequence[TokenStats],
+    old_logprob: Sequence[Tensor] | None,
+    seed: int,
+    confident_prob: float = DEFAULT_CONFIDENT_PROB,
+) -> tuple[dict[str, float], bool]:
+    """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``
+    (``confident_prob``: ``metrics.confident_prob``, spec §6).
+
+    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``, and
+    ``correction/*`` for a method that corrects its update: the engine gets an
+    ``EntropyCorrection`` whose ``entropy_fn`` is each micro-batch's share of the token-mean
+    entropy) and whether the engine skipped it for a non-finite loss or gradient.
+    """
+    chunks = token_chunks(micro_batches, stats, old_logprob)
+    prepared = prepare(
+        objective, chunks, SingleProcessReducer(), seed=seed, confident_prob=confident_prob
+    )
     inputs = [
         _on_device(policy.device, m, c, None if old_logprob is None else old_logprob[i])
         for i, (m, c) in enumerate(zip(micro_batches, prepared.coefficients, strict=True))
@@ -186,6 +201,7 @@ def rollout_fidelity(
         return {}
     sums: dict[str, Tensor] = {}
     for micro, s in zip(micro_batches, stats, strict=True):
+        assert micro.rollout_logprob is not None  # checked above
         part = fidelity_sums(s.logprob, micro.rollout_logprob, micro.response_mask, threshold)
         sums = add_sums(sums, part)
     return fidelity_metrics(sums)
@@ -199,6 +215,7 @@ def update_rollout_batch(
     seed: int,
     *,
     fidelity_threshold: float = DEFAULT_THRESHOLD,
+    confident_prob: float = DEFAULT_CONFIDENT_PROB,
 ) -> UpdateOutcome:
     """All optimizer steps of one rollout batch (see the module docstring); its metrics include
     :func:`rollout_fidelity` when the batch carries the rollout engine's logprobs."""
@@ -216,7 +233,9 @@ def update_rollout_batch(
     entropy_before = mean_entropy(all_micros, all_first)
     fidelity = rollout_fidelity(all_micros, all_first, fidelity_threshold)
     if k == 1:
-        metrics, skipped = optimizer_step(policy, objective, micros[0], first[0], None, seed)
+        metrics, skipped = optimizer_step(
+            policy, objective, micros[0], first[0], None, seed, confident_prob
+        )
         return UpdateOutcome({**metrics, **fidelity}, int(skipped), entropy_before)
 
     per_step: list[dict[str, float]] = []
@@ -224,7 +243,9 @@ def update_rollout_batch(
     for j, mini_micros in enumerate(micros):
         stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, sums)
         old = [s.logprob for s in first[j]]
-        metrics, skipped = optimizer_step(policy, objective, mini_micros, stats, old, seed * k + j)
+        metrics, skipped = optimizer_step(
+            policy, objective, mini_micros, stats, old, seed * k + j, confident_prob
+        )
         skipped_steps += int(skipped)
         per_step.append(metrics)
     averaged = {

@@ -22,8 +22,9 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
     assert load_method("static").entropy_flow.static_lambda == pytest.approx(0.001)
     assert load_method("clip_cov").clip_cov.ratio == pytest.approx(2e-4)
     assert load_method("kl_cov").kl_cov.ratio == pytest.approx(2e-3)
-    for name in ("grpo", "clip_higher", "entropy_reg", "clip_cov"):  # verl's default dual clip
+    for name in ("grpo", "clip_higher", "entropy_reg"):  # verl's default dual clip
         assert load_method(name).clip_ratio_c == pytest.approx(3.0)
+    assert load_method("clip_cov").clip_ratio_c is None  # Cui et al.'s Clip-Cov has none
     assert load_method("grpo", ["clip_ratio_c=null"]).clip_ratio_c is None
     target = load_method(
         "opefo", ["entropy_flow.balance=target", "entropy_flow.target_entropy=0.5"]
@@ -48,6 +49,7 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
         ("grpo", "entropy_flow.balance=adaptive", r"unknown key method\.entropy_flow\.balance"),
         ("grpo_strict", "clip_eps_low=0.1", r"unknown key method\.clip_eps_low"),
         ("grpo", "clip_ratio_c=1.0", r"method\.clip_ratio_c must be > 1"),
+        ("kl_cov", "clip_ratio_c=3.0", r"unknown key method\.clip_ratio_c"),  # no ratio clip
         ("opefo", "entropy_flow.target_entropy=high", r"method\.entropy_flow\.target_entropy"),
         ("opefo", "entropy_flow.target_gain=0", r"method\.entropy_flow\.target_gain must be > 0"),
         ("entropy_reg", "entropy_coef_target=-1", r"method\.entropy_coef_target must be null"),

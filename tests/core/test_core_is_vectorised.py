@@ -20,7 +20,7 @@ ALLOWED = {
     ("metrics.py", "add_sums"): "named sums",
     ("objectives/tokens.py", "__post_init__"): "field names",
     ("objectives/prepare.py", "prepare"): "chunks",
-    ("objectives/prepare.py", "_weighted_flow"): "chunks",
+    ("objectives/prepare.py", "_applied_sums"): "chunks",
     ("objectives/base.py", "coefficients"): "chunks",
     ("objectives/methods/policy_gradient.py", "coefficients"): "chunks",
     ("objectives/methods/policy_gradient.py", "corrected"): "chunks",

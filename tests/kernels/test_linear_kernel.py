@@ -15,6 +15,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 pytest.importorskip("triton", reason="the Triton kernels need the triton package")
 
+from opefo_nemo.kernels import budgets
 from opefo_nemo.kernels.linear_stats import LinearBlocks, linear_partials
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
 from opefo_nemo.parallel.linear_stats import linear_token_stats
@@ -71,13 +72,17 @@ def test_only_the_requested_powers_are_computed(powers):
     assert_only_requested_powers(some.sums, both.sums, powers)
 
 
+@pytest.mark.parametrize("chunked", [False, True], ids=["one-chunk", "16-column-chunks"])
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
-def test_gradients_match_float64_and_unfused_autograd(dtype):
+def test_gradients_match_float64_and_unfused_autograd(dtype, chunked, monkeypatch):
     """``∂/∂hidden = (∂L/∂z) W`` and ``∂/∂weight = (∂L/∂z)ᵀ X``: the terms of ``∂L/∂z`` carry
     relative error ``ε`` (row budget + logit error + the rounding of ``∂L/∂z`` to the input dtype
-    before the matmul), the matmul adds ``(V + N)·u`` of its magnitudes, the result one rounding
-    to the output dtype. The unfused path in fp32 meets the same bound, so the two are compared
-    at twice it."""
+    before the matmul), the matmul adds ``(V + N)·u`` of its magnitudes (over the chunks too), the
+    result one rounding to the output dtype. The unfused path in fp32 meets the same bound, so the
+    two are compared at twice it. The backward runs in one chunk of columns, or in chunks of 16
+    (a budget that holds ``[tokens, 16]``: three chunks of the 37 real columns)."""
+    if chunked:
+        monkeypatch.setattr(budgets, "GRAD_CHUNK_BYTES", TOKENS * 16 * dtype.itemsize)
     hidden, weight, targets = _inputs(dtype)
     temperature = 0.7
     gen = torch.Generator().manual_seed(5)
@@ -110,12 +115,15 @@ def test_gradients_match_float64_and_unfused_autograd(dtype):
     assert bool(((dw[:VOCAB].double() - uw[:VOCAB].double()).abs() <= 2 * bound_w).all())
 
 
-def test_no_tensor_of_the_logits_size():
-    """Forward and backward make no torch tensor as large as the bf16 logits ``[tokens, V]``:
-    none exceeds the fp32 gradient buffers ``[tokens, h]`` / ``[V, h]`` (what the memory estimate
-    of launch/memory.py counts). Every op's output is recorded, Triton's interpreter's copies of
-    the kernel arguments included (on this interpreter the largest is the weight's buffer)."""
-    tokens, vocab, hidden_size = 64, 160, 16
+def test_no_tensor_of_the_logits_size(monkeypatch):
+    """Forward and backward make no torch tensor as large as the bf16 logits ``[tokens, V]``
+    when the backward's chunk budget holds fewer columns than ``V`` (here 32 of 160): none
+    exceeds the fp32 ``[tokens, h]`` accumulator, an fp32 ``[V, h]`` and the chunk's
+    ``[tokens, 32]`` gradient upcast to fp32 for the CPU's product (what the memory estimate of
+    launch/memory.py counts). Every op's output is recorded, Triton's interpreter's copies of the
+    kernel arguments included."""
+    tokens, vocab, hidden_size, chunk = 64, 160, 16, 32
+    monkeypatch.setattr(budgets, "GRAD_CHUNK_BYTES", tokens * chunk * 2)
     gen = torch.Generator().manual_seed(0)
     made: list[int] = []
 
@@ -133,7 +141,7 @@ def test_no_tensor_of_the_logits_size():
     with Record():
         stats = linear_token_stats(x, w, targets, temperature=0.7, blocks=BLOCKS)
         (stats.logprob.sum() + stats.entropy.sum()).backward()
-    assert max(made) <= max(tokens, vocab) * hidden_size * 4
+    assert max(made) <= max(tokens * hidden_size, vocab * hidden_size, tokens * chunk) * 4
     assert max(made) < tokens * vocab * 2
 
 

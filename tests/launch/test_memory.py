@@ -201,7 +201,10 @@ def test_recomputation_and_sequence_parallel_shrink_activations():
 
 def test_fused_output_layer_replaces_the_logits_by_gradient_buffers():
     """``engine.stats_kernel=fused_linear``: the last stage keeps no ``[tokens, V/TP]`` logits,
-    only the fused backward's fp32 gradient buffers of the hidden states and the weight shard
+    only what the fused backward allocates, counted by hand: three ``[tokens, h]`` buffers (the
+    fp32 accumulator, one chunk's fp32 product, the bf16 result), one chunk's bf16 ``∂L/∂z``
+    (here the whole shard rounded up to the 128-column tile: it fits the 64 MiB budget), its
+    fp32 ``[chunk, h]`` product and the bf16 ``[V/TP, h]`` weight gradient
     (tests/kernels/test_linear_kernel.py checks that no larger tensor is made)."""
     shape = ModelShape.from_hf_config(_qwen2().to_dict())
     layout = ParallelLayout(2, 1, 1)
@@ -211,7 +214,9 @@ def test_fused_output_layer_replaces_the_logits_by_gradient_buffers():
     unfused = estimate_memory(shape, layout, plain)
     assert unfused.logits == 256 * shard * (2 + 4)
     estimate = estimate_memory(shape, layout, fused)
-    assert estimate.logits == (256 + shard) * shape.hidden_size * 4
+    h, chunk = shape.hidden_size, -(-shard // 128) * 128
+    by_hand = 256 * h * (4 + 4 + 2) + 256 * chunk * 2 + chunk * h * 4 + shard * h * 2
+    assert estimate.logits == by_hand
     others = ("weights", "gradients", "optimizer", "activations")
     assert all(getattr(estimate, name) == getattr(unfused, name) for name in others)
     assert "fused output-layer buffers" in memory_table(estimate, layout, 0)

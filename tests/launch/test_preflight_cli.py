@@ -40,6 +40,13 @@ def test_tiny_cpu_preset_passes(capsys, tmp_path, monkeypatch):
     assert "engine hf: 8 prompts × 8 responses" in out
 
 
+def test_packaged_model_preset_passes_before_its_conversion(capsys, tmp_path, monkeypatch):
+    monkeypatch.setenv("OPEFO_CACHE", str(tmp_path / "empty_cache"))  # nothing converted yet
+    status, out = _run(capsys, "--world-size", "1", "+preset=smollm2_cpu")
+    assert status == 0, out
+    assert "engine hf: 32 prompts × 8 responses" in out and "not readable yet" in out
+
+
 def test_memory_table_for_a_readable_model(capsys, tmp_path):
     model = tmp_path / "model"
     model.mkdir()
@@ -133,7 +140,9 @@ def test_config_validation_errors_are_problems(capsys):
 def test_composition_errors_are_one_line_problems(capsys):
     status, out = _run(capsys, "+preset=opefo_9b")
     assert status == 1
-    expected = "Could not find 'preset/opefo_9b' (available: opefo_4b, opefo_7b, tiny_cpu)"
+    expected = (
+        "Could not find 'preset/opefo_9b' (available: opefo_4b, opefo_7b, smollm2_cpu, tiny_cpu)"
+    )
     assert f"[config] cannot compose the config: {expected}" in out
     status, out = _run(capsys, "trainer.max_stepz=3")
     assert status == 1

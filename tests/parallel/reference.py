@@ -57,3 +57,33 @@ def brute_force_rows(logits: Tensor, temperature: float) -> dict[str, Tensor]:
         for name, value in values.items():
             rows.setdefault(name, []).append(value)
     return {name: torch.tensor(values, dtype=torch.float64) for name, values in rows.items()}
+
+
+def assert_stats_within_bounds(
+    stats, ref: dict[str, Tensor], logits64: Tensor, temperature: float, where: str = ""
+) -> None:
+    """Every field of ``ref`` of ``stats`` (``[*]``, flattened) within the fp32 error model of
+    ``tests/kernels/tolerances.py`` for the float64 real-vocabulary ``logits64`` ``[tokens, V]``:
+    the row budget times ``1 + |ref|``, so a sum near 0 (``sum_p2_logp``) is bounded by its
+    terms' magnitude, a large ``|logprob|`` relatively."""
+    from tests.kernels.tolerances import row_eps, stats_tol
+
+    eps = row_eps(logits64.double(), temperature)
+    for name, want in ref.items():
+        got = getattr(stats, name).reshape(-1).double()
+        bound = stats_tol(eps, want.reshape(-1))
+        excess = float(((got - want.reshape(-1)).abs() - bound).max())
+        assert excess <= 0, f"{where} {name}: beyond the fp32 error bound by {excess:.3g}"
+
+
+def assert_grad_within_bound(
+    grad: Tensor, logits64: Tensor, targets: Tensor, temperature: float, g_l, g_h, where=""
+) -> None:
+    """``grad`` ``[tokens, V]`` (the real columns) against :func:`reference_grads` within the
+    fp32 error model of ``tests/kernels/tolerances.py`` plus one rounding to ``grad``'s dtype."""
+    from tests.kernels.tolerances import logits_grad_bound
+
+    ref = reference_grads(logits64, targets, temperature, g_l, g_h)
+    bound = logits_grad_bound(logits64.double(), targets, temperature, g_l, g_h, grad.dtype, ref)
+    excess = float(((grad.double() - ref).abs() - bound).max())
+    assert excess <= 0, f"{where}: gradient beyond the error bound by {excess:.3g}"

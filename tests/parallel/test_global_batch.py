@@ -13,3 +13,7 @@ def test_prepare_is_layout_independent() -> None:
 
 def test_broadcast_from_the_last_stage() -> None:
     run_world(workers.broadcast_reaches_every_stage, 4)
+
+
+def test_reweighting_metrics_at_tp2_dp2_equal_one_process() -> None:
+    run_world(workers.reweighting_metrics_at_tp2_dp2, 4)

@@ -6,7 +6,11 @@ import pytest
 import torch
 
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError, token_stats
-from tests.parallel.reference import reference_grads, reference_stats
+from tests.parallel.reference import (
+    assert_grad_within_bound,
+    assert_stats_within_bounds,
+    reference_stats,
+)
 
 FIELDS = ("logprob", "entropy", *VOCAB_SUMS)
 
@@ -26,10 +30,8 @@ def test_fp32_matches_reference(temperature: float, chunk_size: int | None) -> N
         logits, targets, temperature=temperature, sums=VOCAB_SUMS, chunk_size=chunk_size
     )
     ref = reference_stats(logits, targets, temperature)
-    for name in FIELDS:
-        got = getattr(stats, name)
-        assert got.dtype == torch.float32
-        torch.testing.assert_close(got.double(), ref[name], atol=1e-5, rtol=1e-5)
+    assert all(getattr(stats, name).dtype == torch.float32 for name in FIELDS)
+    assert_stats_within_bounds(stats, ref, logits, temperature)
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16])
@@ -41,9 +43,7 @@ def test_low_precision_input(dtype: torch.dtype) -> None:
     stats = token_stats(low, targets, sums=VOCAB_SUMS, chunk_size=5)
     ref_rounded = reference_stats(low.double(), targets)
     ref_exact = reference_stats(logits, targets)
-    for name in FIELDS:
-        got = getattr(stats, name).double()
-        torch.testing.assert_close(got, ref_rounded[name], atol=1e-5, rtol=1e-5)
+    assert_stats_within_bounds(stats, ref_rounded, low.double(), 1.0, str(dtype))
     input_tol = 0.1 if dtype == torch.bfloat16 else 0.02
     for name in ("logprob", "entropy"):
         assert (getattr(stats, name).double() - ref_exact[name]).abs().max() < input_tol
@@ -75,8 +75,7 @@ def test_masked_minus_inf_logits_are_allowed() -> None:
     leaf = logits.clone().requires_grad_()
     stats = token_stats(leaf, targets, sums=VOCAB_SUMS, chunk_size=6)
     ref = reference_stats(logits[:, 5:], targets - 5)
-    for name in FIELDS:
-        torch.testing.assert_close(getattr(stats, name).double(), ref[name], atol=1e-5, rtol=1e-5)
+    assert_stats_within_bounds(stats, ref, logits[:, 5:], 1.0)
     (stats.logprob.sum() + stats.entropy.sum()).backward()
     assert torch.isfinite(leaf.grad).all() and (leaf.grad[:, :5] == 0).all()
 
@@ -96,8 +95,7 @@ def test_gradients_match_autograd_on_full_logits(which: str, temperature: float)
     if which != "logprob":
         loss = loss + (stats.entropy * g_h).sum()
     (grad,) = torch.autograd.grad(loss, leaf)
-    ref = reference_grads(logits, targets, temperature, g_l, g_h)
-    torch.testing.assert_close(grad.double(), ref, atol=1e-5, rtol=1e-5)
+    assert_grad_within_bound(grad, logits, targets, temperature, g_l, g_h)
 
 
 def test_bf16_gradient_is_in_input_dtype() -> None:
@@ -105,9 +103,9 @@ def test_bf16_gradient_is_in_input_dtype() -> None:
     leaf = logits.to(torch.bfloat16).requires_grad_()
     stats = token_stats(leaf, targets, chunk_size=8)
     stats.logprob.sum().backward()
-    ref = reference_grads(leaf.detach(), targets, 1.0, torch.ones(23), torch.zeros(23))
     assert leaf.grad.dtype == torch.bfloat16
-    torch.testing.assert_close(leaf.grad.double(), ref, atol=1e-2, rtol=1e-2)
+    ones, zeros = torch.ones(23), torch.zeros(23)
+    assert_grad_within_bound(leaf.grad, leaf.detach().double(), targets, 1.0, ones, zeros)
 
 
 def test_backward_saves_no_softmax() -> None:

@@ -17,6 +17,7 @@ from opefo_nemo.core.objectives import (
 )
 from opefo_nemo.core.reduction import SingleProcessReducer
 from opefo_nemo.parallel import token_stats
+from tests.metric_bounds import assert_close_to_scale
 
 HIDDEN, VOCAB, PADDED, SEQ, BATCH = 16, 50, 56, 6, 4  # Megatron pads 50 to a multiple of 4 × TP
 TEMPERATURE = 0.9
@@ -95,8 +96,9 @@ def column_parallel_grads_match(rank: int, world_size: int) -> None:
         full_weight = weight.clone().requires_grad_()
         x_ref = hidden.clone().requires_grad_()
         _losses((x_ref @ full_weight.T).transpose(0, 1), batch, None).backward()
-        torch.testing.assert_close(torch.cat(shards), full_weight.grad, rtol=1e-5, atol=1e-6)
-        torch.testing.assert_close(x.grad, x_ref.grad, rtol=1e-5, atol=1e-6)
+        # fp32 sums in other orders, relative to each gradient's largest magnitude
+        assert_close_to_scale(torch.cat(shards), full_weight.grad, 1e-5, "weight gradient")
+        assert_close_to_scale(x.grad, x_ref.grad, 1e-5, "input gradient")
         assert full_weight.grad[VOCAB:].abs().max() == 0  # padded rows: no gradient
         assert full_weight.grad[:VOCAB].abs().max() > 1e-3  # the check is not vacuous
     finally:

@@ -25,6 +25,14 @@ PANEL_KEYS = (
     "flow/net_after_balance",
     "clip/dh_upper",
     "clip/dh_lower",
+    "flow/pos_adv_pos",
+    "flow/pos_adv_neg",
+    "flow/neg_adv_pos",
+    "flow/neg_adv_neg",
+    "flow/adv_shift",
+    "flow/adv_shift_confident",
+    "flow/confident_tokens",
+    "flow/confident_abs_dh",
 )
 
 

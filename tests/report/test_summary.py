@@ -19,10 +19,14 @@ def value(seed: int):
     def at(key: str, step: int) -> float:
         if key == "entropy/mean":
             return 1.0 - 0.01 * step + 0.05 * seed
+        if key == "flow/lambda" and step > 20:  # a larger λ* after step 20: early ≠ whole run
+            return (0.7 + 0.1 * seed) * (-1) ** step
         if key == "flow/lambda":
             return (0.2 + 0.1 * seed) * (-1) ** step
+        if key.startswith("flow/adv_shift"):
+            return -(0.1 + 0.2 * seed) * (1 + len(key) % 3) + 0.01 * step
         if key == "reward/mean":
-            return 0.1 * (step % 3) + 0.02 * seed
+            return 0.1 * (step % 3) + 0.02 * seed + 0.004 * step * (1 + seed)
         return 0.25 * seed + 0.001 * step
 
     return at
@@ -57,6 +61,12 @@ def test_group_rows_are_mean_and_sample_std_over_seeds(tmp_path):
         "H last": per_seed("entropy/mean", lambda v: statistics.fmean(v[-10:])),
         "reward last": per_seed("reward/mean", lambda v: statistics.fmean(v[-10:])),
         "mean abs λ*": per_seed("flow/lambda", lambda v: statistics.fmean(map(abs, v))),
+        "abs λ* steps 1–20": per_seed("flow/lambda", lambda v: statistics.fmean(map(abs, v[:20]))),
+        "reward rise": per_seed(
+            "reward/mean", lambda v: statistics.fmean(v[-10:]) - statistics.fmean(v[:10])
+        ),
+        "adv shift": per_seed("flow/adv_shift", statistics.fmean),
+        "confident shift": per_seed("flow/adv_shift_confident", statistics.fmean),
         "H change %": [
             100 * (statistics.fmean(v[-10:]) - statistics.fmean(v[:10])) / statistics.fmean(v[:10])
             for v in ([value(s)("entropy/mean", t) for t in STEPS] for s in (0, 1))
@@ -67,7 +77,7 @@ def test_group_rows_are_mean_and_sample_std_over_seeds(tmp_path):
         decimals = 1 if column == "H change %" else 3
         assert mean == pytest.approx(statistics.fmean(figures), abs=0.51 * 10**-decimals), column
         assert std == pytest.approx(statistics.stdev(figures), rel=0.051), column  # 2 digits
-    assert row["Σ realized"] == "–"  # no run logged flow/realized
+    assert row["mean realized"] == "–"  # no run logged flow/realized
 
 
 def test_runs_missing_a_metric_are_named_and_left_out(tmp_path):

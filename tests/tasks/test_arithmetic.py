@@ -122,3 +122,69 @@ def test_slipped_solutions_stay_consistent_and_slip_at_the_rate():
 def test_verifier_on_hand_made_responses(response, score, reason, answer):
     result = score_final_answer(response, "85")
     assert (result.score, result.reason, result.answer) == (score, reason, answer)
+
+
+ORDERED_STEP = re.compile(r"^(\d(?:\+\d){1,2})=(\d+)$")
+
+
+def replay_any_order(solution: str) -> tuple[list[tuple[list[int], int]], int]:
+    """Each step's terms in the order written and its sum, and the final answer, parsed from the
+    text alone."""
+    *steps, final = solution.split(" ")
+    assert final.startswith("=") and final[1:].isdigit(), solution
+    parsed = []
+    for step in steps:
+        match = ORDERED_STEP.match(step)
+        assert match is not None, (step, solution)
+        parsed.append(([int(t) for t in match.group(1).split("+")], int(match.group(2))))
+    return parsed, int(final[1:])
+
+
+def test_the_warm_start_of_the_first_task_is_unchanged():
+    """Without the harmless choices, a seeded writer gives what it gave before they existed
+    (recorded outputs), and draws as much from the generator: today's cached warm start and
+    its figures stay reproducible."""
+    rng = random.Random(5)
+    problems = [(47, 38), (97, 38), (10, 10), (99, 99), (55, 45), (123, 989)]
+    assert [worked_solution(a, b, 0.3, rng) for a, b in problems] == [
+        "7+8=15 4+3+1=8 =85",
+        "7+8=15 9+3+1=13 =135",
+        "0+0=0 1+1=2 =20",
+        "9+9=17 9+9+1=19 =197",
+        "5+5=8 5+4=9 =98",
+        "3+9=14 2+8+1=11 1+9+1=11 =1114",
+    ]
+    assert rng.random() == 0.1019744021739154
+
+
+def test_harmless_orders_are_correct_and_at_their_rates():
+    """Swapped digits and a carry written first leave every step's terms and sum right; each
+    choice is made at its rate within 4 binomial standard deviations (counted where the written
+    order tells it: two different digits, and no digit 1 beside a carry); a slip of the one kind
+    given makes a sum one short, and the answer short by the slipped columns' place values."""
+    rng, swap, first = random.Random(9), 0.2, 0.3
+    swaps = columns = firsts = carries = 0
+    for _ in range(3000):
+        a, b = rng.randrange(10, 100), rng.randrange(10, 100)
+        text = worked_solution(a, b, 0.1, rng, slips=(-1,), swap_rate=swap, carry_first_rate=first)
+        steps, answer = replay_any_order(text)
+        digits_a, digits_b, carry, shortfall = str(a)[::-1], str(b)[::-1], 0, 0
+        for i, (terms, total) in enumerate(steps):
+            x, y = int(digits_a[i]), int(digits_b[i])
+            assert sorted(terms) == sorted([x, y, 1][: 2 + carry])
+            if carry and 1 not in (x, y):
+                carries += 1
+                firsts += terms[0] == 1
+            digits = [t for t in terms if t != 1 or not carry] if 1 not in (x, y) else None
+            if x != y and digits is not None:
+                columns += 1
+                swaps += digits == [y, x]
+            assert total - (x + y + carry) in (0, -1)
+            shortfall += (x + y + carry - total) * 10**i
+            carry = total // 10
+        assert answer == a + b - shortfall
+    for count, n, rate in ((swaps, columns, swap), (firsts, carries, first)):
+        assert abs(count / n - rate) < 4 * (rate * (1 - rate) / n) ** 0.5, (count, n, rate)
+    both = worked_solution(47, 38, swap_rate=1.0, carry_first_rate=1.0, rng=random.Random(0))
+    assert both == "8+7=15 1+3+4=8 =85"
+    assert score_final_answer(both, "85").reason == "correct"

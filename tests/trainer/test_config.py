@@ -66,6 +66,18 @@ def test_every_method_file_composes(name):
         (["run.seeds=[1,-2]"], "run.seeds"),
         (["run.seeds=[0.5]"], "run.seeds"),
         (["run.compare=[opefo,grpo_strict,opefo]"], "run.compare"),
+        (["metrics.confident_prob=1.0"], "metrics.confident_prob"),
+        (["metrics.confident_prob=0"], "metrics.confident_prob"),
+        (["model.warm_start_slips=[]"], "model.warm_start_slips"),
+        (["model.warm_start_slips=[-1,0]"], "model.warm_start_slips"),
+        (
+            ["model=tiny_arithmetic_orders", "model.warm_start_swap_rate=1.5"],
+            "model.warm_start_swap_rate",
+        ),
+        (["model.warm_start_carry_first_rate=-0.1"], "model.warm_start_carry_first_rate"),
+        (["model.warm_start_separator_rate=0.2"], "model.warm_start_separators"),
+        (["model.warm_start_separators=';'"], "model.warm_start_separators"),
+        (["model.warm_start_separators=',='"], "model.warm_start_separators"),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):

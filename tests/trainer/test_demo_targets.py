@@ -12,7 +12,11 @@ from opefo_nemo.cli.demo_targets import targets_report, write_targets
 
 
 def records(
-    rng: random.Random, steps: int, reward: tuple[float, float], entropy: tuple[float, float]
+    rng: random.Random,
+    steps: int,
+    reward: tuple[float, float],
+    entropy: tuple[float, float],
+    lam: tuple[float, float] = (0.05, 0.3),
 ):
     out = []
     for step in range(1, steps + 1):
@@ -21,7 +25,8 @@ def records(
             "step": step,
             "reward/mean": reward[0] + t * (reward[1] - reward[0]) + rng.uniform(-0.05, 0.05),
             "entropy/mean": entropy[0] + t * (entropy[1] - entropy[0]),
-            "flow/lambda": rng.uniform(0.5, 0.9),
+            "flow/lambda": rng.choice((-1, 1)) * rng.uniform(*lam),
+            "flow/adv_shift_confident": rng.uniform(-0.5, 0.1),
             "flow/net": -rng.uniform(0.1, 1.0),
             "flow/net_after_balance": rng.uniform(-1e-9, 1e-9),
         }
@@ -38,7 +43,12 @@ def loop_figures(rows, predicted):
     first_r = sum(reward[:10]) / 10
     last_r = sum(reward[-10:]) / 10
     first_h, last_h = sum(entropy[:10]) / 10, sum(entropy[-10:]) / 10
+    early = [abs(r["flow/lambda"]) for r in rows[:20]]
+    shift = [r["flow/adv_shift_confident"] for r in rows]
     return {
+        "early": f"{sum(early) / len(early):.2f}",
+        "shift": f"{sum(shift) / len(shift):+.2f}",
+        "lambda_early": sum(early) / len(early),
         "reward": f"{first_r:.3f} → {last_r:.3f}",
         "entropy": f"{first_h:.3f} → {last_h:.3f}",
         "change": f"{100 * (last_h / first_h - 1):+.0f} %",
@@ -51,17 +61,18 @@ def loop_figures(rows, predicted):
 
 
 @pytest.mark.parametrize(
-    ("reward", "entropy", "met"),
+    ("reward", "entropy", "lam", "met"),
     [
-        ((0.2, 0.6), (0.15, 0.06), True),
-        ((0.2, 0.3), (0.15, 0.06), False),
-        ((0.2, 0.6), (0.15, 0.1), False),
+        ((0.2, 0.6), (0.15, 0.06), (0.0, 0.3), True),
+        ((0.2, 0.3), (0.15, 0.06), (0.0, 0.3), False),
+        ((0.2, 0.6), (0.15, 0.1), (0.0, 0.3), False),
+        ((0.2, 0.6), (0.15, 0.06), (0.5, 0.9), False),
     ],
 )
-def test_the_figures_and_the_verdict_match_a_loop(reward, entropy, met, tmp_path):
+def test_the_figures_and_the_verdict_match_a_loop(reward, entropy, lam, met, tmp_path):
     rng = random.Random(3)
     runs = {
-        "grpo_strict": records(rng, 80, reward, entropy),
+        "grpo_strict": records(rng, 80, reward, entropy, lam),
         "opefo": records(rng, 80, (0.2, 0.3), (0.15, 0.16)),
     }
     text, verdict = targets_report(runs)
@@ -71,10 +82,10 @@ def test_the_figures_and_the_verdict_match_a_loop(reward, entropy, met, tmp_path
     }
     for method, f in expected.items():
         line = next(line for line in text.splitlines() if line.startswith(f"| {method} |"))
-        for key in ("reward", "entropy", "change", "predicted", "realized"):
+        for key in ("reward", "entropy", "change", "early", "shift", "predicted", "realized"):
             assert f[key] in line, (key, f[key], line)
     g = expected["grpo_strict"]
-    assert verdict == met == (g["rise"] >= 0.25 and g["fall"] <= -0.40)
+    assert verdict == met == (g["rise"] >= 0.20 and g["fall"] <= -0.40 and g["lambda_early"] <= 0.2)
     assert f"reward rise {g['rise']:+.3f}" in text
     assert not math.isnan(g["rise"])
     for method, rows in runs.items():

@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import os
 import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
+import torch
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.data import DatasetError
 from opefo_nemo.engines.aligner import AlignerUnavailableError
+from opefo_nemo.engines.startup import DeviceUnavailableError
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.tasks.arithmetic import make_problems
 from opefo_nemo.tasks.warm_start import read_recipe
@@ -48,8 +53,32 @@ def test_the_megatron_engine_on_cuda_without_a_gpu_says_so(tiny, tmp_path):
     """The presets train on GPU ranks: without one the error names engine.device."""
     config, data = compose(["+preset=opefo_7b", f"model.path={tiny}"])
     assert config.engine.name == "megatron" and config.engine.device == "cuda"
-    with pytest.raises(RuntimeError, match=r"engine\.device=cuda but this rank sees no GPU"):
+    with pytest.raises(DeviceUnavailableError, match=r"engine\.device=cuda but this rank sees no"):
         build_trainer(config, data, tmp_path / "out")
+
+
+def test_torchrun_without_a_gpu_stops_every_rank_with_one_line(tiny, tmp_path):
+    """``torchrun … opefo-train`` with the presets' ``engine.device=cuda`` on a machine without a
+    GPU: each rank prints the one-line start-up error and exits with 2; no frame of the trainer's
+    code is printed (torchrun then prints its own summary of the failed ranks)."""
+    if torch.cuda.is_available():
+        pytest.skip("this machine has a GPU")
+    command = [
+        *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
+        *("-m", "opefo_nemo.cli.train", "+preset=opefo_7b", f"model.path={tiny}"),
+        f"run.output_dir={tmp_path / 'out'}",
+    ]
+    root = Path(__file__).resolve().parents[2]
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(root), os.environ.get("PYTHONPATH", "")]),
+    }
+    done = subprocess.run(command, capture_output=True, text=True, timeout=600, env=env)
+    assert done.returncode != 0
+    assert "opefo-train: error: engine.device=cuda but this rank sees no GPU" in done.stderr
+    assert "exitcode  : 2" in done.stderr, done.stderr[-2000:]  # torchrun's report of the rank
+    frames = [line for line in done.stderr.splitlines() if line.lstrip().startswith("File ")]
+    assert not [line for line in frames if "opefo_nemo" in line], frames
 
 
 def test_missing_data_file_is_an_error_naming_it(tiny, tmp_path):
@@ -129,6 +158,24 @@ def test_a_cached_warm_start_is_reused_rebuilt_or_refused_by_its_recipe(tmp_path
     shutil.copytree(path, copy)
     with pytest.raises(ValueError, match=r"model\.path=.*warm start made with"):
         embedded_model(compose([*small, f"model.path={copy}"])[0])
+
+
+def test_each_embedded_task_is_built_into_its_own_place(tmp_path, monkeypatch):
+    """The orders task's warm start goes to its own directory under the cache, with its recipe;
+    the first task's cache beside it is left as it is."""
+    monkeypatch.setenv("OPEFO_CACHE", str(tmp_path))
+    small = ["model.warm_start_steps=2", "model.warm_start_batch_size=4"]
+    first = embedded_model(compose(small)[0])
+    weights = (first / "model.safetensors").read_bytes()
+    orders, _ = compose(["model=tiny_arithmetic_orders", *small])
+    path = embedded_model(orders)
+    assert path == tmp_path / "tiny_arithmetic_orders" != first
+    recipe = read_recipe(path)
+    assert recipe == warm_start_recipe(orders)
+    assert (recipe["slips"], recipe["swap_rate"]) == ([-1], orders.model.warm_start_swap_rate)
+    assert recipe["swap_rate"] > 0 and recipe["carry_first_rate"] > 0
+    assert read_recipe(first)["swap_rate"] == 0
+    assert (first / "model.safetensors").read_bytes() == weights
 
 
 def test_the_warm_start_is_deterministic(tmp_path, monkeypatch):

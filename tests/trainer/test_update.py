@@ -17,8 +17,12 @@ from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
 from opefo_nemo.trainer.loop import NanGuard, NanStreakError
 from opefo_nemo.trainer.update import optimizer_step, stats_pass, update_rollout_batch
+from tests.metric_bounds import assert_grads_close
 
 TEMPERATURE = 0.7
+#: fp32 gradients of two reduction orders (micro-batches, padding) against a per-row float64-loss
+#: reference, relative to each tensor's terms (tests/metric_bounds.py)
+GRAD_REL = 1e-4
 ENGINE = EngineConfig(grad_clip=0.0, warmup_steps=0)
 
 
@@ -103,12 +107,8 @@ def test_strict_gradient_is_the_full_batch_gradient_for_any_micro_batch(model_di
     for micro in (6, 4, 1):
         grads, metrics = captured_gradient(model_dir, method_name, micro)
         lambdas.append(metrics["flow/lambda"])
-        assert set(grads) == set(reference)
-        for name, grad in grads.items():
-            torch.testing.assert_close(
-                grad.double(), reference[name].double(), atol=2e-6, rtol=1e-4, msg=name
-            )
-    assert max(lambdas) - min(lambdas) < 1e-6
+        assert_grads_close(grads, reference, rel=GRAD_REL)
+    assert max(lambdas) - min(lambdas) <= GRAD_REL  # λ* has scale 1 (tests/metric_bounds.py)
 
 
 def test_bfloat16_policy_trains_with_fp32_statistics(model_dir):

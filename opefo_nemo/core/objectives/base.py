@@ -68,9 +68,10 @@ class BatchStatistics:
     """What phase 2 knows of the optimizer-step batch when an objective derives coefficients.
 
     ``chunks``: this rank's chunks; ``delta_h``: ΔH of each (same shapes, fp32). ``sums``: the
-    *global* sums (0-d float64): the common ones (``tokens``, ``entropy``, ``flow_pos``,
-    ``flow_neg``, ``count_pos``, ``count_neg``) and the objective's own. ``lambda_star``: λ* of the
-    global P and N (spec §3).
+    *global* sums (0-d float64): the common ones (``prepare.COMMON_SUMS``: ``tokens``,
+    ``entropy``, ``flow_pos``, ``flow_neg``, ``count_pos``, ``count_neg`` and the split sums of
+    ``core.reweighting``) and the objective's own. ``lambda_star``: λ* of the global P and N
+    (spec §3).
     """
 
     chunks: Sequence[TokenChunk]

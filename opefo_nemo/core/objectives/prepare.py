@@ -3,9 +3,11 @@
 :func:`prepare` receives *all* of this rank's phase-1 chunks and a reducer that makes the sums
 global, so a λ* or a Clip-Cov / KL-Cov selection cannot come from one micro-batch by accident:
 there is no default reducer, and one call covers the whole optimizer-step batch. It is the same
-for every method: ΔH with the configured estimator, the common sums plus the objective's own in
-one ``reducer.sum``, then the objective's coefficients (a selection adds its ``reducer.top_k``),
-and one more ``reducer.sum`` of the predicted net flow after weighting, ``Σ_t w_t ΔH_t``.
+for every method: ΔH with the configured estimator, the common sums (among them the flows split
+by the sign of the advantage and the confident tokens' sums, :mod:`..reweighting`) plus the
+objective's own in one ``reducer.sum``, then the objective's coefficients (a selection adds its
+``reducer.top_k``), and one more ``reducer.sum`` of what the applied weights do: the predicted net
+flow after weighting ``Σ_t w_t ΔH_t`` and the advantage shift ``Σ_t (w_t − 1) A_t``.
 """
 
 from __future__ import annotations
@@ -19,11 +21,26 @@ from torch import Tensor
 from ..entropy_flow import delta_entropy, flow_sums, lambda_star
 from ..metrics import add_sums, flow_metrics
 from ..reduction import BatchReducer
+from ..reweighting import (
+    DEFAULT_CONFIDENT_PROB,
+    SPLIT_SUMS,
+    reweighting_metrics,
+    shift_sums,
+    split_sums,
+)
 from .base import BatchStatistics, Objective
 from .tokens import Coefficients, TokenChunk
 
 #: The sums every method's phase 2 computes (keys an objective's own sums must not reuse).
-COMMON_SUMS = ("tokens", "entropy", "flow_pos", "flow_neg", "count_pos", "count_neg")
+COMMON_SUMS = (
+    "tokens",
+    "entropy",
+    "flow_pos",
+    "flow_neg",
+    "count_pos",
+    "count_neg",
+    *SPLIT_SUMS,
+)
 
 
 @dataclass(frozen=True)
@@ -44,7 +61,7 @@ class Prepared:
     update_target: float | None = None
 
 
-def common_sums(chunk: TokenChunk, delta_h: Tensor) -> dict[str, Tensor]:
+def common_sums(chunk: TokenChunk, delta_h: Tensor, confident_prob: float) -> dict[str, Tensor]:
     """This chunk's share of :data:`COMMON_SUMS` (0-d float64 each)."""
     mask = chunk.mask
     pos, neg = flow_sums(delta_h, mask)
@@ -55,6 +72,7 @@ def common_sums(chunk: TokenChunk, delta_h: Tensor) -> dict[str, Tensor]:
         "flow_neg": neg,
         "count_pos": (mask & (delta_h > 0)).sum().double(),
         "count_neg": (mask & (delta_h < 0)).sum().double(),
+        **split_sums(delta_h, chunk.advantages, chunk.logprob, mask, confident_prob),
     }
 
 
@@ -79,6 +97,7 @@ def prepare(
     reducer: BatchReducer,
     *,
     seed: int = 0,
+    confident_prob: float = DEFAULT_CONFIDENT_PROB,
 ) -> Prepared:
     """Per-token coefficients for every chunk of this rank, from sums over the whole batch.
 
@@ -87,6 +106,8 @@ def prepare(
     whole batch's statistics, so the trainer passes
     :class:`~opefo_nemo.core.reduction.SingleProcessReducer`.
     ``seed``: the seed of a method's randomness (Clip-Cov's subset; vary it per step).
+    ``confident_prob``: a token with ``π(y_t)`` above it is confident (``flow/confident_*`` and
+    ``flow/adv_shift_confident``, spec §6).
     """
     if not isinstance(reducer, BatchReducer):
         raise TypeError(
@@ -95,6 +116,8 @@ def prepare(
         )
     if isinstance(chunks, TokenChunk) or not chunks:
         raise TypeError("prepare takes a non-empty sequence of TokenChunk (all of this rank's)")
+    if not 0 < confident_prob < 1:
+        raise ValueError(f"confident_prob must lie in (0, 1), got {confident_prob}")
     estimator = objective.config.entropy_flow.estimator
     delta_hs = [chunk_delta_entropy(c, estimator) for c in chunks]
     local: dict[str, Tensor] = {}
@@ -103,7 +126,7 @@ def prepare(
         clash = sorted(set(own) & set(COMMON_SUMS))
         if clash:
             raise ValueError(f"method {objective.config.name!r} reuses common sum names {clash}")
-        local = add_sums(local, {**common_sums(chunk, delta_h), **own})
+        local = add_sums(local, {**common_sums(chunk, delta_h, confident_prob), **own})
     sums = reducer.sum(local)
     n_tokens = round(float(sums["tokens"]))
     if n_tokens == 0:
@@ -112,16 +135,22 @@ def prepare(
     lam_star = float(lambda_star(sums["flow_pos"], sums["flow_neg"]))
     batch = BatchStatistics(chunks, delta_hs, sums, n_tokens, lam_star)
     coefficients = objective.coefficients(batch, reducer, seed)
-    net = reducer.sum({"net_after_balance": _weighted_flow(chunks, coefficients)})
-    metrics = flow_metrics(sums, lam_star, float(net["net_after_balance"]))
+    applied = reducer.sum(_applied_sums(chunks, coefficients, confident_prob))
+    metrics = flow_metrics(sums, lam_star, float(applied["net_after_balance"]))
+    metrics.update(reweighting_metrics(sums, applied))
     target = objective.update_target(batch)
     metrics.update(objective.metrics(batch))
     return Prepared(coefficients, n_tokens, lam_star, dict(sums), metrics, target)
 
 
-def _weighted_flow(chunks: Sequence[TokenChunk], coefficients: Sequence[Coefficients]) -> Tensor:
-    """``Σ_t w_t ΔH_t`` over this rank's valid tokens: the predicted net flow after weighting."""
-    total = torch.zeros((), dtype=torch.float64)
+def _applied_sums(
+    chunks: Sequence[TokenChunk], coefficients: Sequence[Coefficients], confident_prob: float
+) -> dict[str, Tensor]:
+    """This rank's sums of what the applied weights do: ``net_after_balance = Σ_t w_t ΔH_t``
+    (the predicted net flow after weighting) and the advantage shifts of :func:`shift_sums`."""
+    total: dict[str, Tensor] = {}
     for chunk, c in zip(chunks, coefficients, strict=True):
-        total = total + (c.weight.double() * c.delta_h.double() * chunk.mask).sum()
+        net = (c.weight.double() * c.delta_h.double() * chunk.mask).sum()
+        shifts = shift_sums(c.weight, chunk.advantages, chunk.logprob, chunk.mask, confident_prob)
+        total = add_sums(total, {"net_after_balance": net, **shifts})
     return total

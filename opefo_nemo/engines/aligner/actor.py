@@ -33,17 +33,28 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from typing import cast
 
 import torch
 from megatron.core import parallel_state
-from nemo.collections.nlp.models.language_modeling.megatron_gpt_model import MegatronGPTModel
-from nemo.collections.nlp.parts.megatron_trainer_builder import MegatronTrainerBuilder
-from nemo_aligner.models.alignable_interface import AlignableGenerativeInterface
-from nemo_aligner.utils.train_script_utils import (
+from megatron.core.models.gpt.gpt_model import GPTModel
+from nemo.collections.nlp.models.language_modeling.megatron_gpt_model import (  # type: ignore[import-not-found]  # NeMo: in the training image only
+    MegatronGPTModel,
+)
+from nemo.collections.nlp.parts.megatron_trainer_builder import (  # type: ignore[import-not-found]  # NeMo: in the training image only
+    MegatronTrainerBuilder,
+)
+from nemo_aligner.models.alignable_interface import (  # type: ignore[import-not-found]  # NeMo-Aligner: in the training image only
+    AlignableGenerativeInterface,
+)
+from nemo_aligner.utils.train_script_utils import (  # type: ignore[import-not-found]  # NeMo-Aligner: in the training image only
     init_distributed,
 )
-from nemo_aligner.utils.train_utils import set_eval, set_train
-from nemo_aligner.utils.utils import (
+from nemo_aligner.utils.train_utils import (  # type: ignore[import-not-found]  # NeMo-Aligner: in the training image only
+    set_eval,
+    set_train,
+)
+from nemo_aligner.utils.utils import (  # type: ignore[import-not-found]  # NeMo-Aligner: in the training image only
     configure_batch_sizes,
     load_and_override_model_config,
     load_from_nemo,
@@ -187,5 +198,7 @@ def build_nemo_actor(
             f"engine.name=aligner: the NeMo checkpoint in {model_dir} is not the model of its "
             f"config.json, which vLLM samples from: {'; '.join(mismatches)}"
         )
-    chunk = model_chunk(actor).cuda(torch.cuda.current_device())
+    chunk = cast(
+        "GPTModel", model_chunk(actor).cuda(torch.cuda.current_device())
+    )  # NeMo's core model
     return wrap_for_training(chunk, layout, engine, lr=lr, temperature=temperature)

@@ -26,10 +26,12 @@ from pathlib import Path
 
 import torch
 from megatron.core import parallel_state
+from megatron.core.models.gpt.gpt_model import GPTModel
 
 from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.hf_loading import load_stage_weights
 from ...models.megatron_weights.layout import MegatronLayout
+from ..startup import DeviceUnavailableError
 from . import compat
 from .cpu_execution import megatron_on_cpu
 from .megatron_optimizer import build_megatron_optimizer, wrap_in_ddp
@@ -72,13 +74,19 @@ def initialize_parallel_state(engine: MegatronEngineConfig) -> None:
     if engine.device == "cpu":
         _CPU_EXECUTION.enter_context(megatron_on_cpu())
     else:
-        from megatron.core import tensor_parallel
+        _seed_cuda_model_parallel()
 
-        tensor_parallel.model_parallel_cuda_manual_seed(MODEL_PARALLEL_SEED)
+
+def _seed_cuda_model_parallel() -> None:  # pragma: no cover
+    """CUDA only: megatron's model-parallel CUDA RNG states (the weight initialisation and
+    dropout of each TP rank)."""
+    from megatron.core import tensor_parallel
+
+    tensor_parallel.model_parallel_cuda_manual_seed(MODEL_PARALLEL_SEED)
 
 
 def wrap_for_training(
-    model: torch.nn.Module,
+    model: GPTModel,
     layout: MegatronLayout,
     engine: MegatronEngineConfig,
     *,
@@ -97,7 +105,7 @@ def build_megatron_policy(
 ) -> MegatronPolicy:
     """The module docstring's four steps for the Hugging Face model at ``model_dir``."""
     if engine.device == "cuda" and not torch.cuda.is_available():
-        raise RuntimeError(
+        raise DeviceUnavailableError(
             "engine.device=cuda but this rank sees no GPU: run on GPU nodes, or set "
             "engine.device=cpu (CPU ranks over gloo, for small models)"
         )
@@ -108,8 +116,13 @@ def build_megatron_policy(
     stage = parallel_state.get_pipeline_model_parallel_rank()
     model = build_gpt_model(layout, engine, hf_config, stage, source=str(model_dir))
     if engine.device == "cuda":
-        model = model.cuda(torch.cuda.current_device())
+        model = _on_current_cuda_device(model)
     load_stage_weights(
         model, layout, model_dir, stage, parallel_state.get_tensor_model_parallel_rank()
     )
     return wrap_for_training(model, layout, engine, lr=lr, temperature=temperature)
+
+
+def _on_current_cuda_device(model: GPTModel) -> GPTModel:  # pragma: no cover
+    """CUDA only: ``model`` moved to this rank's current GPU."""
+    return model.cuda(torch.cuda.current_device())

@@ -48,10 +48,13 @@ import json
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.distributed as dist
+
+if TYPE_CHECKING:
+    from megatron.core.transformer.module import MegatronModule
 
 from ...models.megatron_weights.checkpoint_files import (
     FORMAT,
@@ -68,7 +71,7 @@ from . import compat
 MEGATRON_OPTIMIZER = "megatron"
 
 
-def save_megatron(directory: Path, model: torch.nn.Module, optimizer: Any, extra: dict) -> None:
+def save_megatron(directory: Path, model: MegatronModule, optimizer: Any, extra: dict) -> None:
     """Write ``model`` (the ``GPTModel`` inside megatron's DDP), the ``MegatronOptimizer``'s
     state (module docstring) and the JSON-able ``extra`` to ``directory``. Collective: every
     rank of the job calls it. A non-JSON-able ``extra`` raises before anything is written."""
@@ -80,7 +83,7 @@ def save_megatron(directory: Path, model: torch.nn.Module, optimizer: Any, extra
     _write(directory, state, extra_json)
 
 
-def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> dict:
+def load_megatron(directory: Path, model: MegatronModule, optimizer: Any) -> dict:
     """Restore what :func:`save_megatron` wrote into ``model`` (the ``GPTModel`` inside megatron's
     DDP) and the ``MegatronOptimizer``; returns ``extra``. Collective over all ranks.
 
@@ -104,6 +107,7 @@ def load_megatron(directory: Path, model: torch.nn.Module, optimizer: Any) -> di
     optimizer_state = compat.optimizer_sharded_state(optimizer, model_state, is_loading=True)
     state = {"model": model_state, "optimizer": optimizer_state}
     loaded = dist_checkpointing.load(state, str(directory))
+    assert isinstance(loaded, dict)  # a (state, keys, keys) tuple only with a strict mode set
     model.load_state_dict(loaded["model"], strict=True)
     with torch.no_grad():  # fp32 main weights are views of the (trainable) parameters
         optimizer.load_state_dict(loaded["optimizer"])
@@ -197,7 +201,7 @@ def _write(directory: Path, state: dict[str, Any], extra: Any) -> None:
 
 
 def _check_model_matches(
-    model_state: Mapping[str, Any],
+    model_state: dict[str, Any],
     stored: Mapping[str, tuple[tuple[int, ...], torch.dtype]],
     directory: Path,
 ) -> None:
@@ -229,7 +233,7 @@ def _check_model_matches(
             )
         if problem is not None:
             break
-    everyone = [(sorted(expected), problem)]
+    everyone: list[Any] = [(sorted(expected), problem)]
     if dist.is_initialized() and dist.get_world_size() > 1:
         everyone = [None] * dist.get_world_size()
         dist.all_gather_object(everyone, (sorted(expected), problem))

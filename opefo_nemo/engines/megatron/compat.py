@@ -12,13 +12,14 @@ from __future__ import annotations
 
 import functools
 import inspect
+from collections.abc import Callable
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
     import torch.distributed as dist
 
 
-def _accepts(function: object, parameter: str) -> bool:
+def _accepts(function: Callable[..., Any], parameter: str) -> bool:
     return parameter in inspect.signature(function).parameters
 
 
@@ -34,7 +35,7 @@ def initialize_model_parallel(
     from megatron.core import parallel_state
 
     initialize = parallel_state.initialize_model_parallel
-    options = {}
+    options: dict[str, Any] = {}
     if _accepts(initialize, "create_gloo_process_groups"):
         options["create_gloo_process_groups"] = gloo_groups
     initialize(tensor_parallel, pipeline_parallel, **options)
@@ -125,7 +126,7 @@ def local_layer_spec(*, qk_layernorm: bool, norm: type | None = None):
     from megatron.core.transformer.torch_norm import WrappedTorchNorm
 
     if _accepts(get_gpt_layer_local_spec, "normalization"):
-        spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")
+        spec = get_gpt_layer_local_spec(qk_layernorm=qk_layernorm, normalization="RMSNorm")  # type: ignore[call-arg, unused-ignore]  # 0.16.1 only (branch)
         if norm is None:
             return spec
     else:
@@ -135,7 +136,7 @@ def local_layer_spec(*, qk_layernorm: bool, norm: type | None = None):
     def replace(slot: object) -> object:
         return slot if slot is IdentityOp else chosen
 
-    layer = spec.submodules
+    layer: Any = spec.submodules  # ModuleSpec annotates submodules as object
     attention = layer.self_attention.submodules
     attention.q_layernorm = replace(attention.q_layernorm)
     attention.k_layernorm = replace(attention.k_layernorm)

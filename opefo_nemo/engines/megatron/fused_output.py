@@ -26,6 +26,7 @@ from __future__ import annotations
 
 from collections.abc import Iterator, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, cast
 
 import torch
 import torch.distributed as dist
@@ -33,10 +34,13 @@ from torch import Tensor
 
 from ...parallel import TokenStats
 
+if TYPE_CHECKING:
+    from megatron.core.models.gpt.gpt_model import GPTModel
 
-def gpt_model(model: torch.nn.Module) -> torch.nn.Module:
+
+def gpt_model(model: torch.nn.Module) -> GPTModel:
     """The ``GPTModel`` inside megatron's ``DistributedDataParallel`` wrapper (or ``model``)."""
-    return getattr(model, "module", model)
+    return cast("GPTModel", getattr(model, "module", model))
 
 
 @contextmanager

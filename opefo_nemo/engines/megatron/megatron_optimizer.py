@@ -22,6 +22,7 @@ import math
 
 import torch
 from megatron.core.distributed import DistributedDataParallel, DistributedDataParallelConfig
+from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 
 from ...config.engines import MegatronEngineConfig
@@ -29,7 +30,7 @@ from ...config.engines import MegatronEngineConfig
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
-def wrap_in_ddp(model: torch.nn.Module, engine: MegatronEngineConfig) -> DistributedDataParallel:
+def wrap_in_ddp(model: GPTModel, engine: MegatronEngineConfig) -> DistributedDataParallel:
     """``model`` (a megatron ``GPTModel`` in ``engine.dtype``) inside megatron's DDP."""
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import importlib.util
 from collections.abc import Mapping
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 import torch.nn.functional as F
@@ -29,6 +29,9 @@ import torch.nn.functional as F
 from ...config.engines import MegatronEngineConfig
 from ...models.megatron_weights.layout import MegatronLayout
 from . import compat
+
+if TYPE_CHECKING:
+    from megatron.core.models.gpt.gpt_model import GPTModel
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
@@ -65,7 +68,7 @@ class LocalRMSNorm(torch.nn.RMSNorm):
         if config.normalization != "RMSNorm" or zero_centered_gamma:
             raise ValueError("LocalRMSNorm is a plain RMSNorm (no zero-centred gamma)")
         super().__init__(hidden_size, eps=eps, dtype=config.params_dtype)
-        self.weight.sequence_parallel = bool(config.sequence_parallel)
+        self.weight.sequence_parallel = bool(config.sequence_parallel)  # type: ignore[attr-defined]  # megatron reads this flag off the parameter
 
 
 def check_supported(hf_config: Mapping[str, Any], source: str) -> None:
@@ -98,7 +101,7 @@ def transformer_config(
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     shape, dtype = layout.shape, _DTYPES[engine.dtype]
-    recompute = (
+    recompute: dict[str, Any] = (
         {"recompute_granularity": "full", "recompute_method": "uniform", "recompute_num_layers": 1}
         if engine.recompute_activations
         else {}
@@ -140,7 +143,7 @@ def build_gpt_model(
     stage: int,
     *,
     source: str = "config.json",
-) -> torch.nn.Module:
+) -> GPTModel:
     """This pipeline ``stage``'s ``GPTModel`` in ``engine.dtype`` (weights not loaded yet:
     :func:`~opefo_nemo.models.megatron_weights.hf_loading.load_stage_weights`).
     ``parallel_state`` must be initialised for ``layout``."""
@@ -150,16 +153,16 @@ def build_gpt_model(
     check_supported(hf_config, source)
     shape = layout.shape
     config = transformer_config(layout, engine, hf_config)
+    spec: Any
     if uses_transformer_engine(engine):
-        from megatron.core.models.gpt.gpt_layer_specs import (
-            get_gpt_layer_with_transformer_engine_spec,
-        )
-
-        spec: Any = get_gpt_layer_with_transformer_engine_spec(qk_layernorm=shape.qk_norm)
+        spec = transformer_engine_layer_spec(qk_layernorm=shape.qk_norm)
     else:
         layer = compat.local_layer_spec(qk_layernorm=shape.qk_norm, norm=LocalRMSNorm)
         layers = len(layout.stage_layers(stage))
-        spec = TransformerBlockSubmodules(layer_specs=[layer] * layers, layer_norm=LocalRMSNorm)
+        spec = TransformerBlockSubmodules(
+            layer_specs=[layer] * layers,
+            layer_norm=LocalRMSNorm,  # type: ignore[arg-type]  # build_module also takes a class
+        )
     model = GPTModel(
         config,
         spec,
@@ -169,6 +172,14 @@ def build_gpt_model(
         post_process=stage == layout.pipeline_parallel - 1,
         share_embeddings_and_output_weights=shape.tie_word_embeddings,
         position_embedding_type="rope",
-        rotary_base=rope_theta(hf_config),
+        rotary_base=rope_theta(hf_config),  # type: ignore[arg-type]  # annotated int; any real base works
     )
     return model.to(_DTYPES[engine.dtype])
+
+
+def transformer_engine_layer_spec(*, qk_layernorm: bool) -> Any:  # pragma: no cover
+    """Transformer Engine only (a GPU rank with ``transformer_engine`` importable): megatron-core's
+    TE GPT layer spec (fused layer norms in the linear layers)."""
+    from megatron.core.models.gpt.gpt_layer_specs import get_gpt_layer_with_transformer_engine_spec
+
+    return get_gpt_layer_with_transformer_engine_spec(qk_layernorm=qk_layernorm)

@@ -87,7 +87,8 @@ class MegatronOptimizerStep:
         has a non-finite term on some rank). The flag stays on the device until the one
         host read at the end."""
         finalize_model_grads([self.model])
-        nonfinite = [(~torch.isfinite(p.main_grad)).any().reshape(1) for p in self.params]
+        grads = [p.main_grad for p in self.params]  # type: ignore[attr-defined]  # set by megatron's DDP
+        nonfinite = [(~torch.isfinite(g)).any().reshape(1) for g in grads]
         flag = torch.cat([failed.reshape(1).float(), *(n.float() for n in nonfinite)]).amax()
         flag = flag.reshape(1)
         for group in self.groups:

@@ -76,6 +76,7 @@ from ..batch import TrainBatch
 from ..protocols import EntropyCorrection, LossFn, UpdateResult
 from . import compat
 from .checkpoint import load_megatron, save_megatron
+from .fused_output import gpt_model
 from .loss_closure import LossFunction, MegatronScaling, output_stats, stats_function
 from .optimizer_step import MegatronOptimizerStep
 from .pipeline_batch import PipelineMicroBatches
@@ -169,7 +170,7 @@ class MegatronPolicy:
         unequal = torch.zeros(1, device=self.device)
         if group is not None:
             first = parallel_state.is_pipeline_first_stage()
-            model = self.model.module
+            model = gpt_model(self.model)
             weight = model.embedding.word_embeddings.weight if first else model.output_layer.weight
             difference = weight.detach().clone() if first else -weight.detach()
             dist.all_reduce(difference, group=group)
@@ -370,12 +371,14 @@ class MegatronPolicy:
         """Model, optimizer state and learning-rate schedule into ``directory``, a megatron
         ``torch_dist`` checkpoint (:mod:`.checkpoint`; collective, every rank writes its
         shards); the schedule's state travels in the checkpoint's JSON ``extra``."""
-        save_megatron(directory, self.model.module, self.optimizer, {_SCHEDULE: self.updates.steps})
+        save_megatron(
+            directory, gpt_model(self.model), self.optimizer, {_SCHEDULE: self.updates.steps}
+        )
 
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote (collective; the layouts it resumes at: module
         docstring)."""
-        extra = load_megatron(directory, self.model.module, self.optimizer)
+        extra = load_megatron(directory, gpt_model(self.model), self.optimizer)
         if _SCHEDULE not in extra:
             raise ValueError(f"checkpoint {directory} holds no learning-rate schedule state")
         self.updates.steps = int(extra[_SCHEDULE])

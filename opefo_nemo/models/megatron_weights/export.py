@@ -37,7 +37,11 @@ from pathlib import Path
 import torch
 from torch import Tensor
 from torch.distributed.checkpoint import DefaultLoadPlanner, FileSystemReader, load
-from torch.distributed.checkpoint.metadata import ChunkStorageMetadata, Metadata
+from torch.distributed.checkpoint.metadata import (
+    ChunkStorageMetadata,
+    Metadata,
+    TensorStorageMetadata,
+)
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
@@ -56,7 +60,15 @@ log = logging.getLogger("opefo_nemo.export")
 EMBEDDING = "embedding.word_embeddings.weight"
 _LAYERS = "decoder.layers."
 #: Weight files of a Hugging Face directory, never copied from ``hf_model`` into the export.
-_WEIGHT_PATTERNS = ("*.safetensors", "*.bin", "*.pt", "*.pth", "*.h5", "*.msgpack", "*.gguf")
+_WEIGHT_PATTERNS: tuple[str, ...] = (
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.h5",
+    "*.msgpack",
+    "*.gguf",
+)
 _WEIGHT_PATTERNS += ("*.safetensors.index.json", "*.bin.index.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 _SAFETENSORS_DTYPES = {
@@ -206,7 +218,9 @@ class _RegionPlanner(DefaultLoadPlanner):
         items = []
         for key, target in self.state_dict.items():
             chunk = ChunkStorageMetadata(torch.Size(self.offsets[key]), target.size())
+            assert self.metadata is not None  # set by the planner before planning
             stored = self.metadata.state_dict_metadata[key]
+            assert isinstance(stored, TensorStorageMetadata)  # every exported entry is a tensor
             items += create_read_items_for_chunk_list(key, stored, [chunk])
         return LoadPlan(items)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 import json
 from contextlib import ExitStack
 from pathlib import Path
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -45,7 +46,7 @@ class SafetensorsFiles:
                 "Hugging Face safetensors checkpoints"
             )
         self._stack = ExitStack()
-        self._handles: dict[Path, object] = {}
+        self._handles: dict[Path, Any] = {}  # safetensors' safe_open handles
 
     def __enter__(self) -> SafetensorsFiles:
         return self

@@ -116,6 +116,7 @@ class DistributedFetch:
             return full
         if full is None:
             full = torch.empty(spec.shape, dtype=self.dtype, device=self.device)
+        assert self.pp_group is not None  # pipeline_parallel > 1 (checked against the group)
         source = dist.get_global_rank(self.pp_group, spec.stage)
         dist.broadcast(full, src=source, group=self.pp_group)
         return full

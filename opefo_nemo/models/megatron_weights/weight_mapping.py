@@ -155,7 +155,10 @@ def _layer_specs(layout: MegatronLayout, layer: int) -> list[WeightSpec]:
             (h, f),
         ),
     ]
-    return [WeightSpec(meg + name, stage, names, *rest) for name, names, *rest in rows]
+    return [
+        WeightSpec(meg + name, stage, names, fusion, sharding, full)
+        for name, names, fusion, sharding, full in rows
+    ]
 
 
 def weight_groups(layout: MegatronLayout) -> Iterator[list[WeightSpec]]:

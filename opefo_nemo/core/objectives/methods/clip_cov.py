@@ -42,6 +42,7 @@ class ClipCovSettings:
 
 @dataclass(frozen=True)
 class ClipCovConfig(ClippedConfig):
+    clip_ratio_c: float | None = None  # Cui et al.'s Clip-Cov has no dual clip
     clip_cov: ClipCovSettings = field(default_factory=ClipCovSettings)
 
     def validate(self, prefix: str) -> None:

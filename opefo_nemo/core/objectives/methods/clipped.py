@@ -15,6 +15,7 @@ from __future__ import annotations
 import math
 from collections.abc import Mapping
 from dataclasses import dataclass
+from typing import ClassVar
 
 import torch
 from torch import Tensor
@@ -63,7 +64,13 @@ class ClippedSurrogate(Objective):
 
     config_type = ClippedConfig
     strict = False
-    loss_sum_names = ("clip_upper", "clip_lower", "dh_upper", "dh_lower", "clip_dual")
+    loss_sum_names: ClassVar[tuple[str, ...]] = (
+        "clip_upper",
+        "clip_lower",
+        "dh_upper",
+        "dh_lower",
+        "clip_dual",
+    )
 
     @property
     def clipping(self) -> ClippedConfig:

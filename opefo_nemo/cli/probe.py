@@ -1,0 +1,107 @@
+"""``opefo-probe [--json PATH] [override ...]``: which regime is this run in? No training.
+
+It composes the configuration exactly as ``opefo-train`` does (same files, same overrides, e.g.
+``+preset=opefo_7b`` or ``+preset=smollm2_cpu``), samples ``trainer.responses_per_prompt``
+responses for each of ``trainer.prompts_per_step`` prompts with the configured rollout engine,
+scores them, runs one token-stats pass and reports, for every ΔH estimator, what ``prepare``
+computes at step 1 (P, N, λ*, the token entropy, ...) beside the reward and the share of groups
+with signal: a table on stdout, a verdict in plain words on how far OPEFO's weights
+``w± = 1 ± λ*`` move the update, and a JSON document (default ``<run.output_dir>/probe.json``).
+The figures are those ``opefo-train`` logs at step 1 on the same batch (trainer/probe.py).
+With no override it probes the embedded default's model and task.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+
+from ..config.compose import compose
+from ..core.entropy_flow import ESTIMATORS
+from ..trainer.probe import probe
+from ..trainer.setup import build_trainer
+from .probe_report import document, table, verdict
+from .train import START_UP_ERRORS
+
+STAGES = 3 + len(ESTIMATORS)  # start-up, generation, token statistics, one prepare per estimator
+
+
+def _parse(argv: Sequence[str]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(
+        prog="opefo-probe",
+        description=__doc__.split("\n\n")[0],
+        epilog="Any other argument is an opefo-train override, e.g. trainer.prompts_per_step=32.",
+    )
+    parser.add_argument("--json", type=Path, help="where to write the JSON document")
+    parser.add_argument("overrides", nargs="*", help="opefo-train overrides (Hydra syntax)")
+    return parser.parse_args(argv)
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    args = _parse(list(sys.argv[1:] if argv is None else argv))
+    logging.basicConfig(
+        level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
+    )
+    try:
+        config, config_dict = compose(args.overrides)
+    except ValueError as error:
+        print(f"opefo-probe: error: {error}", file=sys.stderr)
+        return 2
+    if config.run.compare or config.run.seeds:
+        print(
+            "opefo-probe: error: run.compare and run.seeds train several runs; the probe looks "
+            "at one batch of one method: drop them",
+            file=sys.stderr,
+        )
+        return 2
+    from tqdm import tqdm
+
+    bar = tqdm(total=STAGES, desc="opefo-probe", disable=not config.metrics.progress, leave=False)
+
+    begun: list[str] = []
+
+    def stage(name: str) -> None:
+        if begun:
+            bar.update(1)
+        begun.append(name)
+        bar.set_description(name)
+
+    stage("model and rollout servers")
+    output_dir = Path(config.run.output_dir)
+    try:
+        trainer = build_trainer(config, config_dict, output_dir)
+    except START_UP_ERRORS as error:
+        bar.close()
+        print(f"opefo-probe: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        result = probe(trainer, stage)
+    finally:
+        trainer.rollout.close()
+        bar.update(1)
+        bar.close()
+    if not trainer.ranks.is_main:
+        return 0
+    settings = {
+        "model.path": str(config.model.path),
+        "method": config.method.name,
+        "engine": config.engine.name,
+        "rollout.temperature": config.rollout.temperature,
+        "rollout.max_new_tokens": config.rollout.max_new_tokens,
+        "run.seed": config.run.seed,
+    }
+    path = args.json or output_dir / "probe.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(document(result, args.overrides, settings), indent=2) + "\n")
+    print(table(result))
+    print(f"\nverdict: {verdict(result)}")
+    print(f"\nJSON: {path}")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

@@ -1,0 +1,55 @@
+"""The word-problem task of the real-model preset: questions, answers and the ``last_number``
+verifier, against Python's own sums and hand-written responses."""
+
+from __future__ import annotations
+
+import re
+
+import pytest
+
+from opefo_nemo.config.compose import compose
+from opefo_nemo.tasks.word_arithmetic import make_word_problems, score_last_number
+from opefo_nemo.trainer.scoring import score_responses
+
+QUESTION = re.compile(r"^What is (\d+) \+ (\d+)\?$")
+
+
+def test_one_digit_questions_cover_all_pairs_once_and_answer_with_the_sum():
+    train, validation = make_word_problems(1, 90, 10, seed=1234)
+    assert len(train) == 90 and len(validation) == 10
+    pairs = []
+    for problem in train + validation:
+        a, b = map(int, QUESTION.match(problem.problem).groups())
+        assert problem.ground_truth == str(a + b)
+        pairs.append((a, b))
+    assert sorted(pairs) == [(a, b) for a in range(10) for b in range(10)]
+    assert make_word_problems(1, 90, 10, seed=1234) == (train, validation)
+    assert make_word_problems(1, 90, 10, seed=5)[1] != validation
+
+
+@pytest.mark.parametrize(
+    ("response", "reason", "answer"),
+    [
+        ("3 + 5 = 8.", "correct", "8"),
+        ("The sum of 3 and 5 is 8", "correct", "8"),
+        ("To add 3 and 5 you get 8, so the answer is 8!", "correct", "8"),
+        ("3 + 5 = 8, and 8 + 1 = 9", "wrong", "9"),
+        ("So 5 + 3 equals 15.", "wrong", "15"),
+        ("It is eight.", "no_answer", None),
+        ("", "no_answer", None),
+    ],
+)
+def test_last_number_reads_the_last_integer(response, reason, answer):
+    result = score_last_number(response, "8")
+    assert (result.reason, result.answer, result.score) == (
+        reason,
+        answer,
+        float(reason == "correct"),
+    )
+
+
+def test_the_preset_scores_with_last_number():
+    config, _ = compose(["+preset=smollm2_cpu"])
+    assert (config.reward.verifier, config.data.train) == ("last_number", "word_arithmetic")
+    results = score_responses(["3 + 5 = 8", "9"], ["8", "8"], config.reward)
+    assert [r.score for r in results] == [1.0, 0.0]

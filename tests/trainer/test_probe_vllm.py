@@ -1,0 +1,72 @@
+"""``opefo-probe``'s figures are those ``opefo-train`` logs at step 1 on the same batch, for every
+ΔH estimator (the trainer run once per estimator from the same start), and the command's table,
+verdict and JSON; with the real vLLM CPU rollout engine and the warm-started tiny model."""
+
+from __future__ import annotations
+
+import json
+import re
+
+import pytest
+
+from opefo_nemo.cli.probe import main
+from opefo_nemo.core.entropy_flow import ESTIMATORS
+from opefo_nemo.trainer.probe import probe
+from tests.metric_bounds import assert_metrics_close
+
+from .conftest import run_overrides
+
+pytestmark = pytest.mark.vllm
+#: The probe's token-stats pass asks for every estimator's vocabulary sums, the trainer's only
+#: for its own; the sums come from the same logits chunk by chunk, so the statistics agree within
+#: fp32 round-off of sums over the batch (a few ε₃₂ of each term's magnitude).
+REL = 64 * 1.2e-7
+ROLLOUT = ("reward/mean", "reward/group_signal_frac", "response/length_mean", "fidelity/kl")
+
+
+@pytest.mark.parametrize("method", ["opefo", "grpo_strict"])
+def test_probe_equals_the_first_training_step(make_trainer, tmp_path, method):
+    probed = probe(make_trainer([f"method={method}"], tmp_path / "probe"))
+    assert set(probed.estimators) == set(ESTIMATORS)
+    for estimator in ESTIMATORS:
+        trainer = make_trainer(
+            [f"method={method}", f"method.entropy_flow.estimator={estimator}"],
+            tmp_path / estimator,
+        )
+        logged = trainer.train_step()
+        ours = probed.estimators[estimator]
+        assert_metrics_close(ours, {name: logged[name] for name in ours}, REL)
+        for name in ROLLOUT:
+            assert probed.rollout[name] == pytest.approx(logged[name], rel=REL, abs=1e-12), name
+    assert 0 < probed.rollout["reward/group_signal_frac"] <= 1
+
+
+def test_the_command_writes_table_verdict_and_json(warm_model, tmp_path, capsys):
+    path = tmp_path / "probe.json"
+    overrides = run_overrides(warm_model, tmp_path / "run")
+    assert main(["--json", str(path), *overrides]) == 0
+    out = capsys.readouterr().out
+    document = json.loads(path.read_text())
+    assert document["overrides"] == overrides
+    assert set(document["estimators"]) == set(ESTIMATORS)
+    paper = document["estimators"]["paper"]
+    lam = (paper["flow/neg"] - paper["flow/pos"]) / (paper["flow/neg"] + paper["flow/pos"])
+    assert paper["flow/lambda"] == pytest.approx(lam, abs=1e-12)
+    for name in paper:
+        assert name in out, name
+    assert f"w+ = 1 + λ* = {1 + paper['flow/lambda']:.3f}" in document["verdict"]
+    assert document["verdict"] in out.replace("\nverdict: ", "\n")
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["trainer.no_such_key=1"], "unknown key trainer.no_such_key"),
+        (["run.compare=[grpo_strict,opefo]"], "run.compare and run.seeds"),
+        (["model=local", "model.path=/nonexistent/model"], "not a Hugging Face model directory"),
+    ],
+)
+def test_start_up_problems_are_one_line_and_exit_2(overrides, message, capsys):
+    assert main(overrides) == 2
+    line = re.split(r"[\r\n]", capsys.readouterr().err.strip())[-1]  # after the progress bar
+    assert line.startswith("opefo-probe: error:") and message in line
