@@ -171,7 +171,9 @@ class HFPolicy:
             lr=self.lr,
             skipped=False,
             sums={k: float(v) for k, v in sums.items()},
-            correction=None if captured is None else captured.correct(correction.target),
+            correction=None
+            if captured is None or correction is None
+            else captured.correct(correction.target),
         )
 
     def advance_schedule(self) -> None:

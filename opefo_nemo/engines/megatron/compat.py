@@ -13,7 +13,7 @@ from __future__ import annotations
 import functools
 import inspect
 from collections.abc import Callable
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, cast
 
 if TYPE_CHECKING:
     import torch.distributed as dist
@@ -199,6 +199,7 @@ def copy_main_weights_to_model(optimizer: Any) -> None:
     optimizer's step then all-gathers the parameter buffer over data parallel with each model
     chunk's ``start_param_sync`` (both releases; synchronous unless ``overlap_param_gather``,
     which the engine does not set)."""
+    from megatron.core.distributed import DistributedDataParallel
     from megatron.core.optimizer.distrib_optimizer import DistributedOptimizer
 
     for inner in inner_optimizers(optimizer):
@@ -207,4 +208,4 @@ def copy_main_weights_to_model(optimizer: Any) -> None:
             copy()
         if isinstance(inner, DistributedOptimizer):
             for chunk in inner.model_chunks:
-                chunk.start_param_sync(force_sync=True)
+                cast(DistributedDataParallel, chunk).start_param_sync(force_sync=True)

@@ -288,7 +288,7 @@ class MegatronPolicy:
             skipped=False,
             sums=totals,
             correction=None
-            if captured is None
+            if captured is None or correction is None
             else self.updates.correct(captured, correction.target),
         )
 
