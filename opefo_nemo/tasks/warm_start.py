@@ -64,7 +64,7 @@ def supervised_warm_start(
         loss.backward()
         optimizer.step()
         if (step + 1) % LOG_EVERY == 0 or step + 1 == steps:
-            log.info("warm start: step %d of %d, loss %.4f", step + 1, steps, float(loss))
+            log.info("warm start: step %d of %d, loss %.4f", step + 1, steps, float(loss.detach()))
     staging = out_dir.parent / f".{out_dir.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
     model.save_pretrained(staging, safe_serialization=True)
