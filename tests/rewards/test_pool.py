@@ -4,6 +4,7 @@ pathological item hits its time limit without holding up the batch."""
 from __future__ import annotations
 
 import signal
+import threading
 import time
 from collections.abc import Iterator
 
@@ -73,6 +74,46 @@ def test_hard_limit_kills_a_worker_stuck_outside_python() -> None:
         assert [r.reason for r in results] == ["timeout", "correct"]
         assert running.restarts == 1
         assert 0.9 < elapsed < 10.0
+
+
+def _kill(pool: RewardPool) -> None:
+    """Kill the pool's only worker process, as the OOM killer or a segfault would."""
+    process = pool._workers[0].process
+    process.kill()
+    process.join()
+
+
+def test_a_worker_found_dead_is_replaced_and_its_item_scored_as_an_error() -> None:
+    with RewardPool(1, RewardConfig(verifier="dapo"), start_method="fork") as running:
+        _kill(running)  # the pipe's other end is gone: sending the first item fails
+        results = running.score(["Answer: 3", "Answer: 4"], ["3", "3"])
+        assert [r.reason for r in results] == ["error", "wrong"]
+        assert running.restarts == 1
+
+
+def test_a_worker_dying_while_scoring_is_replaced_before_its_time_limit() -> None:
+    """The worker is stuck outside Python (SIGALRM blocked) with a 60 s hard limit and dies after
+    1 s: its pipe's end of file fails the item at once, and the next item goes to a new worker."""
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        running = RewardPool(
+            1,
+            RewardConfig(verifier="math_verify", timeout_s=0.5),
+            hard_grace_s=60.0,
+            start_method="fork",
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+    with running:
+        killer = threading.Timer(1.0, _kill, args=(running,))
+        killer.start()
+        started = time.monotonic()
+        results = running.score([PATHOLOGICAL, "$\\boxed{5}$"], ["5", "5"])
+        elapsed = time.monotonic() - started
+        killer.join()
+        assert [r.reason for r in results] == ["error", "correct"]
+        assert running.restarts == 1
+        assert elapsed < 30.0
 
 
 def test_batch_argument_errors() -> None:
