@@ -256,7 +256,8 @@ opefo_launch() {
     "${OPEFO_SRUN[@]}" --kill-on-bad-exit=1 --output="$OPEFO_ATTEMPT_DIR/rank-%t.log" \
         bash -c 'export RANK=$SLURM_PROCID LOCAL_RANK=$SLURM_LOCALID \
             LOCAL_WORLD_SIZE=${SLURM_NTASKS_PER_NODE%%(*}
-            echo "opefo: task $RANK on $(hostname): $(nproc) CPU(s)" \
+            cpus=$(env -u OMP_NUM_THREADS -u OMP_THREAD_LIMIT nproc)  # nproc obeys both
+            echo "opefo: task $RANK on $(hostname): $cpus CPU(s) of its binding" \
                 "(--cpus-per-task ${SLURM_CPUS_PER_TASK:-unset})"
             exec "$@"' opefo-task \
         "$@" "${OPEFO_OVERRIDES[@]}" &

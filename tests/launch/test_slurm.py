@@ -109,7 +109,9 @@ def test_sbatch_runs_the_trainer_in_no_container_mode(slurm_conf, tmp_path):
     # Each task got the job's --cpus-per-task (srun does not inherit it since Slurm 22.05;
     # slurm/common.sh exports SRUN_CPUS_PER_TASK). The count is the task's CPU binding
     # (task/affinity), read with nproc.
-    assert ": 2 CPU(s) (--cpus-per-task 2)" in (job_dir / "attempt-0" / "rank-0.log").read_text()
+    # nproc is asked with OMP_NUM_THREADS unset: it would report that instead of the binding
+    rank_log = (job_dir / "attempt-0" / "rank-0.log").read_text()
+    assert ": 2 CPU(s) of its binding (--cpus-per-task 2)" in rank_log
     assert (job_dir / "attempt-0" / "preflight.log").read_text().rstrip().endswith("preflight: OK")
     assert "override=+preset=tiny_cpu" in (job_dir / "job.txt").read_text()
     # The trainer wrote one metrics line per step into the job's output directory.
