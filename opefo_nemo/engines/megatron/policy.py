@@ -274,7 +274,7 @@ class MegatronPolicy:
             if self.updates.reduce(failed):
                 self.updates.zero_grad()
                 return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
-            captured = self.updates.capture_entropy_gradient()
+            captured = (self.updates.capture_entropy_gradient(), correction.target)
         self.updates.zero_grad()
         failed, sums = self._backward(micro_batches, loss_fn, sum_names)
         if self.updates.reduce(failed):  # the same on every rank
@@ -287,9 +287,7 @@ class MegatronPolicy:
             lr=self.lr,
             skipped=False,
             sums=totals,
-            correction=None
-            if captured is None or correction is None
-            else self.updates.correct(captured, correction.target),
+            correction=None if captured is None else self.updates.correct(*captured),
         )
 
     def _backward(
