@@ -19,8 +19,9 @@ from typing import Any, ClassVar
 
 from ...schema import one_of, require
 from ..base import BatchStatistics, EntropyFlowConfig, MethodConfig
+from ..entropy_target import INITIAL, EntropyTarget, require_target
 from ..registry import register_objective
-from .policy_gradient import INITIAL, StrictConfig, StrictPolicyGradient
+from .policy_gradient import StrictConfig, StrictPolicyGradient
 
 BALANCES = ("adaptive", "target")
 
@@ -42,13 +43,7 @@ class EntropyNeutralConfig(StrictConfig):
         super().validate(prefix)
         flow, path = self.entropy_flow, f"{prefix}.entropy_flow"
         one_of(flow.balance, BALANCES, f"{path}.balance")
-        target = flow.target_entropy
-        require(
-            target == INITIAL
-            or (isinstance(target, float) and math.isfinite(target) and target >= 0),
-            f"{path}.target_entropy",
-            f"must be a number >= 0 (nats) or {INITIAL!r}, got {target!r}",
-        )
+        require_target(flow.target_entropy, f"{path}.target_entropy")
         require(
             math.isfinite(flow.target_gain) and 0 < flow.target_gain <= 1,
             f"{path}.target_gain",
@@ -66,8 +61,7 @@ class EntropyNeutral(StrictPolicyGradient):
 
     def __init__(self, config: MethodConfig):
         super().__init__(config)
-        target = self.flow.target_entropy
-        self.target_entropy: float | None = None if target == INITIAL else float(target)
+        self.target = EntropyTarget(self.flow.target_entropy)
 
     @property
     def flow(self) -> NeutralFlowConfig:
@@ -78,21 +72,16 @@ class EntropyNeutral(StrictPolicyGradient):
         """``0`` (adaptive) or ``g (H_target − H̄)`` (target), in nats per step."""
         if self.flow.balance == "adaptive":
             return 0.0
-        if self.target_entropy is None:
-            self.target_entropy = batch.mean_entropy
-        return self.flow.target_gain * (self.target_entropy - batch.mean_entropy)
+        target = self.target.resolve(batch.mean_entropy)
+        return self.flow.target_gain * (target - batch.mean_entropy)
 
     def metrics(self, batch: BatchStatistics) -> dict[str, float]:
-        if self.flow.balance == "target" and self.target_entropy is not None:
-            return {"flow/target_entropy": self.target_entropy}
+        if self.flow.balance == "target" and self.target.value is not None:
+            return {"flow/target_entropy": self.target.value}
         return {}
 
     def state_dict(self) -> dict[str, Any]:
-        if self.flow.balance != "target" or self.flow.target_entropy != INITIAL:
-            return {}
-        return {"target_entropy": self.target_entropy}
+        return self.target.state_dict() if self.flow.balance == "target" else {}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        if "target_entropy" in state:
-            value = state["target_entropy"]
-            self.target_entropy = None if value is None else float(value)
+        self.target.restore(state)

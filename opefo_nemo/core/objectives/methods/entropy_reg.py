@@ -9,7 +9,6 @@ target and falls above it; it starts at ``entropy_coef``. Logged as ``entropy_re
 
 from __future__ import annotations
 
-import math
 from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
@@ -19,10 +18,10 @@ from torch import Tensor
 from ...reduction import BatchReducer
 from ...schema import require
 from ..base import BatchStatistics, non_negative
+from ..entropy_target import INITIAL, require_target
 from ..registry import register_objective
 from ..tokens import Coefficients, LossInputs
 from .clipped import ClippedConfig, ClippedSurrogate
-from .policy_gradient import INITIAL
 
 
 @dataclass(frozen=True)
@@ -37,13 +36,7 @@ class EntropyRegConfig(ClippedConfig):
         super().validate(prefix)
         non_negative(self.entropy_coef, f"{prefix}.entropy_coef")
         target = self.entropy_coef_target
-        require(
-            target is None
-            or target == INITIAL
-            or (isinstance(target, float) and math.isfinite(target) and target >= 0),
-            f"{prefix}.entropy_coef_target",
-            f"must be null, a number >= 0 (nats) or {INITIAL!r}, got {target!r}",
-        )
+        require_target(target, f"{prefix}.entropy_coef_target", optional=True)
         if target is None:
             require(
                 self.entropy_coef > 0,

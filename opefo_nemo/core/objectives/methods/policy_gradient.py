@@ -28,10 +28,9 @@ from ...fidelity import truncated_is_weight
 from ...reduction import BatchReducer
 from ...schema import one_of, require
 from ..base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
+from ..entropy_target import INITIAL, EntropyTarget, require_target
 from ..registry import register_objective
 from ..tokens import Coefficients, LossInputs, TokenChunk
-
-INITIAL = "initial"
 
 
 @dataclass(frozen=True)
@@ -104,13 +103,7 @@ class BalancedConfig(StrictConfig):
             f"{path}.static_lambda",
             "must lie in (-1, 1)",
         )
-        target = flow.target_entropy
-        require(
-            target == INITIAL
-            or (isinstance(target, float) and math.isfinite(target) and target >= 0),
-            f"{path}.target_entropy",
-            f"must be a number >= 0 (nats) or {INITIAL!r}, got {target!r}",
-        )
+        require_target(flow.target_entropy, f"{path}.target_entropy")
         require(
             math.isfinite(flow.target_gain) and flow.target_gain > 0,
             f"{path}.target_gain",
@@ -126,8 +119,7 @@ class BalancedPolicyGradient(StrictPolicyGradient):
 
     def __init__(self, config: MethodConfig):
         super().__init__(config)
-        target = self.flow.target_entropy
-        self.target_entropy: float | None = None if target == INITIAL else float(target)
+        self.target = EntropyTarget(self.flow.target_entropy)
         self.applied_lambda = 0.0
 
     @property
@@ -147,9 +139,8 @@ class BalancedPolicyGradient(StrictPolicyGradient):
         flow, pos, neg = self.flow, batch.sums["flow_pos"], batch.sums["flow_neg"]
         shift = 0.0
         if flow.balance == "target":
-            if self.target_entropy is None:
-                self.target_entropy = batch.mean_entropy
-            shift = target_shift(batch.mean_entropy, self.target_entropy, flow.target_gain)
+            target = self.target.resolve(batch.mean_entropy)
+            shift = target_shift(batch.mean_entropy, target, flow.target_gain)
         lam, _, _ = side_weights(pos, neg, flow.balance, flow.static_lambda, shift)
         self.applied_lambda = float(lam)
         weighted = [
@@ -164,19 +155,15 @@ class BalancedPolicyGradient(StrictPolicyGradient):
 
     def metrics(self, batch: BatchStatistics) -> dict[str, float]:
         metrics = {"flow/lambda_applied": self.applied_lambda}
-        if self.flow.balance == "target" and self.target_entropy is not None:
-            metrics["flow/target_entropy"] = self.target_entropy
+        if self.flow.balance == "target" and self.target.value is not None:
+            metrics["flow/target_entropy"] = self.target.value
         return metrics
 
     def state_dict(self) -> dict[str, Any]:
-        if self.flow.balance != "target" or self.flow.target_entropy != INITIAL:
-            return {}
-        return {"target_entropy": self.target_entropy}
+        return self.target.state_dict() if self.flow.balance == "target" else {}
 
     def restore(self, state: Mapping[str, Any]) -> None:
-        if "target_entropy" in state:
-            value = state["target_entropy"]
-            self.target_entropy = None if value is None else float(value)
+        self.target.restore(state)
 
 
 @register_objective("opefo")
