@@ -33,6 +33,21 @@ def _batch() -> tuple[list[object], list[str]]:
     return responses, truths
 
 
+def _stuck_pool(hard_grace_s: float) -> RewardPool:
+    """One forked worker that inherits SIGALRM blocked (its 0.5 s soft limit never fires, as in a
+    long C call): only the hard limit, ``0.5 + hard_grace_s``, or its death ends an item."""
+    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
+    try:
+        return RewardPool(
+            1,
+            RewardConfig(verifier="math_verify", timeout_s=0.5),
+            hard_grace_s=hard_grace_s,
+            start_method="fork",
+        )
+    finally:
+        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
+
+
 def test_pool_matches_in_process_scoring_in_order(pool: RewardPool) -> None:
     responses, truths = _batch()
     expected = score_batch(responses, truths, config=CONFIG, workers=0)  # type: ignore[arg-type]
@@ -57,17 +72,7 @@ def test_score_batch_with_workers_matches_in_process() -> None:
 def test_hard_limit_kills_a_worker_stuck_outside_python() -> None:
     """With SIGALRM blocked in the workers the soft limit cannot fire (as in a long C call):
     the parent must kill the worker at timeout_s + hard_grace_s and go on."""
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-    try:
-        running = RewardPool(
-            1,
-            RewardConfig(verifier="math_verify", timeout_s=0.5),
-            hard_grace_s=0.5,
-            start_method="fork",
-        )
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    with running:
+    with _stuck_pool(hard_grace_s=0.5) as running:
         started = time.monotonic()
         results = running.score([PATHOLOGICAL, "$\\boxed{5}$"], ["5", "5"])
         elapsed = time.monotonic() - started
@@ -94,17 +99,7 @@ def test_a_worker_found_dead_is_replaced_and_its_item_scored_as_an_error() -> No
 def test_a_worker_dying_while_scoring_is_replaced_before_its_time_limit() -> None:
     """The worker is stuck outside Python (SIGALRM blocked) with a 60 s hard limit and dies after
     1 s: its pipe's end of file fails the item at once, and the next item goes to a new worker."""
-    old_mask = signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGALRM})
-    try:
-        running = RewardPool(
-            1,
-            RewardConfig(verifier="math_verify", timeout_s=0.5),
-            hard_grace_s=60.0,
-            start_method="fork",
-        )
-    finally:
-        signal.pthread_sigmask(signal.SIG_SETMASK, old_mask)
-    with running:
+    with _stuck_pool(hard_grace_s=60.0) as running:
         killer = threading.Timer(1.0, _kill, args=(running,))
         killer.start()
         started = time.monotonic()
