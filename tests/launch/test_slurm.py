@@ -20,6 +20,9 @@ import pytest
 ROOT = Path(__file__).resolve().parents[2]
 CLUSTER = ROOT / "tests" / "launch" / "slurm_cluster.sh"
 SBATCH_TIMEOUT_S = 900
+#: A probe under Slurm and one run directly differ only in threads, so in the order of their
+#: fp32 sums: 64 roundings of each figure's terms (tests/metric_bounds.py) bound both.
+PROBE_REL = 64 * 2.0**-24
 #: The tiny model is built once per machine and shared with the trainer's own tests.
 MODEL_CACHE = os.environ.get("OPEFO_CACHE", str(ROOT / ".cache" / "opefo"))
 
@@ -73,8 +76,15 @@ def _job_env(slurm_conf: Path, work: Path) -> dict[str, str]:
     }
 
 
-def _sbatch(env: dict[str, str], work: Path, sbatch_options: list[str], overrides: list[str]):
-    """``sbatch --wait`` from ``work``; returns (exit status, job id, the job's .out text)."""
+def _sbatch(
+    env: dict[str, str],
+    work: Path,
+    sbatch_options: list[str],
+    overrides: list[str],
+    script: str = "opefo_7b",
+):
+    """``sbatch --wait slurm/<script>.sbatch`` from ``work``; returns (exit status, job id, the
+    job's .out text)."""
     command = [
         "timeout",
         str(SBATCH_TIMEOUT_S),
@@ -85,13 +95,14 @@ def _sbatch(env: dict[str, str], work: Path, sbatch_options: list[str], override
         "--gres=none",  # the scripts ask for --gres=gpu:8; this node has no GPU
         "--time=20",
         *sbatch_options,
-        str(ROOT / "slurm" / "opefo_7b.sbatch"),
+        str(ROOT / "slurm" / f"{script}.sbatch"),
         *overrides,
     ]
     result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     job_id = result.stdout.strip().split(";")[0]
     assert job_id.isdigit(), result.stdout + result.stderr
-    out = (work / f"slurm-opefo-7b-{job_id}.out").read_text()
+    job_name = "opefo-7b" if script == "opefo_7b" else f"opefo-{script}"
+    out = (work / f"slurm-{job_name}-{job_id}.out").read_text()
     return result.returncode, job_id, out
 
 
@@ -249,3 +260,36 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeyp
         fp32_eps = 2.0**-23
         assert abs(row["flow/net_after_balance"]) <= fp32_eps * (row["flow/pos"] + row["flow/neg"])
     assert (run_dir / "checkpoints" / "step_000002" / "policy").is_dir()
+
+
+def test_probe_sbatch_reports_what_a_direct_probe_reports(slurm_conf, tmp_path, monkeypatch):
+    """``sbatch slurm/probe.sbatch``: node check, preflight, then ``opefo-probe`` on the task: its
+    table and verdict in the rank's log, its JSON under the job's output directory, nothing
+    trained; the figures are those of ``opefo-probe`` run directly with the same overrides."""
+    from opefo_nemo.cli.probe import main as probe_main
+    from tests.metric_bounds import assert_metrics_close
+
+    env = _job_env(slurm_conf, tmp_path)
+    overrides = ["+preset=tiny_cpu", "trainer.prompts_per_step=8"]
+    status, job_id, out = _sbatch(
+        env, tmp_path, ["--ntasks-per-node=1", "--cpus-per-task=2"], overrides, script="probe"
+    )
+    assert status == 0, out
+    assert "node-check: OK" in out and "preflight: OK" in out
+    rank_log = tmp_path / "logs" / f"opefo-probe-{job_id}" / "attempt-0" / "rank-0.log"
+    run_dir = tmp_path / "checkpoints" / f"opefo-probe-{job_id}"
+    document = json.loads((run_dir / "probe.json").read_text())
+    assert f"verdict: {document['verdict']}" in rank_log.read_text()
+    assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
+
+    monkeypatch.setenv("OPEFO_CACHE", env["OPEFO_CACHE"])
+    direct = tmp_path / "direct.json"
+    assert probe_main(["--json", str(direct), *overrides, f"run.output_dir={tmp_path}/d"]) == 0
+    reference = json.loads(direct.read_text())
+    assert document["estimators"].keys() == reference["estimators"].keys()
+    for estimator, figures in reference["estimators"].items():
+        assert_metrics_close(document["estimators"][estimator], figures, PROBE_REL)
+    figures = {k: v for k, v in document["rollout"].items() if not k.startswith("time/")}
+    want = {k: v for k, v in reference["rollout"].items() if not k.startswith("time/")}
+    assert "reward/mean" in want and "reward/group_signal_frac" in want
+    assert_metrics_close(figures, want, PROBE_REL)
