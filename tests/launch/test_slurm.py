@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -76,6 +77,14 @@ def _job_env(slurm_conf: Path, work: Path) -> dict[str, str]:
     }
 
 
+def _job_name(script: str) -> str:
+    """The ``#SBATCH --job-name`` of ``slurm/<script>.sbatch`` (its .out file's prefix)."""
+    header = (ROOT / "slurm" / f"{script}.sbatch").read_text()
+    found = re.search(r"^#SBATCH --job-name=(\S+)$", header, re.MULTILINE)
+    assert found, f"slurm/{script}.sbatch names no job"
+    return found.group(1)
+
+
 def _sbatch(
     env: dict[str, str],
     work: Path,
@@ -101,8 +110,7 @@ def _sbatch(
     result = subprocess.run(command, cwd=work, env=env, capture_output=True, text=True)
     job_id = result.stdout.strip().split(";")[0]
     assert job_id.isdigit(), result.stdout + result.stderr
-    job_name = "opefo-7b" if script == "opefo_7b" else f"opefo-{script}"
-    out = (work / f"slurm-{job_name}-{job_id}.out").read_text()
+    out = (work / f"slurm-{_job_name(script)}-{job_id}.out").read_text()
     return result.returncode, job_id, out
 
 
@@ -262,17 +270,22 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeyp
     assert (run_dir / "checkpoints" / "step_000002" / "policy").is_dir()
 
 
-def test_probe_sbatch_reports_what_a_direct_probe_reports(slurm_conf, tmp_path, monkeypatch):
+def test_probe_sbatch_reports_what_a_direct_probe_reports(slurm_conf, tmp_path):
     """``sbatch slurm/probe.sbatch``: node check, preflight, then ``opefo-probe`` on the task: its
     table and verdict in the rank's log, its JSON under the job's output directory, nothing
-    trained; the figures are those of ``opefo-probe`` run directly with the same overrides."""
-    from opefo_nemo.cli.probe import main as probe_main
+    trained; the figures are those of ``opefo-probe`` run directly with the same overrides, bound
+    to as many CPUs as the task (so with as many threads, in the trainer and in vLLM)."""
     from tests.metric_bounds import assert_metrics_close
 
     env = _job_env(slurm_conf, tmp_path)
     overrides = ["+preset=tiny_cpu", "trainer.prompts_per_step=8"]
+    cpus = sorted(os.sched_getaffinity(0))[:2]
     status, job_id, out = _sbatch(
-        env, tmp_path, ["--ntasks-per-node=1", "--cpus-per-task=2"], overrides, script="probe"
+        env,
+        tmp_path,
+        ["--ntasks-per-node=1", f"--cpus-per-task={len(cpus)}"],
+        overrides,
+        script="probe",
     )
     assert status == 0, out
     assert "node-check: OK" in out and "preflight: OK" in out
@@ -282,9 +295,17 @@ def test_probe_sbatch_reports_what_a_direct_probe_reports(slurm_conf, tmp_path, 
     assert f"verdict: {document['verdict']}" in rank_log.read_text()
     assert not (run_dir / "metrics.jsonl").exists() and not (run_dir / "checkpoints").exists()
 
-    monkeypatch.setenv("OPEFO_CACHE", env["OPEFO_CACHE"])
     direct = tmp_path / "direct.json"
-    assert probe_main(["--json", str(direct), *overrides, f"run.output_dir={tmp_path}/d"]) == 0
+    command = ["opefo-probe", "--json", str(direct), *overrides, f"run.output_dir={tmp_path}/d"]
+    probed = subprocess.run(
+        command,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=SBATCH_TIMEOUT_S,
+        preexec_fn=lambda: os.sched_setaffinity(0, cpus),
+    )
+    assert probed.returncode == 0, probed.stdout + probed.stderr
     reference = json.loads(direct.read_text())
     assert document["estimators"].keys() == reference["estimators"].keys()
     for estimator, figures in reference["estimators"].items():
