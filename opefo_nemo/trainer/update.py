@@ -112,9 +112,11 @@ def token_chunks(
     micro_batches: Sequence[TrainBatch],
     stats: Sequence[TokenStats],
     old_logprob: Sequence[Tensor] | None = None,
+    old_entropy: Sequence[Tensor] | None = None,
 ) -> list[TokenChunk]:
     """What phase 2 (``prepare``) reads of each micro-batch: its phase-1 ``stats`` with the
-    batch's advantages, mask, token ids and rollout logprobs."""
+    batch's advantages, mask, token ids and rollout logprobs (and, for a later mini-batch, the
+    rollout policy's logprobs and entropies)."""
     return [
         TokenChunk(
             logprob=s.logprob,
@@ -128,6 +130,7 @@ def token_chunks(
             sum_p3=s.sum_p3,
             sum_p3_logp=s.sum_p3_logp,
             rollout_logprob=m.rollout_logprob,
+            old_entropy=None if old_entropy is None else old_entropy[i],
         )
         for i, (m, s) in enumerate(zip(micro_batches, stats, strict=True))
     ]
@@ -141,16 +144,18 @@ def optimizer_step(
     old_logprob: Sequence[Tensor] | None,
     seed: int,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
+    old_entropy: Sequence[Tensor] | None = None,
 ) -> tuple[dict[str, float], bool]:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``
-    (``confident_prob``: ``metrics.confident_prob``, spec §6).
+    (``confident_prob``: ``metrics.confident_prob``, spec §6; ``old_entropy``: the rollout
+    policy's entropies of a later mini-batch).
 
     Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``, and
     ``correction/*`` for a method that corrects its update: the engine gets an
     ``EntropyCorrection`` whose ``entropy_fn`` is each micro-batch's share of the token-mean
     entropy) and whether the engine skipped it for a non-finite loss or gradient.
     """
-    chunks = token_chunks(micro_batches, stats, old_logprob)
+    chunks = token_chunks(micro_batches, stats, old_logprob, old_entropy)
     prepared = prepare(
         objective, chunks, SingleProcessReducer(), seed=seed, confident_prob=confident_prob
     )
@@ -244,7 +249,14 @@ def update_rollout_batch(
         stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, sums)
         old = [s.logprob for s in first[j]]
         metrics, skipped = optimizer_step(
-            policy, objective, mini_micros, stats, old, seed * k + j, confident_prob
+            policy,
+            objective,
+            mini_micros,
+            stats,
+            old,
+            seed * k + j,
+            confident_prob,
+            old_entropy=[s.entropy for s in first[j]],
         )
         skipped_steps += int(skipped)
         per_step.append(metrics)

@@ -19,7 +19,7 @@ from tests.metric_bounds import assert_metrics_close, term_scale
 from . import reference as ref
 from .test_objectives import METHOD_SETTINGS, batch, method
 
-CLIPPING_METHODS = ("grpo", "clip_higher", "entropy_reg", "clip_cov")
+CLIPPING_METHODS = ("grpo", "clip_higher", "entropy_reg", "clip_cov", "steer")
 
 
 def reference_clip_metrics(name: str, cfg, chunk) -> dict[str, float]:

@@ -22,6 +22,13 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
     assert load_method("static").entropy_flow.static_lambda == pytest.approx(0.001)
     assert load_method("clip_cov").clip_cov.ratio == pytest.approx(2e-4)
     assert load_method("kl_cov").kl_cov.ratio == pytest.approx(2e-3)
+    steer = load_method("steer")  # STEER's published linear runs
+    assert (steer.clip_eps_low, steer.clip_eps_high, steer.clip_ratio_c) == (0.2, 0.28, 10.0)
+    assert (steer.steer.mapping, steer.steer.weight_min, steer.steer.weight_max) == (
+        "linear",
+        0.8,
+        1.2,
+    )
     for name in ("grpo", "clip_higher", "entropy_reg"):  # verl's default dual clip
         assert load_method(name).clip_ratio_c == pytest.approx(3.0)
     assert load_method("clip_cov").clip_ratio_c is None  # Cui et al.'s Clip-Cov has none

@@ -30,6 +30,8 @@ ALLOWED = {
     ("objectives/methods/covariance.py", "selection_coefficients"): "chunks",
     ("objectives/methods/covariance.py", "select_top_k"): "chunks",
     ("objectives/methods/covariance.py", "token_uniform"): "four hash rounds",
+    ("objectives/methods/steer.py", "coefficients"): "chunks",
+    ("objectives/methods/steer.py", "_global_range"): "chunks",
     ("schema.py", "build"): "config keys",
     ("schema.py", "_value"): "the types of a union, the items of a config list",
     ("update_correction.py", "dot64"): "slices of 4 Mi elements, bounding float64 temporaries",

@@ -33,6 +33,7 @@ METHOD_SETTINGS = {
     "pos_only": {"entropy_flow": {"balance": "pos_only"}},
     "neg_only": {"entropy_flow": {"balance": "neg_only"}},
     "entropy_neutral": {"entropy_flow": {"balance": "target", "target_entropy": 0.5}},
+    "steer": {"updates_per_rollout": 8},
 }
 
 
@@ -67,6 +68,8 @@ def loop_token_loss(name: str, objective: Objective, i: int, c: TokenChunk, w: f
             surrogate = min(surrogate, -cfg.clip_ratio_c * a)
     if name in ("grpo", "clip_higher"):
         return surrogate
+    if name == "steer":
+        return w * surrogate
     if name == "entropy_reg":
         return surrogate - objective.coef * float(c.entropy[i])
     if name == "clip_cov":

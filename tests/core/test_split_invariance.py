@@ -1,7 +1,9 @@
 """spec §3 invariants under any split of the batch into chunks (micro-batches or ranks).
 
 Property-based: the same batch cut at random places must give identical λ*, flow sums, token
-count, weights, Clip-Cov / KL-Cov selections and total loss.
+count, weights, Clip-Cov / KL-Cov selections, STEER's batch-scope weights and total loss. STEER's
+``scope: micro_batch`` maps each chunk on its own, as STEER's code does: its weights depend on the
+cut, by design (the last test).
 """
 
 from __future__ import annotations
@@ -37,6 +39,10 @@ CONFIGS = [
             "updates_per_rollout": 4,
             "clip_cov": {"ratio": 0.05, "lb": -0.5, "ub": 1.0},
         }
+    ),
+    method_config({"name": "steer", "steer": {"scope": "batch"}}),
+    method_config(
+        {"name": "steer", "steer": {"scope": "batch", "mapping": "exponential", "weight_max": 1.0}}
     ),
 ]
 
@@ -174,3 +180,24 @@ def test_lambda_star_is_bounded_and_zeroes_the_flow(values):
         bound = balanced_flow_bound({"flow/pos": float(pos), "flow/neg": float(neg)})
         assert abs(net) <= bound
     assert torch.all(weights[dh == 0] == 1.0)
+
+
+def test_steer_micro_batch_scope_maps_each_chunk_on_its_own():
+    """``scope: micro_batch``: each chunk's weights are those of that chunk prepared alone (with
+    either scope), so they differ from the weights of the batch left whole."""
+    data = whole_batch(200, seed=7, zero_adv_fraction=0.0)
+    chunks = chunks_of(data, [50, 120], strict=False)
+    per_chunk = build_objective(method_config({"name": "steer", "steer": {"scope": "micro_batch"}}))
+    batch_scope = method_config({"name": "steer", "steer": {"scope": "batch"}})
+    split = prepare(per_chunk, chunks, SingleProcessReducer()).coefficients
+    for chunk, coefficients in zip(chunks, split, strict=True):
+        alone = prepare(build_objective(batch_scope), [chunk], SingleProcessReducer())
+        assert torch.equal(coefficients.weight, alone.coefficients[0].weight)
+    whole = chunks_of(data, [], strict=False)
+    unsplit = prepare(build_objective(batch_scope), whole, SingleProcessReducer()).coefficients[0]
+    joined = torch.cat([c.weight for c in split])
+    valid = data["mask"]
+    assert not torch.equal(joined[valid], unsplit.weight[valid])
+    assert torch.equal(
+        prepare(per_chunk, whole, SingleProcessReducer()).coefficients[0].weight, unsplit.weight
+    )

@@ -34,7 +34,7 @@ SPEC6 = (
     "time/update_s",
     "time/step_s",
 )
-CLIPPED = ("grpo", "clip_higher", "entropy_reg", "clip_cov")
+CLIPPED = ("grpo", "clip_higher", "entropy_reg", "clip_cov", "steer")
 CLIP_METRICS = (
     "clip/frac_upper",
     "clip/frac_lower",
@@ -62,6 +62,8 @@ def test_every_method_runs_two_steps_and_logs_its_metrics(make_trainer, tmp_path
         assert 0 <= record["reward/mean"] <= 1
         assert -1 <= record["flow/lambda"] <= 1
         assert record["train/skipped_updates"] == 0
+        if method == "steer":
+            assert 0.8 <= record["steer/weight_mean"] <= 1.2
         if method == "opefo":
             assert abs(record["flow/net_after_balance"]) <= balanced_flow_bound(record)
         unweighted = ("grpo_strict", "grpo", "clip_higher", "entropy_reg", "clip_cov", "kl_cov")

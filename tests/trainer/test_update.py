@@ -196,3 +196,32 @@ def test_stats_pass_is_one_call_split_like_the_micro_batches(model_dir, micro_ba
             torch.testing.assert_close(getattr(stats, field)[real], getattr(want, field)[real])
     with pytest.raises(ValueError, match="do not tile a batch"):
         stats_pass(policy, batch, micros[:-1], ())
+
+
+def test_a_later_mini_batch_reads_the_rollout_policys_logprobs_and_entropies(model_dir):
+    """Approximate on-policy: mini-batch 1's ``prepare`` sees the rollout policy's logprobs and
+    entropies (what STEER's weights read) beside the moved policy's own, taken before any update.
+    """
+    from opefo_nemo.core.objectives.methods.steer import Steer
+
+    seen = []
+
+    class Recording(Steer):
+        def coefficients(self, batch, reducer, seed):
+            seen.append(list(batch.chunks))
+            return super().coefficients(batch, reducer, seed)
+
+    policy = HFPolicy(model_dir, ENGINE, lr=1e-2, temperature=TEMPERATURE)
+    batch = build_batch(*random_rollout(), pad_id=0)
+    before = policy.token_stats(batch)
+    method = load_method("steer", ["updates_per_rollout=2"])
+    outcome = update_rollout_batch(policy, Recording(method), batch, 3, 0)
+    assert outcome.skipped_steps == 0 and len(seen) == 2
+    (later,) = seen[1]
+    mask = later.mask
+    rows, width = mask.shape
+    assert later.old_entropy is not None and later.old_logprob is not None
+    for old, full in ((later.old_entropy, before.entropy), (later.old_logprob, before.logprob)):
+        torch.testing.assert_close(old[mask], full[3 : 3 + rows, :width][mask])
+    # the weights moved between the two steps: the current entropy is not the rollout's
+    assert not torch.allclose(later.entropy[mask], later.old_entropy[mask])

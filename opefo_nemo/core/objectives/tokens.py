@@ -29,6 +29,8 @@ class TokenChunk:
     ``sum_p2``/``sum_p2_logp``: for the ``tabular`` and ``expectation`` estimators,
     ``sum_p3``/``sum_p3_logp``: for ``expectation`` (spec §2). ``rollout_logprob``: the rollout
     engine's log-probability of each token (for a truncated importance-sampling correction).
+    ``old_entropy``: the entropy ``H_t`` under the policy that generated the rollout (what STEER's
+    weights read; ``None`` when it is ``entropy``, as in strict mode and the first update).
     """
 
     logprob: Tensor
@@ -42,6 +44,7 @@ class TokenChunk:
     sum_p3: Tensor | None = None
     sum_p3_logp: Tensor | None = None
     rollout_logprob: Tensor | None = None
+    old_entropy: Tensor | None = None
 
     def __post_init__(self) -> None:
         check_same_shape(
@@ -57,8 +60,16 @@ class TokenChunk:
             sum_p3=self.sum_p3,
             sum_p3_logp=self.sum_p3_logp,
             rollout_logprob=self.rollout_logprob,
+            old_entropy=self.old_entropy,
         )
-        statistics = ("logprob", "entropy", "advantages", "old_logprob", "rollout_logprob")
+        statistics = (
+            "logprob",
+            "entropy",
+            "advantages",
+            "old_logprob",
+            "rollout_logprob",
+            "old_entropy",
+        )
         for name in (*statistics, "sum_p2", "sum_p2_logp", "sum_p3", "sum_p3_logp"):
             check_finite(name, getattr(self, name))
         if self.token_ids is not None and torch.is_floating_point(self.token_ids):

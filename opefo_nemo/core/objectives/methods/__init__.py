@@ -1,5 +1,13 @@
 """The built-in methods of spec §5, one module each (importing this package registers them)."""
 
-from . import clip_cov, clipped, entropy_neutral, entropy_reg, kl_cov, policy_gradient
+from . import clip_cov, clipped, entropy_neutral, entropy_reg, kl_cov, policy_gradient, steer
 
-__all__ = ["clip_cov", "clipped", "entropy_neutral", "entropy_reg", "kl_cov", "policy_gradient"]
+__all__ = [
+    "clip_cov",
+    "clipped",
+    "entropy_neutral",
+    "entropy_reg",
+    "kl_cov",
+    "policy_gradient",
+    "steer",
+]
