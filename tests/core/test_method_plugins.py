@@ -98,7 +98,7 @@ def test_target_balance_takes_the_first_steps_entropy_and_a_resumed_run_keeps_it
         fresh.load_state_dict({})
 
 
-def test_entropy_reg_coefficient_closes_the_loop_within_its_bounds():
+def test_entropy_reg_current_rule_closes_the_loop_within_its_bounds():
     config = method_config(
         {
             "name": "entropy_reg",
@@ -108,6 +108,7 @@ def test_entropy_reg_coefficient_closes_the_loop_within_its_bounds():
             "entropy_coef_step": 0.004,
             "entropy_coef_min": 0.0,
             "entropy_coef_max": 0.02,
+            "entropy_coef_rule": "current",
         }
     )
     objective = build_objective(config)

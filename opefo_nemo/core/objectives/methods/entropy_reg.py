@@ -1,10 +1,19 @@
 """Entropy-Reg (spec §5): the clipped surrogate minus ``β H_t``, the entropy differentiated.
 
 With ``entropy_coef_target`` null, β is the fixed ``entropy_coef`` (the paper: 0.01). With a target
-(nats, or ``initial``: the first optimizer step's token-mean entropy, kept in the checkpoint), β
-is closed-loop: before each optimizer step's loss, ``β ← clip(β + s · sign(H_target − H_batch),
-β_min, β_max)`` with ``s = entropy_coef_step``, so β rises while the batch entropy is below the
-target and falls above it; it starts at ``entropy_coef``. Logged as ``entropy_reg/coef``.
+(nats, or ``initial``: the first optimizer step's token-mean entropy, kept in the checkpoint), a
+controller ``c`` (starting at ``entropy_coef``, step ``s = entropy_coef_step``, bounds
+``[β_min, β_max]``) closes the loop on each optimizer step's token-mean entropy ``H``, by
+``entropy_coef_rule`` (docs/core.md compares them):
+
+* ``skywork`` (Skywork-OR1's adaptive entropy control, as TRL's ``use_adaptive_entropy``): the
+  step's loss uses ``β = c`` if the previous step's ``H`` was ``<= H_target``, else 0 (and 0 on
+  the first step); after it, ``c ← clip(c + s)`` if this step's ``H <= H_target``, else
+  ``clip(c − s)``, and this ``H`` gates the next step;
+* ``current``: before the step's loss, ``c ← clip(c + s · sign(H_target − H))`` and ``β = c``.
+
+Logged: ``entropy_reg/coef`` (the β of the step's loss) and, with a target,
+``entropy_reg/controller`` (``c`` after the step's update).
 """
 
 from __future__ import annotations
@@ -16,12 +25,14 @@ from typing import Any
 from torch import Tensor
 
 from ...reduction import BatchReducer
-from ...schema import require
+from ...schema import one_of, require
 from ..base import BatchStatistics, non_negative
 from ..entropy_target import INITIAL, require_target
 from ..registry import register_objective
 from ..tokens import Coefficients, LossInputs
 from .clipped import ClippedConfig, ClippedSurrogate
+
+RULES = ("skywork", "current")
 
 
 @dataclass(frozen=True)
@@ -31,6 +42,7 @@ class EntropyRegConfig(ClippedConfig):
     entropy_coef_step: float = 1e-3
     entropy_coef_min: float = 0.0
     entropy_coef_max: float = 0.1
+    entropy_coef_rule: str = "skywork"  # with a target: skywork | current (module docstring)
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -44,6 +56,7 @@ class EntropyRegConfig(ClippedConfig):
                 f"is 0 with no entropy_coef_target, so {self.name!r} would be plain grpo",
             )
             return
+        one_of(self.entropy_coef_rule, RULES, f"{prefix}.entropy_coef_rule")
         non_negative(self.entropy_coef_step, f"{prefix}.entropy_coef_step")
         non_negative(self.entropy_coef_min, f"{prefix}.entropy_coef_min")
         require(
@@ -63,9 +76,11 @@ class EntropyReg(ClippedSurrogate):
 
     def __init__(self, config: EntropyRegConfig):
         super().__init__(config)
-        self.coef = config.entropy_coef
+        self.coef = config.entropy_coef  # the controller c (β itself when fixed)
+        self.applied = config.entropy_coef  # the β of the current step's loss
         target = config.entropy_coef_target
         self.target: float | None = None if target in (None, INITIAL) else float(target)
+        self.last_entropy: float | None = None  # skywork: the previous step's H (its gate)
 
     @property
     def settings(self) -> EntropyRegConfig:
@@ -75,29 +90,55 @@ class EntropyReg(ClippedSurrogate):
     def coefficients(
         self, batch: BatchStatistics, reducer: BatchReducer, seed: int
     ) -> list[Coefficients]:
-        s = self.settings
-        if s.entropy_coef_target is not None:
-            if self.target is None:
-                self.target = batch.mean_entropy
-            error = self.target - batch.mean_entropy
-            direction = (error > 0) - (error < 0)
-            stepped = self.coef + s.entropy_coef_step * direction
-            self.coef = min(max(stepped, s.entropy_coef_min), s.entropy_coef_max)
+        if self.settings.entropy_coef_target is not None:
+            self._close_loop(batch.mean_entropy)
         return super().coefficients(batch, reducer, seed)
 
+    def _close_loop(self, entropy: float) -> None:
+        """Step the controller on this step's ``H`` and set the β of its loss (module docstring)."""
+        s = self.settings
+        if self.target is None:
+            self.target = entropy
+        if s.entropy_coef_rule == "skywork":
+            gate_open = self.last_entropy is not None and self.last_entropy <= self.target
+            self.applied = self.coef if gate_open else 0.0
+            direction = 1 if entropy <= self.target else -1
+            self.last_entropy = entropy
+        else:
+            error = self.target - entropy
+            direction = (error > 0) - (error < 0)
+        stepped = self.coef + s.entropy_coef_step * direction
+        self.coef = min(max(stepped, s.entropy_coef_min), s.entropy_coef_max)
+        if s.entropy_coef_rule == "current":
+            self.applied = self.coef
+
     def metrics(self, batch: BatchStatistics) -> dict[str, float]:
-        return {"entropy_reg/coef": self.coef}
+        if self.settings.entropy_coef_target is None:
+            return {"entropy_reg/coef": self.applied}
+        return {"entropy_reg/coef": self.applied, "entropy_reg/controller": self.coef}
 
     def token_loss(self, inputs: LossInputs) -> Tensor:
         assert inputs.entropy is not None  # policy_loss checks differentiates_entropy
-        return super().token_loss(inputs) - self.coef * inputs.entropy
+        return super().token_loss(inputs) - self.applied * inputs.entropy
 
     def state_dict(self) -> dict[str, Any]:
-        if self.settings.entropy_coef_target is None:
+        s = self.settings
+        if s.entropy_coef_target is None:
             return {}
-        return {"coef": self.coef, "target": self.target}
+        if s.entropy_coef_rule == "current":
+            return {"coef": self.coef, "target": self.target}
+        return {"coef": self.coef, "target": self.target, "last_entropy": self.last_entropy}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        """Also takes a ``current``-rule checkpoint (``coef``, ``target``) under ``skywork``: no
+        previous entropy is carried, so the next step's gate is shut, as on a first step."""
+        if self.settings.entropy_coef_rule == "skywork" and set(state) == {"coef", "target"}:
+            state = {**state, "last_entropy": None}
+        super().load_state_dict(state)
 
     def restore(self, state: Mapping[str, Any]) -> None:
         if state:
             self.coef = float(state["coef"])
             self.target = None if state["target"] is None else float(state["target"])
+            last = state.get("last_entropy")
+            self.last_entropy = None if last is None else float(last)
