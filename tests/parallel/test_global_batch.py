@@ -17,3 +17,7 @@ def test_broadcast_from_the_last_stage() -> None:
 
 def test_reweighting_metrics_at_tp2_dp2_equal_one_process() -> None:
     run_world(workers.reweighting_metrics_at_tp2_dp2, 4)
+
+
+def test_steer_batch_scope_weights_at_tp2_dp2_equal_one_process() -> None:
+    run_world(workers.steer_weights_at_tp2_dp2, 4)

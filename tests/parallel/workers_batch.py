@@ -34,6 +34,7 @@ METHODS = {
         "clip_cov": {"ratio": 0.1, "lb": 0.05},
     },
     "kl_cov": {"name": "kl_cov", "updates_per_rollout": 8, "kl_cov": {"ratio": 0.1}},
+    "steer": {"name": "steer", "steer": {"scope": "batch"}},
 }
 
 
@@ -238,4 +239,47 @@ def reweighting_metrics_at_tp2_dp2(rank: int, world_size: int) -> None:
         if name != "grpo_strict":
             assert abs(want.metrics["flow/adv_shift_confident"]) > 1e-3, name
         assert_metrics_close(got.metrics, want.metrics, rel=1e-5)
+    dist.barrier()
+
+
+def steer_weights_at_tp2_dp2(rank: int, world_size: int) -> None:
+    """STEER's batch-scope weights on TP 2 × DP 2 (each data-parallel rank holding half of the
+    rows in two micro-batches, the least and largest |Ω| found by a gloo reducer's top-k) equal the
+    single-process weights of the whole batch within fp32 round-off, and so do the batch's |Ω|
+    range and mean weight."""
+    from tests.parallel.reducer import GroupReducer
+
+    batch = shared_rollout(seed=3)
+    full = token_stats(batch["logits"], batch["targets"], sums=VOCAB_SUMS)
+    old_logprob = full.logprob + batch["old_noise"]
+    tp, dp = 2, 2
+    tp_group = _tensor_parallel_group(tp, rank)
+    dp_group = None
+    for first in range(tp):  # data-parallel groups: ranks {0, 2} and {1, 3}
+        ranks = list(range(first, world_size, tp))
+        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
+        dp_group = group if rank in ranks else dp_group
+    tp_rank, dp_rank = rank % tp, rank // tp
+    width = VOCAB // tp
+    shard = batch["logits"][..., tp_rank * width : (tp_rank + 1) * width]
+    row_sets = torch.arange(SEQS).chunk(dp)[dp_rank].chunk(2)
+    stats = [token_stats(shard[rows], batch["targets"][rows], group=tp_group) for rows in row_sets]
+    want = prepare(
+        _config("steer"), [_chunk(batch, slice(None), full, old_logprob)], SingleProcessReducer()
+    )
+    got = prepare(
+        _config("steer"),
+        [_chunk(batch, rows, st, old_logprob) for rows, st in zip(row_sets, stats, strict=True)],
+        GroupReducer(dp_group),
+    )
+    weights = want.coefficients[0].weight
+    assert float(weights[batch["mask"]].min()) < 0.9 < 1.1 < float(weights[batch["mask"]].max())
+    for rows, coefficients in zip(row_sets, got.coefficients, strict=True):
+        mask = batch["mask"][rows]
+        # weights of scale 1 from fp32 statistics summed over the vocabulary in another order
+        torch.testing.assert_close(
+            coefficients.weight[mask], weights[rows][mask], rtol=0, atol=1e-5
+        )
+    for key in ("steer/omega_min", "steer/omega_max", "steer/weight_mean"):
+        assert abs(got.metrics[key] - want.metrics[key]) <= 1e-5 * abs(want.metrics[key]), key
     dist.barrier()
