@@ -218,3 +218,17 @@ def test_the_mapping_reads_the_rollout_policys_entropy_and_the_current_probabili
 def test_bad_settings_fail_naming_the_key(override, message):
     with pytest.raises(ValueError, match=message):
         method_config({"name": "steer", "steer": override})
+
+
+def test_a_micro_batch_without_valid_tokens_keeps_neutral_weights_and_the_rest_their_own():
+    chunks = micro_batches(seed=8)
+    empty = TokenChunk(**{**chunks[0].__dict__, "mask": torch.zeros_like(chunks[0].mask)})
+    objective = steer("micro_batch", "linear", 1.2)
+    with_empty = prepare_step(objective, [empty, *chunks[1:]], SingleProcessReducer())
+    without = prepare_step(objective, chunks[1:], SingleProcessReducer())
+    assert torch.equal(with_empty.coefficients[0].weight, torch.ones(3, 7))
+    for a, b in zip(with_empty.coefficients[1:], without.coefficients, strict=True):
+        assert torch.equal(a.weight, b.weight)
+    no_ids = [TokenChunk(**{**c.__dict__, "token_ids": None}) for c in chunks]
+    with pytest.raises(ValueError, match=r"steer needs TokenChunk\.token_ids"):
+        prepare_step(objective, no_ids, SingleProcessReducer())
