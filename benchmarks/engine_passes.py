@@ -144,9 +144,9 @@ def _kept_gradient_bytes() -> list[int]:
     kept: list[int] = []
     original = entropy_correction.CapturedEntropyGradient.__init__
 
-    def recording(self, params, grads, counted, all_reduce):
+    def recording(self, params, grads, *rest):
         kept.append(sum(g.numel() * g.element_size() for g in grads))
-        original(self, params, grads, counted, all_reduce)
+        original(self, params, grads, *rest)
 
     entropy_correction.CapturedEntropyGradient.__init__ = recording
     return kept

@@ -1,30 +1,16 @@
-"""The engine side of :class:`~.protocols.EntropyCorrection`: the entropy gradient held between
-its backward and the optimizer step, and the correction of the applied update after it.
-
-It works on the tensors the optimizer updates in place (the ``hf`` engine's parameters,
-megatron's fp32 main weights or the distributed optimizer's shards of them), each beside its
-share of ``g = ∇θ H̄`` in the same layout. Only sums cross ranks:
-
-1. at capture, this rank's ``⟨g, g⟩`` and ``⟨g, θ_before⟩``;
-2. after the step, ``⟨g, Δθ⟩ = ⟨g, θ_after⟩ − ⟨g, θ_before⟩`` and ``⟨g, g⟩``, one all-reduce of
-   two float64 numbers, then ``α`` (:func:`~opefo_nemo.core.update_correction.correction_size`,
-   identical on every rank) and ``θ ← θ + α g`` on every local tensor;
-3. ``⟨g, Δθ'⟩`` measured on the corrected tensors: one more all-reduce of one number.
-
-``⟨g, Δθ⟩`` is a difference of two dot products, each exact to float64 round-off
-(:func:`~opefo_nemo.core.update_correction.dot64`), so no copy of ``θ_before`` is kept: the
-only memory the correction adds is ``g``, one fp32 tensor per optimizer tensor.
-"""
+"""The engines' side of a corrected update (docs/core.md, "The entropy-neutral update"): the
+entropy gradient ``g = ∇θ H̄`` kept beside the tensors the optimizer updates, the inner products
+that measure the applied update along it, and the move along it. The order of the steps and
+``α`` are the trainer's (``trainer/update.py``)."""
 
 from __future__ import annotations
 
-import math
 from collections.abc import Callable, Sequence
 
 import torch
 from torch import Tensor
 
-from ..core.update_correction import CorrectionResult, correction_size, dot64
+from ..core.update_correction import dot64
 
 AllReduce = Callable[[Tensor], Tensor]
 """Sums a float64 vector over the ranks whose counted tensors together make the whole model."""
@@ -35,16 +21,27 @@ def on_one_device(values: Tensor) -> Tensor:
     return values
 
 
-class CapturedEntropyGradient:
-    """``g`` of each optimizer tensor, taken before the optimizer step (module docstring).
+def no_publish() -> None:
+    """What an optimizer whose tensors are the model's parameters does after a move: nothing."""
 
-    ``params``: the tensors the optimizer updates in place; ``grads``: ``g`` of each, same shape
-    (this object keeps them: they must not be buffers the engine zeroes or reuses);
-    ``counted``: whether this rank's copy of each enters the global sums (``False`` for a copy
-    another rank also counts: tensor-parallel replicas, a tied embedding's second copy,
-    data-parallel replicas of an unsharded optimizer); ``all_reduce``: sums over the ranks
-    whose counted tensors make the whole model. Every copy, counted or not, gets the same
-    correction, so replicas stay equal.
+
+class CapturedEntropyGradient:
+    """``g`` of each optimizer tensor, taken before the optimizer step.
+
+    ``params``: the tensors the optimizer updates in place (the ``hf`` engine's parameters,
+    megatron's fp32 main weights or the distributed optimizer's shards of them); ``grads``: ``g``
+    of each, same shape and layout (this object keeps them: they must not be buffers the engine
+    zeroes or reuses); ``counted``: whether this rank's copy of each enters the global sums
+    (``False`` for a copy another rank also counts: tensor-parallel replicas, a tied embedding's
+    second copy, data-parallel replicas of an unsharded optimizer); ``all_reduce``: sums over the
+    ranks whose counted tensors make the whole model; ``publish``: after :meth:`move`, copies the
+    moved tensors wherever the optimizer's step copies its own (megatron: main weights into the
+    model's parameters). Every copy, counted or not, moves alike, so replicas stay equal.
+
+    The applied update is measured without a copy of ``θ_before``: this rank's ``⟨g, θ_before⟩``
+    is summed at capture, and ``⟨g, Δθ⟩ = ⟨g, θ_now⟩ − ⟨g, θ_before⟩``, a difference of two
+    float64 sums of exact fp32 products (:func:`~opefo_nemo.core.update_correction.dot64`). The
+    only memory added is ``g``, one fp32 tensor per optimizer tensor.
     """
 
     def __init__(
@@ -53,6 +50,7 @@ class CapturedEntropyGradient:
         grads: Sequence[Tensor],
         counted: Sequence[bool],
         all_reduce: AllReduce,
+        publish: Callable[[], None] = no_publish,
     ) -> None:
         if not len(params) == len(grads) == len(counted):
             raise ValueError(
@@ -65,7 +63,7 @@ class CapturedEntropyGradient:
                     f"{tuple(param.shape)}"
                 )
         self.params, self.grads, self.counted = list(params), list(grads), list(counted)
-        self.all_reduce = all_reduce
+        self.all_reduce, self.publish = all_reduce, publish
         self.grad_sq = self._sum(self.grads)
         self.before = self._sum(self.params)
 
@@ -79,20 +77,16 @@ class CapturedEntropyGradient:
         return total
 
     @torch.no_grad()
-    def correct(self, target: float) -> CorrectionResult:
-        """After the optimizer step: ``θ ← θ + α g`` with ``⟨g, Δθ + α g⟩ = target`` (module
-        docstring); the caller then copies the corrected tensors wherever the optimizer would
-        copy its own (megatron: main weights to the model's parameters)."""
+    def inner_products(self) -> tuple[float, float]:
+        """``(⟨g, g⟩, ⟨g, Δθ⟩)`` over the whole model, ``Δθ`` everything applied to the tensors
+        since the capture; one all-reduce of two float64 numbers."""
         flow_local = self._sum(self.params) - self.before
         grad_sq, flow = self.all_reduce(torch.stack([self.grad_sq, flow_local])).tolist()
-        alpha = correction_size(target, flow, grad_sq)
+        return grad_sq, flow
+
+    @torch.no_grad()
+    def move(self, alpha: float) -> None:
+        """``θ ← θ + α g`` on every local tensor, then :attr:`publish`."""
         for param, grad in zip(self.params, self.grads, strict=True):
             param.add_(grad.to(param.dtype), alpha=alpha)
-        after = self.all_reduce((self._sum(self.params) - self.before).reshape(1))
-        return CorrectionResult(
-            target=target,
-            flow_before=flow,
-            flow_after=float(after[0]),
-            alpha=alpha,
-            grad_norm=math.sqrt(grad_sq),
-        )
+        self.publish()

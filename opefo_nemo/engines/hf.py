@@ -1,17 +1,5 @@
-"""``hf``: the trainer's ``Policy`` protocol on a Hugging Face causal LM, on one device.
-
-Model and tokenizer come from a local directory (nothing is downloaded). Both phases of a step use
-``parallel.token_stats`` with TP = 1, the rollout's sampling temperature (spec §1) and the kernel
-of ``engine.stats_kernel``, so the policy that is differentiated is the temperature-scaled one
-that generated the rollout.
-Optimizer: AdamW; learning rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``
-(linear warm-up over the first ``warmup_steps`` rollout steps, spec §8); gradient clipping by
-global norm. Gradients accumulate over micro-batches: each micro-batch's loss is already its share
-of the global token mean (spec §5), so nothing is rescaled here. A step with an
-``EntropyCorrection`` first backpropagates the batch's token-mean entropy, keeps that gradient
-(one more copy of the parameters) and corrects the parameters after ``AdamW.step``
-(:mod:`.entropy_correction`).
-"""
+"""``hf``: the trainer's ``Policy`` on a Hugging Face causal LM from a local directory, on one
+device, with AdamW and the warm-up schedule of spec §8 (docs/training.md)."""
 
 from __future__ import annotations
 
@@ -28,7 +16,7 @@ from ..models.transformers_compat import load_causal_lm
 from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
 from .batch import TrainBatch
 from .entropy_correction import CapturedEntropyGradient, on_one_device
-from .protocols import EntropyCorrection, LossFn, UpdateResult
+from .protocols import LossFn, UpdateResult
 from .schedule import warmup_factor
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -38,7 +26,9 @@ TOKENIZER_SUBDIR = "tokenizer"
 
 
 class HFPolicy:
-    """A causal LM loaded from ``model_dir`` with its AdamW optimizer and warm-up schedule."""
+    """A causal LM loaded from ``model_dir`` (nothing is downloaded) with AdamW and the learning
+    rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8); gradient
+    clipping by global norm."""
 
     def __init__(
         self, model_dir: str | Path, config: EngineConfig, *, lr: float, temperature: float
@@ -70,6 +60,8 @@ class HFPolicy:
         return float(self.optimizer.param_groups[0]["lr"])
 
     def _stats(self, batch: TrainBatch, sums: Sequence[str] = ()) -> TokenStats:
+        """``parallel.token_stats`` (TP = 1) at the rollout's sampling temperature (spec §1) with
+        ``engine.stats_kernel``: both phases differentiate the policy that generated the rollout."""
         ids = batch.input_ids.to(self.device)
         attention = batch.attention_mask.to(self.device)
         logits = self.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1]
@@ -125,11 +117,11 @@ class HFPolicy:
     def _params(self) -> list[Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
 
-    def _entropy_gradient(
+    def capture_entropy_gradient(
         self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
     ) -> CapturedEntropyGradient | None:
-        """``∇θ H̄`` of every parameter (:class:`~.protocols.EntropyCorrection`), taken out of
-        the parameters' ``grad``; ``None`` if it is not finite."""
+        """``∇θ H̄`` of every parameter (``Policy.capture_entropy_gradient``): the ``grad``
+        tensors themselves, detached from the parameters (one more copy of the weights)."""
         self.optimizer.zero_grad(set_to_none=True)
         failed, _ = self._backward(micro_batches, entropy_fn, ())
         params = self._params()
@@ -141,21 +133,12 @@ class HFPolicy:
         return CapturedEntropyGradient(params, grads, [True] * len(params), on_one_device)
 
     def train_step(
-        self,
-        micro_batches: Sequence[TrainBatch],
-        loss_fn: LossFn,
-        sum_names: Sequence[str],
-        correction: EntropyCorrection | None = None,
+        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
     ) -> UpdateResult:
-        """Accumulate every micro-batch's gradient and metric sums, clip, step; skip the step if
+        """Accumulate every micro-batch's gradient and metric sums (each loss is already its share
+        of the global token mean, spec §5: nothing is rescaled), clip, step; skip the step if
         anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
-        checked once, after the last backward. With a ``correction``: the entropy gradient's
-        pass first, the update corrected after the step."""
-        captured = None
-        if correction is not None:
-            captured = self._entropy_gradient(micro_batches, correction.entropy_fn)
-            if captured is None:
-                return UpdateResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
+        checked once, after the last backward."""
         self.optimizer.zero_grad(set_to_none=True)
         failed, sums = self._backward(micro_batches, loss_fn, sum_names)
         params = [p for p in self.model.parameters() if p.grad is not None]
@@ -171,9 +154,6 @@ class HFPolicy:
             lr=self.lr,
             skipped=False,
             sums={k: float(v) for k, v in sums.items()},
-            correction=None
-            if captured is None or correction is None
-            else captured.correct(correction.target),
         )
 
     def advance_schedule(self) -> None:

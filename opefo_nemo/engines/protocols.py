@@ -1,10 +1,5 @@
-"""What the trainer needs from a training engine (docs/architecture.md, Protocols).
-
-Every engine (``hf``, ``megatron``, ``aligner``) implements :class:`Policy`; the loop in
-:mod:`opefo_nemo.trainer.loop` drives them only through it, so they are interchangeable. It lives
-here, beside the engines, because imports point down the layer list: the trainer uses it, the
-engines implement it.
-"""
+"""What the trainer needs from a training engine (docs/architecture.md, Protocols): every engine
+implements :class:`Policy`, which the trainer (a layer above) drives."""
 
 from __future__ import annotations
 
@@ -17,7 +12,6 @@ import torch
 from torch import Tensor
 
 from ..core.objectives import LossOutput
-from ..core.update_correction import CorrectionResult
 from ..parallel import TokenStats
 from .batch import TrainBatch
 
@@ -26,35 +20,32 @@ LossFn = Callable[[int, TokenStats], LossOutput]
 micro-batch (phase 3) and its metric sums (the keys ``train_step`` is given as ``sum_names``)."""
 
 
-@dataclass(frozen=True)
-class EntropyCorrection:
-    """Asks :meth:`Policy.train_step` to correct the update it applies (spec §3, "Exact first
-    order"; :mod:`opefo_nemo.core.update_correction`).
+class EntropyGradient(Protocol):
+    """``g = ∇θ H̄`` kept beside the tensors the optimizer updates, from
+    :meth:`Policy.capture_entropy_gradient` (the engines' :class:`~.entropy_correction.
+    CapturedEntropyGradient`)."""
 
-    Before the step, ``g = ∇θ H̄``: a forward and backward of every micro-batch with
-    ``entropy_fn(i, stats_with_grad).loss`` (micro-batch ``i``'s share ``Σ mask·H_t / N`` of the
-    batch's token-mean entropy), reduced like the policy gradient (over micro-batches,
-    data-parallel ranks, TP and PP), kept in the optimizer's own layout and precision (fp32
-    main weights, shards of the distributed optimizer). After the step, with the update
-    ``Δθ`` the optimizer applied: ``θ ← θ + α g`` so that ``⟨g, Δθ + α g⟩ = target``; the sums
-    cost two all-reduces of float64 scalars, nothing is gathered."""
+    def inner_products(self) -> tuple[float, float]:
+        """``(⟨g, g⟩, ⟨g, Δθ⟩)`` over the whole model, ``Δθ`` what was applied since the capture
+        (every weight counted once; reduced over the engine's ranks, the same on every rank)."""
+        ...
 
-    entropy_fn: LossFn
-    target: float
+    def move(self, alpha: float) -> None:
+        """``θ ← θ + α g`` on the optimizer's tensors, and wherever its step would copy them."""
+        ...
 
 
 @dataclass(frozen=True)
 class UpdateResult:
     """Outcome of one optimizer step: the pre-clip global gradient norm, the learning rate used,
-    whether the step was skipped because the loss or the gradient (or with a correction, the
-    entropy gradient) was not finite, the ``LossOutput.sums`` of every micro-batch of the step
-    added up (over all ranks; empty when skipped), and the correction when one was asked."""
+    whether the step was skipped because the loss or the gradient was not finite, and the
+    ``LossOutput.sums`` of every micro-batch of the step added up (over all ranks; empty when
+    skipped)."""
 
     grad_norm: float
     lr: float
     skipped: bool
     sums: dict[str, float] = field(default_factory=dict)
-    correction: CorrectionResult | None = None
 
 
 @runtime_checkable
@@ -72,20 +63,30 @@ class Policy(Protocol):
         the vocabulary ``sums`` asked for (``parallel.token_stats``), the others ``None``."""
         ...
 
+    @property
+    def lr(self) -> float:
+        """The learning rate of the next optimizer step."""
+        ...
+
     def train_step(
-        self,
-        micro_batches: Sequence[TrainBatch],
-        loss_fn: LossFn,
-        sum_names: Sequence[str],
-        correction: EntropyCorrection | None = None,
+        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
     ) -> UpdateResult:
         """One optimizer step: for each micro-batch ``i`` a forward with gradient, then
         ``loss_fn(i, stats).loss.backward()`` (the loss is already a share of the global token
         mean, so gradients just accumulate); then clipping and the optimizer step. The returned
         ``sums`` add up every micro-batch's ``LossOutput.sums``, whose keys are ``sum_names``
-        (the same on every rank, so an engine can reduce them as one vector). With a
-        ``correction``, the entropy gradient's pass runs first and the step's update is
-        corrected after the optimizer step (:class:`EntropyCorrection`)."""
+        (the same on every rank, so an engine can reduce them as one vector)."""
+        ...
+
+    def capture_entropy_gradient(
+        self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
+    ) -> EntropyGradient | None:
+        """``g = ∇θ H̄`` before a step: the forwards and backwards of :meth:`train_step` with
+        ``entropy_fn(i, stats).loss`` (micro-batch ``i``'s share ``Σ mask·H_t / N`` of the
+        batch's token-mean entropy), reduced like the policy gradient (micro-batches,
+        data-parallel ranks, TP and PP) and kept, in the optimizer's own layout and precision,
+        out of the buffers the next pass reuses; ``None`` (on every rank) when it is not
+        finite. The parameters do not change."""
         ...
 
     def advance_schedule(self) -> None:

@@ -81,15 +81,17 @@ class NanGuard:
             )
 
 
-def predicted_change(metrics: dict[str, float]) -> float | None:
-    """The entropy change a step's metrics predict (spec §6 ``flow/predictor_corr``): the net
-    flow after weighting, or for a corrected update its exact first order
-    ``correction/flow_after``; ``None`` when it is zero by construction (adaptive OPEFO's, up
-    to the fp32 weights' rounding; a correction to a target of 0), which predicts nothing."""
-    if "correction/target" in metrics:
-        return None if metrics["correction/target"] == 0 else metrics["correction/flow_after"]
-    predicted = metrics["flow/net_after_balance"]
-    flows = metrics["flow/pos"] + metrics["flow/neg"]
+def predicted_change(outcome: UpdateOutcome) -> float | None:
+    """The entropy change an update predicts (spec §6 ``flow/predictor_corr``): the net flow
+    after weighting, or for corrected updates their exact first order ``⟨g, Δθ'⟩`` (summed over
+    the steps); ``None`` when it is zero by construction (adaptive OPEFO's; corrections to a
+    target of 0, up to the fp32 weights' rounding), which predicts nothing."""
+    if outcome.corrections:
+        if all(c.target == 0 for c in outcome.corrections):
+            return None
+        return sum(c.flow_after for c in outcome.corrections)
+    predicted = outcome.metrics["flow/net_after_balance"]
+    flows = outcome.metrics["flow/pos"] + outcome.metrics["flow/neg"]
     return predicted if abs(predicted) > 1e-6 * flows else None
 
 
@@ -218,7 +220,7 @@ class Trainer:
             metrics["flow/realized"] = realized_entropy_change(
                 self.policy, batch, micro, outcome.entropy_before
             )
-            metrics.update(self._predictor_quality(metrics))
+            metrics.update(self._predictor_quality(outcome, metrics["flow/realized"]))
         self.policy.advance_schedule()
         timings["time/update_s"] = time.perf_counter() - mark
 
@@ -238,12 +240,12 @@ class Trainer:
         """The seed of this step's update (a method's randomness: Clip-Cov's subset)."""
         return self.config.run.seed * 1_000_003 + self.step
 
-    def _predictor_quality(self, metrics: dict[str, float]) -> dict[str, float]:
+    def _predictor_quality(self, outcome: UpdateOutcome, realized: float) -> dict[str, float]:
         """``flow/predictor_corr``: correlation of the step's :func:`predicted_change` with
         ``flow/realized`` over every measured step so far (steps predicting nothing left out)."""
-        predicted = predicted_change(metrics)
+        predicted = predicted_change(outcome)
         if predicted is not None:
-            self.flow_predictor.add(predicted, metrics["flow/realized"])
+            self.flow_predictor.add(predicted, realized)
         value = self.flow_predictor.value()
         return {} if value is None else {"flow/predictor_corr": value}
 

@@ -1,22 +1,10 @@
-"""The update of one rollout batch, engine-agnostic: the two-phase step of docs/architecture.md.
-
-Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the whole
-batch (one engine call; the engine micro-batches it), phase 2 ``prepare`` turns the stats of *all*
-micro-batches into coefficients with global sums (λ*, the token count), phase 3 is one optimizer
-step with gradient accumulation over the micro-batches.
-ρ ≡ 1 (``old_logprob=None``).
-
-Approximate on-policy (``updates_per_rollout = k > 1``): the rollout batch is cut into ``k``
-consecutive mini-batches and each gets its own optimizer step. Before any update, one stats pass
-over the whole rollout batch gives ``old_logprob`` (the rollout policy). Mini-batch ``j`` then
-gets a fresh stats pass with the current weights (for ``j = 0`` the weights have not moved, so the
-first pass is reused) and its own ``prepare``: λ* and the Clip-Cov/KL-Cov selections are
-statistics of the optimizer-step batch, which is the mini-batch (spec §3, §5).
-"""
+"""The update of one rollout batch, for every engine: the two-phase step of docs/architecture.md,
+and the order of a corrected update (docs/core.md, "The entropy-neutral update")."""
 
 from __future__ import annotations
 
 import dataclasses
+import math
 import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
@@ -39,8 +27,9 @@ from ..core.objectives import (
     step_loss_metrics,
 )
 from ..core.reweighting import DEFAULT_CONFIDENT_PROB
+from ..core.update_correction import CorrectionResult, correction_size
 from ..engines.batch import TrainBatch
-from ..engines.protocols import EntropyCorrection, Policy
+from ..engines.protocols import EntropyGradient, LossFn, Policy, UpdateResult
 from ..parallel import TokenStats
 
 
@@ -50,11 +39,34 @@ class UpdateOutcome:
 
     ``entropy_before``: token-mean entropy of the whole rollout batch under the policy that
     generated it (the first stats pass); ``flow/realized`` compares it with a pass after the update.
+    ``corrections``: the correction of each corrected optimizer step, in order (empty for a
+    method that does not correct its update).
     """
 
     metrics: dict[str, float]
     skipped_steps: int
     entropy_before: float
+    corrections: tuple[CorrectionResult, ...] = ()
+
+
+@dataclass(frozen=True)
+class StepOutcome:
+    """One optimizer step: its metrics, whether the engine skipped it (a non-finite loss or
+    gradient) and its correction (``None``: not corrected, or skipped)."""
+
+    metrics: dict[str, float]
+    skipped: bool
+    correction: CorrectionResult | None = None
+
+
+@dataclass(frozen=True)
+class EntropyCorrection:
+    """What a corrected update needs: ``entropy_fn(i, stats_with_grad)``, micro-batch ``i``'s
+    share ``Σ mask·H_t / N`` of the batch's token-mean entropy ``H̄``, and ``target``, the
+    first-order change ``⟨∇θ H̄, Δθ'⟩`` the step must have (``Objective.update_target``)."""
+
+    entropy_fn: LossFn
+    target: float
 
 
 def stats_pass(
@@ -145,16 +157,12 @@ def optimizer_step(
     seed: int,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
     old_entropy: Sequence[Tensor] | None = None,
-) -> tuple[dict[str, float], bool]:
+) -> StepOutcome:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``
     (``confident_prob``: ``metrics.confident_prob``, spec §6; ``old_entropy``: the rollout
-    policy's entropies of a later mini-batch).
-
-    Returns the step's metrics (spec §6 flow, loss, clip, ``grad/norm``, ``lr``, and
-    ``correction/*`` for a method that corrects its update: the engine gets an
-    ``EntropyCorrection`` whose ``entropy_fn`` is each micro-batch's share of the token-mean
-    entropy) and whether the engine skipped it for a non-finite loss or gradient.
-    """
+    policy's entropies of a later mini-batch): its metrics are spec §6 flow, loss, clip,
+    ``grad/norm``, ``lr``, and ``correction/*`` for a method that corrects its update
+    (``Objective.update_target`` not ``None``: :func:`engine_step`)."""
     chunks = token_chunks(micro_batches, stats, old_logprob, old_entropy)
     prepared = prepare(
         objective, chunks, SingleProcessReducer(), seed=seed, confident_prob=confident_prob
@@ -186,15 +194,57 @@ def optimizer_step(
 
         correction = EntropyCorrection(entropy_fn, prepared.update_target)
     names = loss_sum_names(objective)
-    result = policy.train_step(micro_batches, loss_fn, names, correction=correction)
+    result, corrected = engine_step(policy, micro_batches, loss_fn, names, correction)
     metrics = dict(prepared.metrics)
     if not result.skipped:
-        sums = result.sums
-        metrics.update(step_loss_metrics(objective, sums, prepared.n_tokens))
-        if result.correction is not None:
-            metrics.update(result.correction.metrics())
+        metrics.update(step_loss_metrics(objective, result.sums, prepared.n_tokens))
+    if corrected is not None:
+        metrics.update(corrected.metrics())
     metrics.update({"grad/norm": result.grad_norm, "lr": result.lr})
-    return metrics, result.skipped
+    return StepOutcome(metrics, result.skipped, corrected)
+
+
+def engine_step(
+    policy: Policy,
+    micro_batches: Sequence[TrainBatch],
+    loss_fn: LossFn,
+    sum_names: Sequence[str],
+    correction: EntropyCorrection | None,
+) -> tuple[UpdateResult, CorrectionResult | None]:
+    """One optimizer step of ``policy``; with a ``correction``, in this order for every engine:
+
+    1. ``g = ∇θ H̄`` captured at the weights before the step (``Policy.capture_entropy_gradient``:
+       one more forward and backward of the batch); a non-finite ``g`` skips the step;
+    2. the policy-gradient step (``Policy.train_step``);
+    3. the applied update corrected along ``g`` (:func:`correct_update`), unless step 2 skipped.
+    """
+    if correction is None:
+        return policy.train_step(micro_batches, loss_fn, sum_names), None
+    gradient = policy.capture_entropy_gradient(micro_batches, correction.entropy_fn)
+    if gradient is None:
+        return UpdateResult(grad_norm=math.nan, lr=policy.lr, skipped=True), None
+    result = policy.train_step(micro_batches, loss_fn, sum_names)
+    if result.skipped:
+        return result, None
+    return result, correct_update(gradient, correction.target)
+
+
+def correct_update(gradient: EntropyGradient, target: float) -> CorrectionResult:
+    """``Δθ' = Δθ + α g`` with ``α`` such that ``⟨g, Δθ'⟩ = target``
+    (:func:`~opefo_nemo.core.update_correction.correction_size`), ``Δθ`` the update applied since
+    ``g`` was captured; then ``⟨g, Δθ'⟩`` measured on the weights the optimizer keeps (the target
+    up to their rounding). Two all-reduces of two float64 numbers, nothing gathered."""
+    grad_sq, flow = gradient.inner_products()
+    alpha = correction_size(target, flow, grad_sq)
+    gradient.move(alpha)
+    _, flow_after = gradient.inner_products()
+    return CorrectionResult(
+        target=target,
+        flow_before=flow,
+        flow_after=flow_after,
+        alpha=alpha,
+        grad_norm=math.sqrt(grad_sq),
+    )
 
 
 def rollout_fidelity(
@@ -222,8 +272,20 @@ def update_rollout_batch(
     fidelity_threshold: float = DEFAULT_THRESHOLD,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
 ) -> UpdateOutcome:
-    """All optimizer steps of one rollout batch (see the module docstring); its metrics include
-    :func:`rollout_fidelity` when the batch carries the rollout engine's logprobs."""
+    """All optimizer steps of one rollout batch; its metrics include :func:`rollout_fidelity`
+    when the batch carries the rollout engine's logprobs.
+
+    Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the
+    whole batch (one engine call; the engine micro-batches it), phase 2 ``prepare`` turns the
+    stats of *all* micro-batches into coefficients with global sums (λ*, the token count), phase
+    3 is one optimizer step with gradient accumulation over the micro-batches; ρ ≡ 1.
+
+    Approximate on-policy (``updates_per_rollout = k > 1``): the rollout batch is cut into ``k``
+    consecutive mini-batches, each with its own optimizer step. One stats pass over the whole
+    rollout batch first gives ``old_logprob`` (the rollout policy); mini-batch ``j`` then gets a
+    fresh stats pass with the current weights (for ``j = 0`` the first pass is reused) and its
+    own ``prepare``: λ* and the Clip-Cov/KL-Cov selections are statistics of the optimizer-step
+    batch, the mini-batch (spec §3, §5). The metrics are averaged over the steps."""
     method = objective.config
     sums = ESTIMATOR_SUMS[method.entropy_flow.estimator]
     k = method.updates_per_rollout
@@ -238,34 +300,37 @@ def update_rollout_batch(
     entropy_before = mean_entropy(all_micros, all_first)
     fidelity = rollout_fidelity(all_micros, all_first, fidelity_threshold)
     if k == 1:
-        metrics, skipped = optimizer_step(
-            policy, objective, micros[0], first[0], None, seed, confident_prob
+        step = optimizer_step(policy, objective, micros[0], first[0], None, seed, confident_prob)
+        corrected = () if step.correction is None else (step.correction,)
+        return UpdateOutcome(
+            {**step.metrics, **fidelity}, int(step.skipped), entropy_before, corrected
         )
-        return UpdateOutcome({**metrics, **fidelity}, int(skipped), entropy_before)
 
-    per_step: list[dict[str, float]] = []
-    skipped_steps = 0
+    steps: list[StepOutcome] = []
     for j, mini_micros in enumerate(micros):
         stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, sums)
         old = [s.logprob for s in first[j]]
-        metrics, skipped = optimizer_step(
-            policy,
-            objective,
-            mini_micros,
-            stats,
-            old,
-            seed * k + j,
-            confident_prob,
-            old_entropy=[s.entropy for s in first[j]],
+        steps.append(
+            optimizer_step(
+                policy,
+                objective,
+                mini_micros,
+                stats,
+                old,
+                seed * k + j,
+                confident_prob,
+                old_entropy=[s.entropy for s in first[j]],
+            )
         )
-        skipped_steps += int(skipped)
-        per_step.append(metrics)
+    per_step = [step.metrics for step in steps]
     averaged = {
         name: sum(m[name] for m in per_step if name in m) / sum(name in m for m in per_step)
         for name in {key for m in per_step for key in m}
     }
     averaged["entropy/mean"] = entropy_before
-    return UpdateOutcome({**averaged, **fidelity}, skipped_steps, entropy_before)
+    skipped_steps = sum(step.skipped for step in steps)
+    corrections = tuple(step.correction for step in steps if step.correction is not None)
+    return UpdateOutcome({**averaged, **fidelity}, skipped_steps, entropy_before, corrections)
 
 
 @torch.no_grad()

@@ -75,8 +75,8 @@ def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
         ),
         (
             "entropy_neutral",
-            "entropy_flow.target_gain=1.5",
-            r"method\.entropy_flow\.target_gain must lie in \(0, 1\]",
+            "entropy_flow.target_rate=1.5",
+            r"method\.entropy_flow\.target_rate must lie in \(0, 1\]",
         ),
         ("entropy_neutral", "entropy_flow.static_lambda=0.1", r"unknown key .*static_lambda"),
         ("entropy_neutral", "updates_per_rollout=8", r"method\.updates_per_rollout .* strict"),

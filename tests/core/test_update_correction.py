@@ -1,6 +1,6 @@
-"""The entropy-neutral correction's arithmetic (core/update_correction.py), the correction of
-an engine's tensors (engines/entropy_correction.py) against float64 brute force, and the
-``entropy_neutral`` method's targets, state and settings."""
+"""The entropy-neutral correction's arithmetic (core/update_correction.py), the trainer's
+correction (trainer/update.py) of an engine's tensors (engines/entropy_correction.py) against
+float64 brute force, and the ``entropy_neutral`` method's targets, state and settings."""
 
 from __future__ import annotations
 
@@ -14,6 +14,7 @@ from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.objectives import TokenChunk, build_objective, method_config, prepare
 from opefo_nemo.core.update_correction import CorrectionResult, correction_size, dot64
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
+from opefo_nemo.trainer.update import correct_update
 
 from .test_objectives import batch
 
@@ -58,8 +59,13 @@ def test_correction_equals_float64_brute_force_and_moves_replicas_alike(target):
     gets the same correction as its original."""
     before, grads = _tensors(2), _tensors(3)
     params = [t.clone() for t in before] + [before[0].clone()]
+    published = []
     captured = CapturedEntropyGradient(
-        params, [*grads, grads[0]], [True] * len(grads) + [False], on_one_device
+        params,
+        [*grads, grads[0]],
+        [True] * len(grads) + [False],
+        on_one_device,
+        lambda: published.append([p.clone() for p in params]),
     )
     with torch.no_grad():  # the optimizer's update, in fp32
         for param, step in zip(params, [*_tensors(4), _tensors(4)[0]], strict=True):
@@ -69,7 +75,7 @@ def test_correction_equals_float64_brute_force_and_moves_replicas_alike(target):
     flow = math.fsum(float((g.double() * d).sum()) for g, d in zip(grads, applied, strict=True))
     grad_sq = math.fsum(float(dot64(g, g)) for g in grads)
     alpha = (target - flow) / grad_sq
-    result = captured.correct(target)
+    result = correct_update(captured, target)
 
     # ⟨g, Δθ⟩ is a difference of two float64 dot products of fp32 values: exact up to float64
     # round-off of the larger sums Σ|g θ|
@@ -89,6 +95,9 @@ def test_correction_equals_float64_brute_force_and_moves_replicas_alike(target):
         want = whole.double() + alpha * grad.double()
         torch.testing.assert_close(param.double(), want, rtol=FP32_EPS, atol=FP32_EPS * 1e-3)
     assert torch.equal(params[0], params[-1])
+    # published once, after the move
+    assert len(published) == 1
+    assert all(torch.equal(p, q) for p, q in zip(published[0], params, strict=True))
 
 
 def test_capture_refuses_mismatched_gradients():
@@ -120,7 +129,7 @@ def _chunk_with_entropy(seed: int, mean_entropy: float) -> TokenChunk:
 
 def test_entropy_neutral_targets_weights_and_state():
     """Strict GRPO's weights (1) and flows; the update target is 0 (adaptive) or
-    ``gain (H_target − H̄)`` with ``initial`` the first step's ``H̄``, kept across a resume."""
+    ``rate (H_target − H̄)`` with ``initial`` the first step's ``H̄``, kept across a resume."""
     adaptive = build_objective(load_method("entropy_neutral"))
     assert adaptive.corrects_update
     chunk = batch(seed=5)
@@ -142,7 +151,7 @@ def test_entropy_neutral_targets_weights_and_state():
     )
 
     config = method_config(
-        {"name": "entropy_neutral", "entropy_flow": {"balance": "target", "target_gain": 0.25}}
+        {"name": "entropy_neutral", "entropy_flow": {"balance": "target", "target_rate": 0.25}}
     )
     run = build_objective(config)
     first = prepare(run, [_chunk_with_entropy(1, 0.9)], SingleProcessReducer())
@@ -160,4 +169,4 @@ def test_entropy_neutral_targets_weights_and_state():
     objective = build_objective(fixed)
     assert objective.state_dict() == {}
     target = prepare(objective, [_chunk_with_entropy(3, 1.5)], SingleProcessReducer())
-    assert target.update_target == pytest.approx(0.1 * -0.5)  # the default gain
+    assert target.update_target == pytest.approx(0.1 * -0.5)  # the default rate

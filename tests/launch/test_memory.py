@@ -253,9 +253,9 @@ def test_entropy_correction_adds_the_gradient_it_keeps(monkeypatch, tmp_path):
     kept = []
     original = entropy_correction.CapturedEntropyGradient.__init__
 
-    def recording(self, params, grads, counted, all_reduce):
+    def recording(self, params, grads, *rest):
         kept.append(sum(g.numel() * g.element_size() for g in grads))
-        original(self, params, grads, counted, all_reduce)
+        original(self, params, grads, *rest)
 
     monkeypatch.setattr(entropy_correction.CapturedEntropyGradient, "__init__", recording)
     policy = HFPolicy(model_dir, EngineConfig(warmup_steps=0), lr=1e-5, temperature=1.0)

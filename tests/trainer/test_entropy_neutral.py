@@ -28,9 +28,9 @@ from opefo_nemo.config import load_method
 from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.core import group_advantages
 from opefo_nemo.core.objectives import LossOutput, build_objective
+from opefo_nemo.core.update_correction import CorrectionResult
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
-from opefo_nemo.engines.protocols import EntropyCorrection
 from opefo_nemo.models.tiny import EOS_ID, PAD_ID, encode
 from opefo_nemo.models.transformers_compat import load_causal_lm
 from opefo_nemo.tasks.arithmetic import (
@@ -41,7 +41,13 @@ from opefo_nemo.tasks.arithmetic import (
 )
 from opefo_nemo.trainer.loop import predicted_change
 from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.update import realized_entropy_change, update_rollout_batch
+from opefo_nemo.trainer.update import (
+    EntropyCorrection,
+    UpdateOutcome,
+    engine_step,
+    realized_entropy_change,
+    update_rollout_batch,
+)
 from tests.entropy_gradient import dot, entropy_gradient
 
 PROMPTS, RESPONSES, MICRO = 32, 8, 64
@@ -74,11 +80,15 @@ def batch(warm_model):
 
 
 def _update(model_dir, batch, method: str, lr: float, *overrides: str):
-    """One update from the warm model: (outcome metrics, realized change, weights after)."""
+    """One update from the warm model: (outcome metrics, realized change, weights after); the
+    outcome's typed correction is the one its metrics show."""
     policy = HFPolicy(model_dir, ENGINE, lr=lr, temperature=TEMPERATURE)
     objective = build_objective(load_method(method, [f"lr={lr}", *overrides]))
     outcome = update_rollout_batch(policy, objective, batch, MICRO, seed=0)
     assert outcome.skipped_steps == 0
+    corrections = [c.metrics() for c in outcome.corrections]
+    shown = {k: v for k, v in outcome.metrics.items() if k.startswith("correction/")}
+    assert corrections == ([shown] if objective.corrects_update else [])
     realized = realized_entropy_change(policy, batch, MICRO, outcome.entropy_before)
     weights = {name: w.clone() for name, w in policy.named_weights()}
     return outcome.metrics, realized, weights
@@ -149,7 +159,7 @@ def test_alpha_equals_float64_brute_force(runs, warm_model, batch):
 
 
 def test_target_balance_moves_the_entropy_by_its_target(runs, warm_model, batch):
-    """``balance: target`` with the target 0.002 nats above the batch's entropy and gain 0.5:
+    """``balance: target`` with the target 0.002 nats above the batch's entropy and rate 0.5:
     the first-order change is 0.001 nats (about strict GRPO's, the other way); the realized one
     equals it up to a second-order residual within 5 % of the first-order changes involved
     (the target and the optimizer's own ``⟨g, Δθ⟩``), the adaptive test's criterion."""
@@ -162,7 +172,7 @@ def test_target_balance_moves_the_entropy_by_its_target(runs, warm_model, batch)
         LR,
         "entropy_flow.balance=target",
         f"entropy_flow.target_entropy={target_entropy}",
-        "entropy_flow.target_gain=0.5",
+        "entropy_flow.target_rate=0.5",
     )
     assert got["correction/target"] == pytest.approx(0.001, rel=1e-5)
     assert got["flow/target_entropy"] == pytest.approx(target_entropy)
@@ -182,20 +192,26 @@ def test_a_non_finite_entropy_gradient_skips_the_step(warm_model, batch):
     def entropy_fn(index, stats):
         return LossOutput(stats.entropy.sum() * (math.inf if index == 1 else 1.0), {})
 
-    result = policy.train_step(micros, loss_fn, (), EntropyCorrection(entropy_fn, 0.0))
-    assert result.skipped and result.correction is None and math.isnan(result.grad_norm)
+    result, correction = engine_step(policy, micros, loss_fn, (), EntropyCorrection(entropy_fn, 0))
+    assert result.skipped and correction is None and math.isnan(result.grad_norm)
     for name, weight in policy.named_weights():
         assert torch.equal(weight, before[name]), name
 
 
 def test_the_prediction_of_a_corrected_step_is_its_exact_first_order():
-    """``flow/predictor_corr`` correlates ``correction/flow_after`` with the realized change for a
-    corrected update, the net flow after weighting otherwise; a prediction that is zero by
+    """``flow/predictor_corr`` correlates the corrections' ``⟨g, Δθ'⟩`` with the realized change
+    for a corrected update, the net flow after weighting otherwise; a prediction that is zero by
     construction is left out."""
     flows = {"flow/pos": 3.0, "flow/neg": 5.0, "flow/net_after_balance": -2.0}
-    assert predicted_change(flows) == -2.0
-    assert predicted_change({**flows, "flow/net_after_balance": 1e-7}) is None  # OPEFO's 0
-    corrected = {**flows, "correction/target": 0.0, "correction/flow_after": 1e-12}
-    assert predicted_change(corrected) is None
-    steered = {**corrected, "correction/target": 0.004, "correction/flow_after": 0.0039999}
-    assert predicted_change(steered) == 0.0039999
+
+    def outcome(metrics, *corrections):
+        return UpdateOutcome(metrics, 0, 1.0, corrections)
+
+    assert predicted_change(outcome(flows)) == -2.0
+    assert predicted_change(outcome({**flows, "flow/net_after_balance": 1e-7})) is None  # OPEFO
+    neutral = CorrectionResult(0.0, 3e-4, 1e-12, 0.1, 2.0)
+    assert predicted_change(outcome(flows, neutral)) is None
+    steered = CorrectionResult(0.004, 3e-4, 0.0039999, 0.1, 2.0)
+    assert predicted_change(outcome(flows, steered)) == 0.0039999
+    # over several corrected steps, their first orders add up
+    assert predicted_change(outcome(flows, steered, neutral)) == 0.0039999 + 1e-12

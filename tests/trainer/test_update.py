@@ -10,13 +10,14 @@ import torch
 
 from opefo_nemo.config import load_method
 from opefo_nemo.config.engines import EngineConfig
-from opefo_nemo.core.objectives import LossOutput, build_objective
+from opefo_nemo.core.objectives import LossOutput, build_objective, registry
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
 from opefo_nemo.trainer.loop import NanGuard, NanStreakError
 from opefo_nemo.trainer.update import optimizer_step, stats_pass, update_rollout_batch
+from tests.core.test_method_plugins import _docs_block
 from tests.metric_bounds import assert_grads_close
 
 TEMPERATURE = 0.7
@@ -67,11 +68,11 @@ def captured_gradient(model_dir, method_name, micro_batch_size):
     prompts, responses, adv = random_rollout()
     batch = build_batch(prompts, responses, adv, pad_id=0)
     micros = batch.split(micro_batch_size)
-    metrics, skipped = optimizer_step(
+    step = optimizer_step(
         policy, build_objective(method), micros, stats_pass(policy, batch, micros, ()), None, 0
     )
-    assert not skipped
-    return grads, metrics
+    assert not step.skipped and step.correction is None
+    return grads, step.metrics
 
 
 def reference_gradient(model_dir, method_name):
@@ -225,3 +226,29 @@ def test_a_later_mini_batch_reads_the_rollout_policys_logprobs_and_entropies(mod
         torch.testing.assert_close(old[mask], full[3 : 3 + rows, :width][mask])
     # the weights moved between the two steps: the current entropy is not the rollout's
     assert not torch.allclose(later.entropy[mask], later.old_entropy[mask])
+
+
+def test_the_documented_update_method_is_corrected_without_engine_code(
+    model_dir, monkeypatch, tmp_path
+):
+    """docs/core.md's ``fixed_change`` (a module and a YAML, nothing in the engines): one update
+    on the ``hf`` engine reports one correction whose target is the configured change, and the
+    corrected update's exact first order ``⟨g, Δθ'⟩`` is that change up to the fp32 rounding of
+    the corrected weights (``‖g‖ ε₃₂ ‖θ‖``)."""
+    monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
+    exec(compile(_docs_block("python", "# my_update_method.py"), "my_update_method.py", "exec"), {})
+    yaml = tmp_path / "fixed_change.yaml"
+    yaml.write_text(_docs_block("yaml", "# conf/method/fixed_change.yaml"))
+    change = 2e-3
+    policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
+    objective = build_objective(load_method(yaml, [f"change={change}"]))
+    prompts, responses, adv = random_rollout()
+    outcome = update_rollout_batch(policy, objective, build_batch(prompts, responses, adv, 0), 3, 0)
+    assert outcome.skipped_steps == 0 and len(outcome.corrections) == 1
+    correction = outcome.corrections[0]
+    assert correction.target == change
+    assert correction.flow_before != pytest.approx(change, rel=0.1)  # the optimizer's own differs
+    norm = math.sqrt(sum(float(w.double().square().sum()) for _, w in policy.named_weights()))
+    eps = torch.finfo(torch.float32).eps
+    assert abs(correction.flow_after - change) <= correction.grad_norm * eps * norm
+    assert outcome.metrics["correction/flow_after"] == correction.flow_after

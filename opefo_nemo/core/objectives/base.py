@@ -1,23 +1,6 @@
-"""What a method of spec §5 is: a settings dataclass and an :class:`Objective` (the plug-in).
-
-A method is one module and one ``conf/method/<name>.yaml`` (docs/core.md walks through one):
-
-* its **settings**: a frozen dataclass deriving from :class:`MethodConfig`, validated by the one
-  config validator (:func:`opefo_nemo.core.schema.build`) and its own ``validate``;
-* its **objective**: a subclass of :class:`Objective` registered under the method's name, with
-  - ``local_sums(chunk, delta_h)``: its share of extra batch sums over one chunk (phase 2);
-  - ``coefficients(batch, reducer, seed)``: per-token coefficients from the *global* sums;
-  - ``token_loss(inputs)``: the per-token loss ``ℓ_t`` (phase 3);
-  - ``loss_sums`` / ``loss_metrics``: its metric numerators per micro-batch and their ratios;
-  - ``metrics(batch)``: its step metrics; ``state_dict`` / ``restore``: what it carries from
-    step to step (kept in the checkpoint; ``load_state_dict`` checks the keys, then restores);
-  - ``update_target(batch)``: for a method that corrects the applied update along ``∇θ H̄``
-    (``corrects_update``), the first-order entropy change it wants from the step.
-
-Every method gets, without writing anything: ΔH with the configured estimator, the flow sums P
-and N, λ*, the token-mean entropy and their metrics (spec §2, §3, §6), the global token count and
-the loss as a global token mean (spec §5).
-"""
+"""What a method of spec §5 is: a settings dataclass deriving from :class:`MethodConfig` and an
+:class:`Objective` registered under the method's name, each hook documented where it is defined
+(docs/core.md, "Adding a method")."""
 
 from __future__ import annotations
 
@@ -37,9 +20,14 @@ from .tokens import Coefficients, LossInputs, TokenChunk
 
 @dataclass(frozen=True)
 class EntropyFlowConfig:
-    """spec §2: the ΔH estimator (every method logs the flows and λ*)."""
+    """spec §2: the ΔH estimator (every method logs the flows and λ*); a method's own
+    ``entropy_flow`` derives from it."""
 
     estimator: str = "paper"
+
+    def validate(self, path: str) -> None:
+        """Ranges of the keys under ``path``; a subclass extends it (``super().validate``)."""
+        one_of(self.estimator, ESTIMATORS, f"{path}.estimator")
 
 
 @dataclass(frozen=True)
@@ -60,7 +48,7 @@ class MethodConfig:
         """Ranges of the common keys; a subclass extends it (``super().validate(prefix)``)."""
         require(self.updates_per_rollout >= 1, f"{prefix}.updates_per_rollout", "must be >= 1")
         positive(self.lr, f"{prefix}.lr")
-        one_of(self.entropy_flow.estimator, ESTIMATORS, f"{prefix}.entropy_flow.estimator")
+        self.entropy_flow.validate(f"{prefix}.entropy_flow")
 
 
 @dataclass(frozen=True)
@@ -87,7 +75,10 @@ class BatchStatistics:
 
 
 class Objective:
-    """A method of spec §5 (see the module docstring); one instance lives for a whole run.
+    """A method of spec §5; one instance lives for a whole run. Every method gets, without
+    writing anything: ΔH with the configured estimator, the flow sums P and N, λ*, the token-mean
+    entropy and their metrics (spec §2, §3, §6), the global token count and the loss as a global
+    token mean (spec §5).
 
     Class attributes: ``config_type`` (its settings dataclass); ``strict`` (needs ``ρ ≡ 1``:
     exactly one update per rollout); ``differentiates_entropy`` (its loss reads ``H_t`` with

@@ -1,13 +1,16 @@
-"""The entropy target of a closed-loop method (spec §3, §5): ``H_target`` in nats, or
-``initial``: the first step's token-mean entropy ``H̄``, fixed then and kept in the checkpoint."""
+"""The entropy target of a closed-loop method (spec §3, §5), and the base that ``opefo``'s
+``balance: target`` and ``entropy_neutral`` share: its settings, its resolution, its metric and
+its checkpointed state."""
 
 from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from typing import Any
+from dataclasses import dataclass
+from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from ..schema import require
+from ..schema import one_of, require
+from .base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
 
 INITIAL = "initial"
 
@@ -45,3 +48,68 @@ class EntropyTarget:
         if "target_entropy" in state:
             value = state["target_entropy"]
             self.value = None if value is None else float(value)
+
+
+@dataclass(frozen=True)
+class TargetFlowConfig(EntropyFlowConfig):
+    """``entropy_flow`` of a method that can steer the entropy to a target; a method adds how
+    strongly it steers (``opefo``: ``target_gain``; ``entropy_neutral``: ``target_rate``)."""
+
+    balance: str = "adaptive"  # the method's variant; ``target`` steers to ``target_entropy``
+    target_entropy: float | str = INITIAL  # nats, or ``initial``: the first step's ``H̄``
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        require_target(self.target_entropy, f"{path}.target_entropy")
+
+
+FlowT = TypeVar("FlowT", bound=TargetFlowConfig)
+
+
+class TargetedObjective(Objective, Generic[FlowT]):
+    """An objective whose ``entropy_flow`` (a ``FlowT``) may ask for ``balance: target``.
+
+    ``balances``: the values its ``balance`` accepts (checked at start-up). It resolves
+    ``H_target`` (:meth:`target_entropy`), logs it as ``flow/target_entropy`` and keeps a resolved
+    ``initial`` in the checkpoint (``{"target_entropy": H}``).
+    """
+
+    balances: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, config: MethodConfig):
+        super().__init__(config)
+        if not isinstance(config.entropy_flow, TargetFlowConfig):
+            raise TypeError(f"method {config.name!r} needs a TargetFlowConfig as entropy_flow")
+        self.target = EntropyTarget(self.flow.target_entropy)
+
+    @property
+    def flow(self) -> FlowT:
+        """The method's ``entropy_flow`` (its type checked by ``config_type`` at construction)."""
+        return cast(FlowT, self.config.entropy_flow)
+
+    @property
+    def targeted(self) -> bool:
+        return self.flow.balance == "target"
+
+    @classmethod
+    def check(cls, config: MethodConfig, prefix: str) -> None:
+        super().check(config, prefix)
+        assert isinstance(config.entropy_flow, TargetFlowConfig)  # config_type's field
+        one_of(config.entropy_flow.balance, cls.balances, f"{prefix}.entropy_flow.balance")
+
+    def target_entropy(self, batch: BatchStatistics) -> float | None:
+        """``H_target`` under ``balance: target`` (an unresolved ``initial`` becomes this batch's
+        ``H̄``), ``None`` under any other balance."""
+        return self.target.resolve(batch.mean_entropy) if self.targeted else None
+
+    def metrics(self, batch: BatchStatistics) -> dict[str, float]:
+        metrics = super().metrics(batch)
+        if self.targeted and self.target.value is not None:
+            metrics["flow/target_entropy"] = self.target.value
+        return metrics
+
+    def state_dict(self) -> dict[str, Any]:
+        return self.target.state_dict() if self.targeted else {}
+
+    def restore(self, state: Mapping[str, Any]) -> None:
+        self.target.restore(state)

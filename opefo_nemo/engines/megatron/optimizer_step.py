@@ -1,30 +1,5 @@
-"""How :class:`~.policy.MegatronPolicy` reduces gradients and steps its optimizer after megatron's
-schedule has run the backward of a step's micro-batches (spec §5, §8).
-
-:class:`MegatronOptimizerStep` exposes four operations, which ``train_step`` calls in this order:
-``zero_grad()`` before the schedule; ``reduce(failed)`` after it (``failed``: a device scalar,
-> 0 when this rank saw a non-finite loss or logits; gradients averaged over data parallel;
-returns whether any rank of the job failed: a non-finite loss or logits, or a non-finite
-gradient, so that every rank skips the step together); ``step()`` (clip to ``config.grad_clip``,
-the optimizer's update at the warm-up learning rate; returns ``‖g‖₂`` before clipping);
-``advance()`` (the next rollout step's learning rate, ``lr · min(1, (s + 1) / warmup_steps)``).
-A step with an ``EntropyCorrection`` adds two: ``capture_entropy_gradient()`` after the entropy
-pass's ``reduce`` (before the policy gradient's ``zero_grad``) and ``correct(captured, target)``
-after ``step()``.
-
-The model is wrapped in megatron-core's ``DistributedDataParallel`` (contiguous fp32
-``main_grad`` buffers; its ``finish_grad_sync``, run by megatron's ``finalize_model_grads``,
-all-reduces them over DP, or reduce-scatters them with the distributed optimizer, scaled by
-``1/D``: what :class:`~.loss_closure.MegatronScaling` assumes; then ``finalize_model_grads`` sums
-a tied embedding's two copies over the first and last pipeline stage) and the optimizer is a
-``MegatronOptimizer`` from ``get_megatron_optimizer`` (fp32 main weights for bf16 parameters,
-optionally sharded over DP; :func:`~.megatron_optimizer.build_megatron_optimizer`). Its
-``step()`` computes the global norm (every weight counted once over TP and PP), clips by
-``min(1, max_norm / (‖g‖ + 1e-6))`` and steps, and returns ``(success, ‖g‖₂, _)``; the learning
-rate is written into every parameter group before each step (megatron's
-``OptimizerParamScheduler`` is not used, so its per-group ``wd_mult`` is not applied either:
-weight decay acts on every parameter, as in ``HFPolicy``).
-"""
+"""How :class:`~.policy.MegatronPolicy` reduces gradients and steps megatron's optimizer after
+the schedule has run the backward of a step's micro-batches (spec §5, §8; docs/megatron.md)."""
 
 from __future__ import annotations
 
@@ -37,18 +12,26 @@ from megatron.core.transformer.module import param_is_not_shared
 from torch import Tensor
 
 from ...config.engines import MegatronEngineConfig
-from ...core.update_correction import CorrectionResult
 from ..entropy_correction import CapturedEntropyGradient
 from ..schedule import warmup_factor
 from . import compat
 
 
 class MegatronOptimizerStep:
-    """megatron's ``DistributedDataParallel`` + ``MegatronOptimizer`` (module docstring).
+    """megatron's ``DistributedDataParallel`` + ``MegatronOptimizer``, driven in this order:
+    :meth:`zero_grad` before the schedule, :meth:`reduce` after it, :meth:`step`; :meth:`advance`
+    at the end of a rollout step; :meth:`capture_entropy_gradient` after an entropy pass's
+    :meth:`reduce`.
 
-    The base learning rate is the optimizer's at construction (``OptimizerConfig.lr``); the
-    optimizer's ``config.clip_grad`` must be positive (``math.inf`` for no clipping), else
-    megatron's ``step()`` returns no norm.
+    The model's DDP keeps contiguous fp32 ``main_grad`` buffers; its ``finish_grad_sync`` (run by
+    megatron's ``finalize_model_grads``) all-reduces them over DP, or reduce-scatters them with
+    the distributed optimizer, scaled by ``1/D`` (what :class:`~.loss_closure.MegatronScaling`
+    assumes), then ``finalize_model_grads`` sums a tied embedding's two copies over the first and
+    last pipeline stage. The optimizer (fp32 main weights for bf16 parameters, optionally sharded
+    over DP) computes the global norm (every weight counted once over TP and PP), clips by
+    ``min(1, max_norm / (‖g‖ + 1e-6))`` and steps. The base learning rate is the optimizer's at
+    construction (``OptimizerConfig.lr``); its ``config.clip_grad`` must be positive
+    (``math.inf`` for no clipping), else megatron's ``step()`` returns no norm.
     """
 
     def __init__(
@@ -73,6 +56,7 @@ class MegatronOptimizerStep:
 
     @property
     def lr(self) -> float:
+        """``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``."""
         return self.base_lr * warmup_factor(self.steps, self.config.warmup_steps)
 
     def zero_grad(self) -> None:
@@ -97,6 +81,10 @@ class MegatronOptimizerStep:
         return bool(flag[0] > 0)
 
     def step(self) -> float:
+        """Clip and step at :attr:`lr`, written into every parameter group (megatron's
+        ``OptimizerParamScheduler`` is not used, so its per-group ``wd_mult`` is not applied:
+        weight decay acts on every parameter, as in ``HFPolicy``); returns ``‖g‖₂`` before
+        clipping."""
         for group in self.optimizer.param_groups:
             group["lr"] = self.lr
         success, grad_norm, _ = self.optimizer.step()
@@ -118,7 +106,9 @@ class MegatronOptimizerStep:
         reuses). A main tensor counts in the sums as megatron's gradient norm counts it: not a
         tied embedding's second copy (``shared``), not a tensor-parallel replica; the sums
         reduce over the group megatron reduces that norm over (model parallel, or every rank
-        with the distributed optimizer)."""
+        with the distributed optimizer). A move along it is published as megatron's step
+        publishes its own: main weights copied into the model's parameters (and the distributed
+        optimizer's parameter buffer all-gathered), :func:`~.compat.copy_main_weights_to_model`."""
         self.optimizer.prepare_grads()
         inner = compat.inner_optimizers(self.optimizer)
         groups = {id(o.get_grad_stats_parallel_group()) for o in inner}
@@ -135,11 +125,7 @@ class MegatronOptimizerStep:
             dist.all_reduce(values, group=group)
             return values
 
-        return CapturedEntropyGradient(params, grads, counted, all_reduce)
+        def publish() -> None:
+            compat.copy_main_weights_to_model(self.optimizer)
 
-    def correct(self, captured: CapturedEntropyGradient, target: float) -> CorrectionResult:
-        """After :meth:`step`: the main tensors corrected (:mod:`..entropy_correction`), then
-        copied into the model's parameters as megatron's step copies them."""
-        result = captured.correct(target)
-        compat.copy_main_weights_to_model(self.optimizer)
-        return result
+        return CapturedEntropyGradient(params, grads, counted, all_reduce, publish)

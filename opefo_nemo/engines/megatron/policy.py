@@ -1,57 +1,8 @@
-"""The trainer's ``Policy`` protocol on a megatron-core GPT model inside ``parallel_state``.
+"""The trainer's ``Policy`` on a megatron-core GPT model inside ``parallel_state``
+(docs/megatron.md).
 
 SPMD: every rank of the job (all TP × PP × DP ranks) calls every method with the *same* arguments
 (the trainer loop runs on every rank); collectives inside keep the ranks in step.
-
-- :meth:`MegatronPolicy.token_stats` (phase 1, spec §1): the batch's rows are split over the
-  data-parallel (DP) ranks (:func:`~.schedule_driver.balanced_rows`), each rank runs its rows
-  through ``forward_backward_func(forward_only=True)`` in micro-batches of
-  ``config.micro_batch_size`` (padded to the schedule's fixed shape,
-  :class:`~.pipeline_batch.PipelineMicroBatches`) with :func:`~.loss_closure.stats_function`
-  (vocab-parallel over TP, padded vocabulary excluded, the rollout temperature) on the last
-  pipeline stage, which broadcasts them to the other stages (with ``engine.stats_kernel=
-  fused_linear`` the last stage stops before its output layer and the statistics come from the
-  final hidden states, :mod:`.fused_output`); the ``[B, T − 1]`` statistics are
-  then all-gathered over DP, so every rank returns the full batch's, in row order, on the CPU, and
-  the trainer's ``prepare`` with its single-process reducer is identical on every rank.
-- :meth:`MegatronPolicy.train_step` (phase 3, spec §5): micro-batch ``i`` of the ``M`` the
-  trainer passes belongs to DP rank ``⌊i·D/M⌋`` (equal contiguous blocks). Each rank runs its
-  ``M/D`` through the schedule with gradient; the last stage's loss function is the trainer's
-  ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D, D).factor``, which undoes megatron's
-  ``1/num_microbatches`` and DDP's ``1/D`` (the trainer's closure holds ``prepare``'s
-  coefficients on every rank, already on the device, so nothing but tokens and targets travels
-  with the micro-batches).
-  Then the gradients' DP reduction, the global norm over TP and PP, clipping to
-  ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A non-finite loss or
-  logits on any rank, or a non-finite gradient, skips the step on every rank (gradients
-  dropped, ``UpdateResult(nan, lr, skipped=True)``), as ``HFPolicy`` does.
-- Metric sums: ``loss_fn`` returns each micro-batch's ``LossOutput``; the last stage adds its
-  ``sums`` into one float64 device vector (in ``train_step``'s ``sum_names`` order), which is
-  all-reduced over the pipeline (the other stages hold zeros) and data-parallel groups after
-  the backward: every rank's ``UpdateResult.sums`` cover all ``M`` micro-batches (added in
-  another order than on one device: float64 round-off). Nothing is read back to the host per
-  micro-batch: the statistics stay on the device and the loss's finiteness is a device flag
-  read once, in the reduction.
-- Learning rate: ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), the
-  schedule of ``HFPolicy``; :meth:`advance_schedule` moves it on.
-- :meth:`save` / :meth:`load`: megatron ``dist_checkpointing`` via :mod:`.checkpoint` (weights
-  at their global offsets, and megatron's optimizer state: any layout resumes without the
-  distributed optimizer, the same TP × PP with it), the schedule's step in its ``extra``.
-- :meth:`named_weights`: Hugging Face names through :func:`~.streaming.hf_named_weights` and
-  :class:`~.streaming.DistributedFetch` (TP shards gathered, PP stages broadcast, one decoder
-  layer at a time); every rank must iterate it to the end.
-
-The model comes wrapped in megatron's ``DistributedDataParallel``
-(:func:`~.megatron_optimizer.wrap_in_ddp`) with a ``MegatronOptimizer``
-(:func:`~.megatron_optimizer.build_megatron_optimizer`): bf16 parameters with fp32 main weights
-and gradients, or fp32 ones; with or without the distributed optimizer (what ``engine=megatron``
-and ``engine=aligner`` build, :mod:`.build`).
-
-Tied embeddings at PP > 1: the first stage's word embedding and the last stage's output layer
-must start bit-equal (checked at construction); megatron's ``finalize_model_grads`` sums their
-gradients over the embedding group after the DP reduction, so they take identical steps.
-Sequence parallelism: sequences are padded to a multiple of TP
-(:attr:`_seq_multiple`), the padding masked. Not supported: virtual pipeline stages.
 """
 
 from __future__ import annotations
@@ -73,7 +24,8 @@ from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weig
 from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
 from ...parallel import NonFiniteLogitsError, TokenStats, requested_sums
 from ..batch import TrainBatch
-from ..protocols import EntropyCorrection, LossFn, UpdateResult
+from ..entropy_correction import CapturedEntropyGradient
+from ..protocols import LossFn, UpdateResult
 from . import compat
 from .checkpoint import load_megatron, save_megatron
 from .fused_output import gpt_model
@@ -87,12 +39,16 @@ _SCHEDULE = "lr_schedule"
 
 
 class MegatronPolicy:
-    """``Policy`` on this rank's megatron-core ``GPTModel`` (see the module docstring).
+    """``Policy`` on this rank's megatron-core ``GPTModel``.
 
     ``model``: the rank's model (one chunk: no virtual pipeline stages), built for ``layout`` and
-    this rank's TP rank, inside megatron's ``DistributedDataParallel``; ``optimizer``: a
-    ``MegatronOptimizer`` over it (module docstring); ``temperature``: the rollout's sampling
-    temperature (spec §1).
+    this rank's TP rank, inside megatron's ``DistributedDataParallel``
+    (:func:`~.megatron_optimizer.wrap_in_ddp`); ``optimizer``: a ``MegatronOptimizer`` over it
+    (:func:`~.megatron_optimizer.build_megatron_optimizer`: bf16 parameters with fp32 main
+    weights and gradients, or fp32 ones; with or without the distributed optimizer);
+    ``temperature``: the rollout's sampling temperature (spec §1). Tied embeddings at PP > 1
+    must start bit-equal (:meth:`_check_tied_copies`); with sequence parallelism sequences are
+    padded to a multiple of TP (:attr:`_seq_multiple`). Not supported: virtual pipeline stages.
     """
 
     def __init__(
@@ -196,6 +152,7 @@ class MegatronPolicy:
 
     @property
     def lr(self) -> float:
+        """``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), as ``hf``'s."""
         return self.updates.lr
 
     @property
@@ -209,7 +166,16 @@ class MegatronPolicy:
     @torch.no_grad()
     def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` (with the vocabulary
-        ``sums`` asked for) on every rank (CPU)."""
+        ``sums`` asked for) on every rank (CPU).
+
+        The rows are split over the DP ranks (:func:`~.schedule_driver.balanced_rows`); each rank
+        runs its rows through the forward-only schedule in micro-batches of
+        ``config.micro_batch_size`` (padded to the schedule's fixed shape,
+        :class:`~.pipeline_batch.PipelineMicroBatches`) with :func:`~.loss_closure.stats_function`
+        (vocab-parallel over TP, padded vocabulary excluded, the rollout temperature) on the last
+        pipeline stage, which broadcasts them to the others (``engine.stats_kernel=fused_linear``:
+        from the final hidden states, :mod:`.fused_output`); the rows are then all-gathered over
+        DP in row order, so the trainer's ``prepare`` is identical on every rank."""
         size, rank = self._dp
         rows = balanced_rows(batch.rows, size, rank)
         names = ("logprob", "entropy", *requested_sums(sums))
@@ -254,27 +220,17 @@ class MegatronPolicy:
         return TokenStats(**dict(zip(names, full, strict=True)))
 
     def train_step(
-        self,
-        micro_batches: Sequence[TrainBatch],
-        loss_fn: LossFn,
-        sum_names: Sequence[str],
-        correction: EntropyCorrection | None = None,
+        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
     ) -> UpdateResult:
-        """Phase 3: one optimizer step over all ``micro_batches`` of the step (module docstring).
+        """Phase 3 (spec §5): one optimizer step over all ``micro_batches`` of the step.
 
-        The statistics reach ``loss_fn`` on the rank's device (the trainer has moved the step's
-        coefficients there); the loss's finiteness and metric sums accumulate on the device and
-        are read once, after the backward. With a ``correction``, the same schedule first runs
-        ``correction.entropy_fn`` and its reduced gradient is kept in the optimizer's layout;
-        the update is corrected after the optimizer step (:mod:`.optimizer_step`)."""
-        captured = None
-        if correction is not None:
-            self.updates.zero_grad()
-            failed, _ = self._backward(micro_batches, correction.entropy_fn, ())
-            if self.updates.reduce(failed):
-                self.updates.zero_grad()
-                return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
-            captured = (self.updates.capture_entropy_gradient(), correction.target)
+        Micro-batch ``i`` of the ``M`` belongs to DP rank ``⌊i·D/M⌋`` (:meth:`_backward`). Then
+        the gradients' DP reduction, the global norm over TP and PP, clipping to
+        ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A non-finite loss or
+        logits on any rank, or a non-finite gradient, skips the step on every rank (gradients
+        dropped, ``UpdateResult(nan, lr, skipped=True)``), as ``HFPolicy`` does. The loss's
+        finiteness and metric sums accumulate on the device and are read once, after the
+        backward."""
         self.updates.zero_grad()
         failed, sums = self._backward(micro_batches, loss_fn, sum_names)
         if self.updates.reduce(failed):  # the same on every rank
@@ -282,21 +238,33 @@ class MegatronPolicy:
             return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
         totals = self._reduce_sums(sums, sum_names)
         grad_norm = self.updates.step()
-        return UpdateResult(
-            grad_norm=grad_norm,
-            lr=self.lr,
-            skipped=False,
-            sums=totals,
-            correction=None if captured is None else self.updates.correct(*captured),
-        )
+        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
+
+    def capture_entropy_gradient(
+        self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
+    ) -> CapturedEntropyGradient | None:
+        """``Policy.capture_entropy_gradient``: :meth:`train_step`'s schedule and reduction with
+        ``entropy_fn``, then the reduced gradient kept in the optimizer's layout
+        (:meth:`.optimizer_step.MegatronOptimizerStep.capture_entropy_gradient`)."""
+        self.updates.zero_grad()
+        failed, _ = self._backward(micro_batches, entropy_fn, ())
+        if self.updates.reduce(failed):  # the same on every rank
+            self.updates.zero_grad()
+            return None
+        return self.updates.capture_entropy_gradient()
 
     def _backward(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
     ) -> tuple[Tensor, Tensor]:
-        """This rank's micro-batches through the schedule with gradient, the last stage's loss
-        ``loss_fn(i, stats)`` scaled by ``MegatronScaling``; returns the device flag of a
-        non-finite loss or logits and the summed ``LossOutput.sums`` (in ``sum_names`` order,
-        this rank's micro-batches only)."""
+        """This rank's micro-batches through the schedule with gradient; returns the device flag
+        of a non-finite loss or logits and the summed ``LossOutput.sums`` (in ``sum_names``
+        order, this rank's micro-batches only, non-zero on the last stage).
+
+        Micro-batch ``i`` of the ``M`` belongs to DP rank ``⌊i·D/M⌋`` (equal contiguous blocks).
+        The last stage's loss is ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D,
+        D).factor``, which undoes megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the
+        trainer's closure holds the coefficients, already on the device: only tokens and
+        targets travel with the micro-batches)."""
         size, rank = self._dp
         mine = per_rank(len(micro_batches), size)(rank)
         scaling = MegatronScaling(len(mine), size)
@@ -342,7 +310,8 @@ class MegatronPolicy:
 
     def _reduce_sums(self, sums: Tensor, names: Sequence[str]) -> dict[str, float]:
         """This rank's metric sums (non-zero on the last pipeline stage only) added over the
-        pipeline and data-parallel groups: every rank returns the step's totals."""
+        pipeline and data-parallel groups: every rank returns the step's totals (added in
+        another order than on one device: float64 round-off)."""
         for group in (self.pp_group, self.dp_group):
             if dist.get_world_size(group) > 1:
                 dist.all_reduce(sums, group=group)
@@ -353,7 +322,8 @@ class MegatronPolicy:
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
         """Every Hugging Face weight once (tied ``lm_head`` not repeated), gathered over TP and
-        PP one decoder layer at a time; identical on every rank."""
+        PP one decoder layer at a time (``DistributedFetch``); identical on every rank, and every
+        rank must iterate it to the end."""
         state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
         fetch = DistributedFetch(
             self.layout,
@@ -374,8 +344,8 @@ class MegatronPolicy:
         )
 
     def load(self, directory: Path) -> None:
-        """Restore what :meth:`save` wrote (collective; the layouts it resumes at: module
-        docstring)."""
+        """Restore what :meth:`save` wrote (collective): any layout resumes without the
+        distributed optimizer, the same TP × PP with it."""
         extra = load_megatron(directory, gpt_model(self.model), self.optimizer)
         if _SCHEDULE not in extra:
             raise ValueError(f"checkpoint {directory} holds no learning-rate schedule state")

@@ -1,14 +1,5 @@
-"""The clipped surrogate of the approximate on-policy baselines (spec §5): grpo, clip_higher.
-
-``ℓ_t = max(−A ρ, −A clip(ρ, 1 − ε_low, 1 + ε_high))`` and, with dual clip (``clip_ratio_c = c``,
-default 3, ``null`` disables), for ``A < 0`` the loss is capped: ``ℓ_t = min(ℓ_t, −c A)``, so a
-token whose ratio has grown far beyond the clip range cannot dominate the batch.
-
-Metrics (spec §6, the paper's Fig. 2c): ``clip/frac_upper`` (A > 0, ρ > 1 + ε_high),
-``clip/frac_lower`` (A < 0, ρ < 1 − ε_low), the summed ΔH of those tokens ``clip/dh_upper`` /
-``clip/dh_lower``, and ``clip/frac_dual``: tokens with A < 0 whose clipped loss exceeds ``−c A``
-(the dual clip's cap is active), each as a fraction of the batch's tokens.
-"""
+"""The clipped surrogate of the approximate on-policy baselines (spec §5): ``grpo``,
+``clip_higher`` (and the base of ``clip_cov`` and ``entropy_reg``)."""
 
 from __future__ import annotations
 
@@ -28,8 +19,14 @@ from ..tokens import LossInputs
 
 @dataclass(frozen=True)
 class ClippedConfig(MethodConfig):
-    """Settings of the clipped surrogate (module docstring)."""
+    """Settings of the clipped surrogate ``ℓ_t = max(−A ρ, −A clip(ρ, 1 − ε_low, 1 + ε_high))``;
+    with dual clip (``clip_ratio_c = c``, ``null`` disables) the loss of ``A < 0`` is capped at
+    ``−c A``, so a token whose ratio has grown far beyond the clip range cannot dominate the
+    batch. The paper's approximate on-policy schedule: 8 sequential mini-batch updates per
+    rollout at lr 1e-6."""
 
+    updates_per_rollout: int = 8
+    lr: float = 1e-6
     clip_eps_low: float = 0.2
     clip_eps_high: float = 0.2
     clip_ratio_c: float | None = 3.0
@@ -99,6 +96,10 @@ class ClippedSurrogate(Objective):
         }
 
     def loss_metrics(self, sums: Mapping[str, float], n_tokens: int) -> dict[str, float]:
+        """spec §6, the paper's Fig. 2c: ``clip/frac_upper`` (A > 0, ρ > 1 + ε_high),
+        ``clip/frac_lower`` (A < 0, ρ < 1 − ε_low), the summed ΔH of those tokens
+        ``clip/dh_upper`` / ``clip/dh_lower``, and ``clip/frac_dual`` (A < 0, the dual clip's cap
+        active), each fraction of the batch's tokens."""
         return {
             "clip/frac_upper": float(sums["clip_upper"]) / n_tokens,
             "clip/frac_lower": float(sums["clip_lower"]) / n_tokens,
@@ -113,6 +114,13 @@ class Grpo(ClippedSurrogate):
     """GRPO with ratio clipping (paper: ε 0.2 / 0.2, 8 updates per rollout)."""
 
 
+@dataclass(frozen=True)
+class ClipHigherConfig(ClippedConfig):
+    clip_eps_high: float = 0.28  # relaxed: keeps entropy-increasing updates (paper Fig. 2c)
+
+
 @register_objective("clip_higher")
 class ClipHigher(ClippedSurrogate):
     """The same loss with a relaxed upper bound (paper: ε_low 0.2, ε_high 0.28)."""
+
+    config_type = ClipHigherConfig

@@ -37,6 +37,8 @@ class KLCovSettings:
 
 @dataclass(frozen=True)
 class KLCovConfig(MethodConfig):
+    updates_per_rollout: int = 8  # the penalty needs ρ ≠ 1: approximate on-policy, as the paper
+    lr: float = 1e-6
     kl_cov: KLCovSettings = field(default_factory=KLCovSettings)
 
     def validate(self, prefix: str) -> None:

@@ -1,40 +1,30 @@
-"""The strict on-policy methods: ``−w_t A_t log π(y_t)`` with ρ ≡ 1 (spec §3, §5).
-
-``grpo_strict`` applies no weight (w ≡ 1). Every strict method can multiply its weights by the
-truncated importance-sampling weight ``min(π_train/π_rollout, rollout_is_cap)`` of each sampled
-token (``core.fidelity``; off by default, as in the paper), which corrects for the rollout
-engine sampling with its own kernels and precision. ``opefo`` and its ablations weigh the
-entropy-increasing tokens S+ by ``w₊`` and the entropy-decreasing tokens S− by ``w₋``
-(``core.entropy_flow``):
-
-* ``opefo``: ``balance: adaptive`` (``1 ± λ*``, zero predicted net flow) or ``target``
-  (``λ = clip(λ* + g (H_target − H_batch), −1, 1)``: the predicted net flow is
-  ``g (H_target − H_batch)(P + N)``, steering the batch entropy toward ``H_target``, a number or
-  ``initial``, the first step's token-mean entropy, kept in the checkpoint);
-* ``static``: a fixed λ; ``pos_only`` / ``neg_only``: only one side weighted.
-"""
+"""The strict on-policy methods, ``−w_t A_t log π(y_t)`` with ρ ≡ 1 (spec §3, §5): ``grpo_strict``
+(w ≡ 1), ``opefo`` and its ablations ``static``, ``pos_only``, ``neg_only``."""
 
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from dataclasses import dataclass, field
-from typing import Any, ClassVar
+from typing import ClassVar
 
 from torch import Tensor
 
 from ...entropy_flow import balance, side_weights, target_shift
 from ...fidelity import truncated_is_weight
 from ...reduction import BatchReducer
-from ...schema import one_of, require
-from ..base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
-from ..entropy_target import INITIAL, EntropyTarget, require_target
+from ...schema import require
+from ..base import BatchStatistics, MethodConfig, Objective
+from ..entropy_target import TargetedObjective, TargetFlowConfig
 from ..registry import register_objective
 from ..tokens import Coefficients, LossInputs, TokenChunk
 
 
 @dataclass(frozen=True)
 class StrictConfig(MethodConfig):
+    # null: off (the paper); c >= 1: each token's weight times the truncated importance-sampling
+    # weight min(π_train/π_rollout, c) (core.fidelity), correcting for the rollout engine
+    # sampling with its own kernels and precision
     rollout_is_cap: float | None = None
 
     def validate(self, prefix: str) -> None:
@@ -82,65 +72,49 @@ class StrictPolicyGradient(Objective):
 
 
 @dataclass(frozen=True)
-class BalancedFlowConfig(EntropyFlowConfig):
-    """spec §3: the balancing variant and its settings (module docstring)."""
+class BalancedFlowConfig(TargetFlowConfig):
+    """spec §3: how ``opefo`` and its ablations weigh the entropy-increasing tokens S+ (``w₊``)
+    and the entropy-decreasing tokens S− (``w₋``), ``core.entropy_flow``."""
 
-    balance: str = "adaptive"
-    static_lambda: float = 0.001
-    target_entropy: float | str = INITIAL
-    target_gain: float = 1.0
+    static_lambda: float = 0.001  # balance=static: the fixed λ, in (−1, 1)
+    target_gain: float = 1.0  # balance=target: g > 0, λ = clip(λ* + g (H_target − H), −1, 1)
+
+    def validate(self, path: str) -> None:
+        super().validate(path)
+        require(
+            math.isfinite(self.static_lambda) and -1 < self.static_lambda < 1,
+            f"{path}.static_lambda",
+            "must lie in (-1, 1)",
+        )
+        require(
+            math.isfinite(self.target_gain) and self.target_gain > 0,
+            f"{path}.target_gain",
+            f"must be > 0, got {self.target_gain}",
+        )
 
 
 @dataclass(frozen=True)
 class BalancedConfig(StrictConfig):
     entropy_flow: BalancedFlowConfig = field(default_factory=BalancedFlowConfig)
 
-    def validate(self, prefix: str) -> None:
-        super().validate(prefix)
-        flow, path = self.entropy_flow, f"{prefix}.entropy_flow"
-        require(
-            math.isfinite(flow.static_lambda) and -1 < flow.static_lambda < 1,
-            f"{path}.static_lambda",
-            "must lie in (-1, 1)",
-        )
-        require_target(flow.target_entropy, f"{path}.target_entropy")
-        require(
-            math.isfinite(flow.target_gain) and flow.target_gain > 0,
-            f"{path}.target_gain",
-            f"must be > 0, got {flow.target_gain}",
-        )
 
-
-class BalancedPolicyGradient(StrictPolicyGradient):
+class BalancedPolicyGradient(TargetedObjective[BalancedFlowConfig], StrictPolicyGradient):
     """``w_t = w₊`` on S+, ``w₋`` on S− from the global P and N (spec §3)."""
 
     config_type = BalancedConfig
-    balances: ClassVar[tuple[str, ...]] = ()
 
     def __init__(self, config: MethodConfig):
         super().__init__(config)
-        self.target = EntropyTarget(self.flow.target_entropy)
         self.applied_lambda = 0.0
-
-    @property
-    def flow(self) -> BalancedFlowConfig:
-        assert isinstance(self.config, BalancedConfig)
-        return self.config.entropy_flow
-
-    @classmethod
-    def check(cls, config: MethodConfig, prefix: str) -> None:
-        super().check(config, prefix)
-        assert isinstance(config, BalancedConfig)
-        one_of(config.entropy_flow.balance, cls.balances, f"{prefix}.entropy_flow.balance")
 
     def coefficients(
         self, batch: BatchStatistics, reducer: BatchReducer, seed: int
     ) -> list[Coefficients]:
         flow, pos, neg = self.flow, batch.sums["flow_pos"], batch.sums["flow_neg"]
-        shift = 0.0
-        if flow.balance == "target":
-            target = self.target.resolve(batch.mean_entropy)
-            shift = target_shift(batch.mean_entropy, target, flow.target_gain)
+        target = self.target_entropy(batch)
+        shift = (
+            0.0 if target is None else target_shift(batch.mean_entropy, target, flow.target_gain)
+        )
         lam, _, _ = side_weights(pos, neg, flow.balance, flow.static_lambda, shift)
         self.applied_lambda = float(lam)
         weighted = [
@@ -154,29 +128,44 @@ class BalancedPolicyGradient(StrictPolicyGradient):
         return self.corrected(weighted, batch.chunks)
 
     def metrics(self, batch: BatchStatistics) -> dict[str, float]:
-        metrics = {"flow/lambda_applied": self.applied_lambda}
-        if self.flow.balance == "target" and self.target.value is not None:
-            metrics["flow/target_entropy"] = self.target.value
-        return metrics
-
-    def state_dict(self) -> dict[str, Any]:
-        return self.target.state_dict() if self.flow.balance == "target" else {}
-
-    def restore(self, state: Mapping[str, Any]) -> None:
-        self.target.restore(state)
+        return {"flow/lambda_applied": self.applied_lambda, **super().metrics(batch)}
 
 
 @register_objective("opefo")
 class Opefo(BalancedPolicyGradient):
-    """OPEFO: ``1 ± λ*`` (adaptive) or the closed-loop ``target`` balance."""
+    """OPEFO: ``balance: adaptive``, ``1 ± λ*`` (zero predicted net flow), or ``target``, ``λ =
+    clip(λ* + g (H_target − H_batch), −1, 1)``: the predicted net flow ``g (H_target −
+    H_batch)(P + N)`` steers the batch entropy toward ``H_target``."""
 
     balances = ("adaptive", "target")
+
+
+@dataclass(frozen=True)
+class StaticConfig(BalancedConfig):
+    entropy_flow: BalancedFlowConfig = field(
+        default_factory=lambda: BalancedFlowConfig(balance="static")
+    )
+
+
+@dataclass(frozen=True)
+class PositiveSideConfig(BalancedConfig):
+    entropy_flow: BalancedFlowConfig = field(
+        default_factory=lambda: BalancedFlowConfig(balance="pos_only")
+    )
+
+
+@dataclass(frozen=True)
+class NegativeSideConfig(BalancedConfig):
+    entropy_flow: BalancedFlowConfig = field(
+        default_factory=lambda: BalancedFlowConfig(balance="neg_only")
+    )
 
 
 @register_objective("static")
 class StaticBalance(BalancedPolicyGradient):
     """Ablation: ``1 ± λ`` with a fixed ``static_lambda``."""
 
+    config_type = StaticConfig
     balances = ("static",)
 
 
@@ -184,6 +173,7 @@ class StaticBalance(BalancedPolicyGradient):
 class PositiveSideOnly(BalancedPolicyGradient):
     """Ablation: only S+ weighted (``1 + λ*``)."""
 
+    config_type = PositiveSideConfig
     balances = ("pos_only",)
 
 
@@ -191,4 +181,5 @@ class PositiveSideOnly(BalancedPolicyGradient):
 class NegativeSideOnly(BalancedPolicyGradient):
     """Ablation: only S− weighted (``1 − λ*``)."""
 
+    config_type = NegativeSideConfig
     balances = ("neg_only",)
