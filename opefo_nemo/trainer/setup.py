@@ -21,8 +21,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..config.data import GENERATED_DATA, DataConfig
 from ..config.engines import MegatronEngineConfig
-from ..config.train import GENERATED_DATA, DataConfig, TrainConfig
+from ..config.train import TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
 from ..engines.protocols import Policy
@@ -74,19 +75,11 @@ def embedded_paths() -> tuple[Path, ...]:
 
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
     """What the embedded model is made from: the task and every warm-start setting."""
+    w = config.model.warm_start
     return {
         "task": TASK,
-        "steps": config.model.warm_start_steps,
-        "lr": config.model.warm_start_lr,
-        "batch_size": config.model.warm_start_batch_size,
-        "slip_rate": config.model.warm_start_slip_rate,
-        "slips": list(config.model.warm_start_slips),
-        "swap_rate": config.model.warm_start_swap_rate,
-        "carry_first_rate": config.model.warm_start_carry_first_rate,
-        "zero_carry_rate": config.model.warm_start_zero_carry_rate,
-        "separators": config.model.warm_start_separators,
-        "separator_rate": config.model.warm_start_separator_rate,
-        "seed": config.model.warm_start_seed,
+        **dataclasses.asdict(w),
+        "slips": list(w.slips),
         "template": config.data.template,
         "arithmetic": dataclasses.asdict(config.data.arithmetic),
     }
@@ -134,25 +127,25 @@ def embedded_model(config: TrainConfig) -> Path:
         )
     log.info("building the embedded tiny model and warm-starting it into %s", target)
     base = build_tiny_model(
-        target.parent / f"{target.name}.base", TinyModelSpec(), config.model.warm_start_seed
+        target.parent / f"{target.name}.base", TinyModelSpec(), config.model.warm_start.seed
     )
     codec = PromptCodec(base, config.data.template)
     train, _ = arithmetic_split(config.data)
     prompts = [codec.encode(p) for p in train]
-    m = config.model
+    w = config.model.warm_start
 
     def draw(rng: random.Random) -> tuple[list[int], list[int]]:
         index = rng.randrange(len(train))
         solution = worked_solution(
             *operands(train[index].problem),
-            m.warm_start_slip_rate,
+            w.slip_rate,
             rng,
-            slips=m.warm_start_slips,
-            swap_rate=m.warm_start_swap_rate,
-            carry_first_rate=m.warm_start_carry_first_rate,
-            zero_carry_rate=m.warm_start_zero_carry_rate,
-            separators=m.warm_start_separators,
-            separator_rate=m.warm_start_separator_rate,
+            slips=w.slips,
+            swap_rate=w.swap_rate,
+            carry_first_rate=w.carry_first_rate,
+            zero_carry_rate=w.zero_carry_rate,
+            separators=w.separators,
+            separator_rate=w.separator_rate,
         )
         response = codec.tokenizer.encode(solution, add_special_tokens=False)
         return prompts[index], [*response, codec.eos_id]
@@ -161,12 +154,12 @@ def embedded_model(config: TrainConfig) -> Path:
         base,
         target,
         draw,
-        steps=config.model.warm_start_steps,
-        lr=config.model.warm_start_lr,
-        seed=config.model.warm_start_seed,
+        steps=w.steps,
+        lr=w.lr,
+        seed=w.seed,
         pad_id=codec.pad_id,
         recipe=recipe,
-        batch_size=config.model.warm_start_batch_size,
+        batch_size=w.batch_size,
     )
 
 
