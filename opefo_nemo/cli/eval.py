@@ -22,7 +22,7 @@ from pathlib import Path
 
 import torch
 
-from ..config.train import VERIFIERS, RewardSettings
+from ..config.reward import VERIFIERS, RewardSettings
 from ..data import BENCHMARK_NAMES, TEMPLATES, Problem, benchmark, load_eval_set, load_jsonl
 from ..eval import score_benchmark, write_report
 from ..launch.placement import device_slices

@@ -1,9 +1,9 @@
 """``opefo-train [override ...]``: train with NeMo-style Hydra overrides.
 
-With no argument it runs the embedded default: it builds (once) the tiny model warm-started on the
-arithmetic task whose solutions may be written in several equally correct orders
-(``model=tiny_arithmetic_orders``, docs/training.md), trains ``grpo_strict`` and ``opefo`` from
-that same start, and writes
+With no argument it runs the embedded default: it builds (once) the default model, the tiny model
+warm-started on the arithmetic task whose solutions may be written in several equally correct
+orders (``model=tiny_arithmetic_orders``, docs/training.md), trains ``grpo_strict`` and ``opefo``
+from that same start with that model's run settings, and writes
 ``outputs/embedded/report.png`` and ``summary.md`` (the ``opefo-report`` of both runs), and
 ``outputs/embedded/targets.md`` (printed too): the demo's figures against its targets.
 
@@ -34,23 +34,9 @@ from ..trainer.rollout_guard import GuardedRollout
 from ..trainer.setup import build_trainer, model_dir, start_rollout
 from .demo_targets import GRPO, OPEFO, write_targets
 
-EMBEDDED_DEFAULT = (
-    "run.name=embedded",
-    "run.compare=[grpo_strict,opefo]",
-    # the task nearer the paper's regime (strict GRPO's λ* 0.43 against 0.85); model=tiny_arithmetic
-    # is the first task, whose only diversity is its slips (docs/training.md compares both)
-    "model=tiny_arithmetic_orders",
-    # The paper's lr (2.83e-6, for 7B models) barely moves a 0.4M-parameter model in 140 steps;
-    # both methods get the same larger one (of those tried, strict GRPO's reward climbs fastest
-    # at it: 4e-4 climbs less, 6e-4 breaks the policy), a warm-up scaled to the shorter run, 32
-    # prompts a step to steady the gradient, and 64 responses per micro-batch, which update
-    # faster on CPU than the default 16 (docs/training.md).
-    "method.lr=1e-4",
-    "engine.warmup_steps=10",
-    "engine.micro_batch_size=64",
-    "trainer.prompts_per_step=32",
-    "trainer.max_steps=140",
-)
+EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]")
+"""What the bare ``opefo-train`` adds to the configuration's defaults: the comparison only (the
+model and its run settings are the defaults', ``conf/model/tiny_arithmetic_orders.yaml``)."""
 #: The comparison whose figures are checked against the demo's targets (targets.md).
 DEMO_METHODS = (GRPO, OPEFO)
 #: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.

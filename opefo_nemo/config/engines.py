@@ -1,7 +1,7 @@
 """The ``engine`` section of the trainer's configuration (``conf/engine/*.yaml``) as validated
 dataclasses: ``hf`` (:class:`EngineConfig`) and the megatron-core engines ``megatron`` /
 ``aligner`` (:class:`MegatronEngineConfig`); ``engine.name`` picks one (:data:`ENGINE_CONFIGS`).
-Every key is documented beside it in the YAML files; errors name the key.
+Each field's default is the key's default, its docstring its meaning; errors name the key.
 """
 
 from __future__ import annotations
@@ -21,23 +21,38 @@ class OptimizerConfig:
     """The schedule, AdamW and token-stats keys every engine shares (validated together)."""
 
     warmup_steps: int = 10
+    """Linear learning-rate warm-up over the first N rollout steps."""
     grad_clip: float = 1.0
+    """Clip the global gradient norm (0: no clipping)."""
     weight_decay: float = 0.0
+    """AdamW weight decay."""
     adam_beta1: float = 0.9
+    """AdamW β1."""
     adam_beta2: float = 0.999
+    """AdamW β2."""
     adam_eps: float = 1e-8
+    """AdamW ε."""
     stats_chunk_tokens: int | None = None
+    """Tokens per token-stats chunk (null: fit 256 MiB of fp32 logits; with the triton kernel,
+    which needs no buffer: all tokens)."""
     stats_kernel: str = "auto"
+    """Token statistics: auto (triton on CUDA when it imports, else torch) | torch | triton
+    (needs device=cuda) | fused_linear (megatron and aligner only: from the final hidden states
+    and the output weight, the logits never stored; needs device=cuda); docs/kernels.md."""
 
 
 @dataclass(frozen=True)
 class EngineConfig(OptimizerConfig):
-    """``engine=hf`` (``conf/engine/hf.yaml``, every key documented there): one device."""
+    """``engine=hf`` (``conf/engine/hf.yaml``): one device."""
 
     name: str = "hf"
+    """The engine: a Hugging Face causal LM on one device (``engines/hf.py``)."""
     device: str = "cpu"
+    """cpu | cuda | cuda:N."""
     dtype: str = "float32"
+    """float32 | bfloat16 (parameters and forward; the statistics are fp32)."""
     micro_batch_size: int = 16
+    """Responses per forward/backward; gradients accumulate over them."""
 
     def validate(self) -> None:
         """The keys' ranges; errors name the key (``engine.<key>``)."""
@@ -54,25 +69,53 @@ class EngineConfig(OptimizerConfig):
 
 @dataclass(frozen=True)
 class MegatronEngineConfig(OptimizerConfig):
-    """``engine=megatron`` and ``engine=aligner`` (``conf/engine/megatron.yaml``, every key
-    documented there; ``aligner.yaml`` extends it): the megatron-core engine's layout, precision
-    and optimizer, and the colocated rollout. ``megatron`` reads the Hugging Face checkpoint,
+    """``engine=megatron`` and ``engine=aligner`` (``conf/engine/megatron.yaml``; ``aligner.yaml``
+    extends it): the megatron-core engine's layout, precision and optimizer, and the colocated
+    rollout. ``megatron`` reads the Hugging Face checkpoint,
     ``aligner`` restores a NeMo checkpoint through the NeMo-Aligner actor."""
 
     name: str = "megatron"
+    """megatron (reads the Hugging Face checkpoint at ``model.path``) | aligner (restores a
+    NeMo checkpoint through the NeMo-Aligner actor; ``conf/engine/aligner.yaml``)."""
     device: str = "cuda"
+    """cuda: one GPU per rank (NCCL) | cpu: CPU ranks over gloo, for tests and small models
+    (docs/megatron.md, "CPU ranks")."""
     dtype: str = "bfloat16"
+    """bfloat16 | float32: parameters and activations; Megatron keeps fp32 main gradients and
+    fp32 master weights and Adam moments."""
     micro_batch_size: int = 1
+    """Responses per forward/backward of one data-parallel rank; gradients accumulate over the
+    micro-batches of the step."""
     tensor_model_parallel_size: int = 1
+    """TP: each layer's weights and the vocabulary split over TP GPUs; must divide the attention
+    heads and the MLP width, and divide or be a multiple of the key/value heads."""
     pipeline_model_parallel_size: int = 1
+    """PP: the decoder layers split into PP stages of equal size; must divide the layers."""
     sequence_parallel: bool = False
+    """Split LayerNorm/dropout activations along the sequence over the TP group; needs
+    ``tensor_model_parallel_size`` > 1."""
     transformer_engine: bool = True
+    """Transformer Engine's fused layers when it imports on a GPU rank; otherwise (false, not
+    installed, device=cpu) megatron-core's local layer spec (the weight names differ,
+    docs/megatron.md)."""
     recompute_activations: bool = False
+    """Full activation recomputation: one extra forward per micro-batch instead of keeping the
+    layers' activations."""
     use_distributed_optimizer: bool = True
+    """Shard the fp32 master weights and Adam moments over the data-parallel ranks (ZeRO-1)."""
     overlap_grad_reduce: bool = False
+    """Start each gradient bucket's data-parallel reduction during the backward of the last
+    micro-batch instead of after it."""
     make_vocab_size_divisible_by: int = 128
+    """Megatron pads the vocabulary to a multiple of this × TP; the padded columns are excluded
+    from every statistic (spec §1)."""
     rollout_tp_size: int = 1
+    """Tensor-parallel size of each colocated vLLM server: one server per ``rollout_tp_size``
+    training GPUs (on the same node), asleep while the actor trains; its memory share is
+    ``rollout.gpu_memory_utilization``."""
     nemo_checkpoint: str | None = None
+    """engine=aligner only: the NeMo checkpoint to train (a .nemo file or a NeMo 2 directory);
+    null: ``model.path/model.nemo``, else ``model.path/nemo/``."""
 
     def validate(self) -> None:
         """Ranges and contradictions between the keys; errors name the key (``engine.<key>``)."""

@@ -1,8 +1,10 @@
 """The trainer's configuration (``conf/config.yaml`` and its groups) as validated dataclasses.
 
 :func:`TrainConfig.from_mapping` is the only way in: an unknown key, a wrong type, an impossible
-value or a contradiction between sections fails at start-up with an error naming the key. The
-meaning of every key is documented beside it in the YAML files under ``conf/``.
+value or a contradiction between sections fails at start-up with an error naming the key. Each
+section is a dataclass of its own module whose fields hold the keys' defaults and meanings and
+whose ``validate`` checks its own keys; :meth:`TrainConfig.validate` adds the checks that span
+sections (docs/training.md, "Configuration").
 """
 
 from __future__ import annotations
@@ -14,155 +16,14 @@ from typing import Any
 
 from ..core.objectives import MethodConfig, method_config
 from ..core.schema import build, one_of, require
-from ..models.packaged import PACKAGED_MODELS
 from ..models.shape import ModelShape
-from ..models.tiny import ALPHABET
+from .data import DataConfig
 from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
-
-VERIFIERS = ("arithmetic", "last_number", "dapo", "answer", "math_verify")
-GENERATED_DATA = ("arithmetic", "word_arithmetic")
-"""``data.train`` / ``data.validation`` values that name a built-in task instead of a file."""
-LONG_PROMPT_POLICIES = ("skip", "error")
-
-
-@dataclass(frozen=True)
-class RunConfig:
-    name: str = "run"
-    output_dir: str = "outputs/run"
-    seed: int = 0
-    seeds: tuple[int, ...] = ()
-    compare: tuple[str, ...] = ()
-
-
-@dataclass(frozen=True)
-class ModelConfig:
-    path: str = ""
-    embedded: bool = False
-    packaged: str | None = None
-    warm_start_steps: int = 300
-    warm_start_lr: float = 3e-3
-    warm_start_batch_size: int = 32
-    warm_start_slip_rate: float = 0.0
-    warm_start_slips: tuple[int, ...] = (-2, -1, 1, 2)
-    warm_start_swap_rate: float = 0.0
-    warm_start_carry_first_rate: float = 0.0
-    warm_start_zero_carry_rate: float = 0.0
-    warm_start_separators: str = ""
-    warm_start_separator_rate: float = 0.0
-    warm_start_seed: int = 0
-
-
-@dataclass(frozen=True)
-class ArithmeticConfig:
-    digits: int = 2
-    num_train: int = 2000
-    num_validation: int = 64
-    seed: int = 1234
-
-
-@dataclass(frozen=True)
-class DataConfig:
-    train: str = "arithmetic"
-    validation: str | None = None
-    template: str = "raw"
-    max_prompt_tokens: int = 512
-    long_prompt: str = "skip"
-    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
-
-
-@dataclass(frozen=True)
-class RolloutConfig:
-    name: str = "vllm"
-    temperature: float = 1.0
-    top_p: float = 1.0
-    top_k: int = 0
-    max_new_tokens: int = 64
-    num_servers: int = 1
-    max_restarts: int = 1
-    gpu_memory_utilization: float = 0.5
-    python: str | None = None
-    startup_timeout_s: float = 300.0
-    stop_token_ids: tuple[int, ...] | None = None
-
-
-@dataclass(frozen=True)
-class TrainerConfig:
-    max_steps: int = 20
-    prompts_per_step: int = 8
-    responses_per_prompt: int = 8
-    max_nan_steps: int = 3
-
-
-@dataclass(frozen=True)
-class AdvantageConfig:
-    normalize_std: bool = True
-    leave_one_out: bool = False
-
-
-@dataclass(frozen=True)
-class RewardSettings:
-    verifier: str = "arithmetic"
-    timeout_s: float = 5.0
-    workers: int = 0
-    incorrect_score: float | None = None
-    overlong_buffer: int = 0
-    overlong_penalty_factor: float = 1.0
-
-    def validate(self, max_new_tokens: int) -> None:
-        """Ranges and contradictions of the ``reward`` keys; errors name the key."""
-        one_of(self.verifier, VERIFIERS, "reward.verifier")
-        require(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
-        require(self.workers >= 0, "reward.workers", "must be >= 0")
-        require(
-            self.incorrect_score is None or self.incorrect_score < 1.0,
-            "reward.incorrect_score",
-            f"({self.incorrect_score}) must be below the correct score 1.0, or null",
-        )
-        require(self.overlong_buffer >= 0, "reward.overlong_buffer", "must be >= 0 (0 = off)")
-        require(
-            self.overlong_buffer < max_new_tokens,
-            "reward.overlong_buffer",
-            f"({self.overlong_buffer}) must be below rollout.max_new_tokens ({max_new_tokens})",
-        )
-        require(self.overlong_penalty_factor >= 0, "reward.overlong_penalty_factor", "must be >= 0")
-        require(
-            self.overlong_buffer > 0 or self.overlong_penalty_factor == 1.0,
-            "reward.overlong_penalty_factor",
-            "has no effect while reward.overlong_buffer is 0 (shaping off): set both or neither",
-        )
-
-
-@dataclass(frozen=True)
-class CheckpointConfig:
-    every: int = 10
-    resume: str | None = None
-    keep: int = 2
-
-
-@dataclass(frozen=True)
-class ValidationConfig:
-    every: int = 0
-    k: int = 4
-    max_problems: int | None = None
-    temperature: float = 1.0
-    top_p: float = 0.7
-
-
-@dataclass(frozen=True)
-class WandbConfig:
-    enabled: bool = False
-    project: str = "opefo-nemo"
-    mode: str = "offline"
-
-
-@dataclass(frozen=True)
-class MetricsConfig:
-    realized_every: int = 0
-    fidelity_threshold: float = 0.2
-    confident_prob: float = 0.9
-    tensorboard: bool = True
-    progress: bool = True
-    wandb: WandbConfig = field(default_factory=WandbConfig)
+from .metrics import MetricsConfig, ValidationConfig
+from .model import ModelConfig
+from .reward import AdvantageConfig, RewardSettings
+from .rollout import RolloutConfig
+from .run import CheckpointConfig, RunConfig, TrainerConfig
 
 
 @dataclass(frozen=True)
@@ -208,119 +69,26 @@ class TrainConfig:
         return built
 
     def validate(self) -> None:
-        """Ranges and cross-section contradictions (spec §4, §5, §8)."""
-        t, e, r = self.trainer, self.engine, self.rollout
-        self._validate_run()
-        require(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
-        require(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
-        require(
-            t.responses_per_prompt >= 2,
-            "trainer.responses_per_prompt",
-            "must be >= 2 (a group of one has advantage 0, spec §4)",
-        )
-        require(t.max_nan_steps >= 1, "trainer.max_nan_steps", "must be >= 1")
+        """Each section's own checks, then the contradictions between sections (spec §4, §5)."""
+        for name in typing.get_type_hints(type(self)):
+            if name != "method":  # validated by method_config, with its own prefix
+                getattr(self, name).validate()
         require(
             self.rollout_batch_size % self.method.updates_per_rollout == 0,
             "method.updates_per_rollout",
             f"({self.method.updates_per_rollout}) must divide the rollout batch "
             f"trainer.prompts_per_step × trainer.responses_per_prompt = {self.rollout_batch_size}",
         )
-        if isinstance(e, MegatronEngineConfig):
-            e.validate()
+        if isinstance(self.engine, MegatronEngineConfig):
             shape = _readable_shape(self.model.path)
             if shape is not None:
-                e.validate_model(shape, f"model.path={self.model.path}")
-        else:
-            e.validate()
-        one_of(r.name, ("vllm",), "rollout.name")
+                self.engine.validate_model(shape, f"model.path={self.model.path}")
+        max_new_tokens, buffer = self.rollout.max_new_tokens, self.reward.overlong_buffer
         require(
-            r.temperature > 0,
-            "rollout.temperature",
-            "must be > 0 (the policy is the temperature-scaled softmax, spec §1)",
+            buffer < max_new_tokens,
+            "reward.overlong_buffer",
+            f"({buffer}) must be below rollout.max_new_tokens ({max_new_tokens})",
         )
-        require(
-            r.top_p == 1.0 and r.top_k == 0,
-            "rollout.top_p",
-            "and rollout.top_k must stay 1.0 and 0 for training: the token statistics are of the "
-            "full temperature-scaled softmax (spec §1), truncated sampling would be off-policy",
-        )
-        require(r.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
-        require(r.num_servers >= 1, "rollout.num_servers", "must be >= 1")
-        require(r.max_restarts >= 0, "rollout.max_restarts", "must be >= 0")
-        require(
-            0 < r.gpu_memory_utilization <= 1, "rollout.gpu_memory_utilization", "must be in (0, 1]"
-        )
-        require(r.python != "", "rollout.python", "is empty: give an interpreter or null")
-        require(r.startup_timeout_s > 0, "rollout.startup_timeout_s", "must be > 0")
-        require(
-            r.stop_token_ids is None or bool(r.stop_token_ids and min(r.stop_token_ids) >= 0),
-            "rollout.stop_token_ids",
-            "must be null (derived from the model) or a non-empty list of token ids >= 0",
-        )
-        one_of(self.data.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
-        require(self.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
-        a = self.data.arithmetic
-        require(1 <= a.digits <= 4, "data.arithmetic.digits", "must be in 1..4")
-        require(a.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
-        m = self.model
-        if m.packaged is not None:
-            one_of(m.packaged, tuple(PACKAGED_MODELS), "model.packaged")
-            require(not m.embedded, "model.packaged", "and model.embedded=true exclude each other")
-        require(m.warm_start_steps >= 1, "model.warm_start_steps", "must be >= 1")
-        require(m.warm_start_lr > 0, "model.warm_start_lr", "must be > 0")
-        require(m.warm_start_batch_size >= 1, "model.warm_start_batch_size", "must be >= 1")
-        require(0 <= m.warm_start_slip_rate < 1, "model.warm_start_slip_rate", "must be in [0, 1)")
-        require(
-            bool(m.warm_start_slips) and 0 not in m.warm_start_slips,
-            "model.warm_start_slips",
-            f"must be a non-empty list of non-zero offsets, got {list(m.warm_start_slips)}",
-        )
-        rates = ("swap", "carry_first", "zero_carry", "separator")
-        for key in (f"warm_start_{name}_rate" for name in rates):
-            rate = getattr(m, key)
-            require(0 <= rate <= 1, f"model.{key}", f"must be in [0, 1], got {rate}")
-        require(
-            not m.warm_start_separator_rate or bool(m.warm_start_separators),
-            "model.warm_start_separators",
-            "is empty, but model.warm_start_separator_rate > 0 needs separators to choose from",
-        )
-        separators = set(m.warm_start_separators)
-        require(
-            separators <= set(ALPHABET) - set("0123456789+= \n"),
-            "model.warm_start_separators",
-            f"({m.warm_start_separators!r}) must be characters of the tiny model's alphabet other "
-            "than digits, '+', '=' and whitespace",
-        )
-        self.reward.validate(r.max_new_tokens)
-        require(
-            self.model.path != "", "model.path", "is empty: set model.path=<HF model directory>"
-        )
-        require(self.checkpoint.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at end)")
-        require(self.checkpoint.keep >= 1, "checkpoint.keep", "must be >= 1")
-        require(self.validation.every >= 0, "validation.every", "must be >= 0 (0 = never)")
-        require(self.validation.k >= 1, "validation.k", "must be >= 1")
-        require(self.metrics.realized_every >= 0, "metrics.realized_every", "must be >= 0")
-        require(
-            self.metrics.fidelity_threshold > 0, "metrics.fidelity_threshold", "must be > 0 (nats)"
-        )
-        require(
-            0 < self.metrics.confident_prob < 1,
-            "metrics.confident_prob",
-            f"must lie in (0, 1) (a probability), got {self.metrics.confident_prob}",
-        )
-        one_of(self.metrics.wandb.mode, ("offline", "online", "disabled"), "metrics.wandb.mode")
-
-    def _validate_run(self) -> None:
-        """``run.seed`` / ``run.seeds``: non-negative, no seed twice; no method twice in
-        ``run.compare`` (each run has its own output directory)."""
-        run = self.run
-        require(run.seed >= 0, "run.seed", f"({run.seed}) must be >= 0")
-        negative = [s for s in run.seeds if s < 0]
-        require(not negative, "run.seeds", f"must be >= 0, got {negative}")
-        twice = sorted({s for s in run.seeds if run.seeds.count(s) > 1})
-        require(not twice, "run.seeds", f"lists seed(s) {twice} more than once")
-        repeated = sorted({m for m in run.compare if run.compare.count(m) > 1})
-        require(not repeated, "run.compare", f"lists method(s) {repeated} more than once")
 
 
 def _section_type(name: str, value: Any, hints: Mapping[str, Any]) -> Any:

@@ -15,12 +15,75 @@ import json
 import logging
 import random
 from collections.abc import Callable, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import torch
 
+from ..core.schema import require
+from ..models.tiny import ALPHABET
 from ..models.transformers_compat import load_causal_lm
+
+WARM_START_RATES = ("swap_rate", "carry_first_rate", "zero_carry_rate", "separator_rate")
+
+
+@dataclass(frozen=True)
+class WarmStartConfig:
+    """``model.warm_start``: the supervised phase that makes the embedded model, on worked
+    solutions of the arithmetic task (``tasks/arithmetic.py``) written with slips and harmless
+    choices at these odds. The settings are part of the recipe stored with the cached model
+    (``tasks/embedded_model.py``)."""
+
+    steps: int = 2000
+    """Supervised steps (fewer leave the demo's model erring on the rarer ways of writing)."""
+    lr: float = 3e-3
+    """AdamW learning rate of the supervised phase, decaying linearly to 0."""
+    batch_size: int = 128
+    """Worked solutions per supervised step, each drawn afresh."""
+    slip_rate: float = 0.4
+    """Chance that a column's sum is off by one of ``slips`` (carries and answer follow it)."""
+    slips: tuple[int, ...] = (-1,)
+    """The offsets a slipped sum may be off by, drawn uniformly (non-zero)."""
+    swap_rate: float = 0.15
+    """Chance a column's two digits are written in the other order (``8+7=15``)."""
+    carry_first_rate: float = 0.15
+    """Chance a carry is written first rather than last (``1+4+3=8``)."""
+    zero_carry_rate: float = 0.15
+    """Chance a column without a carry writes it as ``+0``."""
+    separators: str = ",:"
+    """Characters that may follow a step instead of the space."""
+    separator_rate: float = 0.3
+    """Chance a step (not the last) is followed by one of ``separators``."""
+    seed: int = 0
+    """Seed of the random initialisation and of the supervised phase."""
+
+    def validate(self) -> None:
+        """Ranges of the ``model.warm_start`` keys; errors name the key."""
+        require(self.steps >= 1, "model.warm_start.steps", "must be >= 1")
+        require(self.lr > 0, "model.warm_start.lr", "must be > 0")
+        require(self.batch_size >= 1, "model.warm_start.batch_size", "must be >= 1")
+        require(0 <= self.slip_rate < 1, "model.warm_start.slip_rate", "must be in [0, 1)")
+        require(
+            bool(self.slips) and 0 not in self.slips,
+            "model.warm_start.slips",
+            f"must be a non-empty list of non-zero offsets, got {list(self.slips)}",
+        )
+        for key in WARM_START_RATES:
+            rate = getattr(self, key)
+            require(0 <= rate <= 1, f"model.warm_start.{key}", f"must be in [0, 1], got {rate}")
+        require(
+            not self.separator_rate or bool(self.separators),
+            "model.warm_start.separators",
+            "is empty, but model.warm_start.separator_rate > 0 needs separators to choose from",
+        )
+        require(
+            set(self.separators) <= set(ALPHABET) - set("0123456789+= \n"),
+            "model.warm_start.separators",
+            f"({self.separators!r}) must be characters of the tiny model's alphabet other than "
+            "digits, '+', '=' and whitespace",
+        )
+
 
 RECIPE_FILE = "opefo_warm_start.json"
 #: A progress line (step, loss) every this many supervised steps.

@@ -17,7 +17,7 @@ from typing import Any
 
 import yaml
 
-from ..config.train import MetricsConfig
+from ..config.metrics import MetricsConfig
 
 RUN_CONFIG = "config.yaml"
 

@@ -14,7 +14,7 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import cast
 
-from ..config.train import RewardSettings
+from ..config.reward import RewardSettings
 from ..rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
 from ..rewards.result import ERROR, Verifier
 from ..tasks.arithmetic import score_final_answer

@@ -1,10 +1,11 @@
 """Wiring a run from its validated config: model directory, datasets, policy, rollout, trainer.
 
 The embedded model (``model.embedded``) is built and warm-started once into ``model.path`` and
-reused afterwards; every other path must already exist. A run launched on several ranks
-(``WORLD_SIZE > 1``: ``torchrun``, or ``srun`` through ``slurm/common.sh``) joins the default
-process group first (:class:`.ranks.LoopRanks`) and generates with vLLM servers colocated on its
-GPUs (:class:`.colocated_rollout.ColocatedRollout`); only multi-process engines accept that.
+reused afterwards (``tasks/embedded_model.py``); every other path must already exist. A run
+launched on several ranks (``WORLD_SIZE > 1``: ``torchrun``, or ``srun`` through
+``slurm/common.sh``) joins the default process group first (:class:`.ranks.LoopRanks`) and
+generates with vLLM servers colocated on its GPUs (:class:`.colocated_rollout.ColocatedRollout`);
+only multi-process engines accept that.
 """
 
 from __future__ import annotations
@@ -12,8 +13,6 @@ from __future__ import annotations
 import dataclasses
 import logging
 import os
-import random
-import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 from typing import Any
@@ -21,8 +20,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from ..config.data import GENERATED_DATA, DataConfig
 from ..config.engines import MegatronEngineConfig
-from ..config.train import GENERATED_DATA, DataConfig, TrainConfig
+from ..config.train import TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
 from ..engines.protocols import Policy
@@ -30,10 +30,10 @@ from ..engines.startup import startup_problems
 from ..launch.placement import ColocatedPlacement, device_slices
 from ..models.packaged import converted_model
 from ..models.shape import ModelShape
-from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
-from ..tasks.arithmetic import make_problems, operands, worked_solution
-from ..tasks.warm_start import read_recipe, supervised_warm_start
+from ..tasks.arithmetic import make_problems
+from ..tasks.embedded_model import embedded_model as build_embedded_model
+from ..tasks.embedded_model import warm_start_recipe as recipe_of
 from ..tasks.word_arithmetic import make_word_problems
 from .colocated_rollout import ColocatedRollout
 from .loop import Dataset, Trainer
@@ -44,8 +44,6 @@ from .rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
 ARITHMETIC = "arithmetic"
-TASK = "column addition with worked steps"
-"""Names the embedded task in the warm-start recipe, so a cache of another task is rebuilt."""
 
 
 def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
@@ -61,112 +59,30 @@ def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Pr
     return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed)
 
 
-#: The embedded models' directory names under the cache (``conf/model/<name>.yaml``).
-EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
-
-
-def embedded_paths() -> tuple[Path, ...]:
-    """Where embedded models are built: ``$OPEFO_CACHE/<name>`` for each of
-    :data:`EMBEDDED_MODELS`, ``OPEFO_CACHE`` defaulting to ``.cache/opefo``."""
-    cache = Path(os.environ.get("OPEFO_CACHE", ".cache/opefo"))
-    return tuple(cache / name for name in EMBEDDED_MODELS)
-
-
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
-    """What the embedded model is made from: the task and every warm-start setting."""
-    return {
-        "task": TASK,
-        "steps": config.model.warm_start_steps,
-        "lr": config.model.warm_start_lr,
-        "batch_size": config.model.warm_start_batch_size,
-        "slip_rate": config.model.warm_start_slip_rate,
-        "slips": list(config.model.warm_start_slips),
-        "swap_rate": config.model.warm_start_swap_rate,
-        "carry_first_rate": config.model.warm_start_carry_first_rate,
-        "zero_carry_rate": config.model.warm_start_zero_carry_rate,
-        "separators": config.model.warm_start_separators,
-        "separator_rate": config.model.warm_start_separator_rate,
-        "seed": config.model.warm_start_seed,
-        "template": config.data.template,
-        "arithmetic": dataclasses.asdict(config.data.arithmetic),
-    }
+    """The recipe of the embedded model ``config`` describes (:mod:`..tasks.embedded_model`)."""
+    data = config.data
+    return recipe_of(config.model.warm_start, data.template, dataclasses.asdict(data.arithmetic))
 
 
 def embedded_model(config: TrainConfig) -> Path:
-    """The warm-started tiny model at ``model.path``, built on first use (nothing downloaded).
+    """The warm-started tiny model at ``model.path``, built on first use from the arithmetic
+    task's training problems (:func:`..tasks.embedded_model.embedded_model`)."""
+    data = config.data
 
-    It is built only into one of :func:`embedded_paths`: any other ``model.path`` must already
-    hold it, so that a mistyped path of one's own model (``model.path=...`` without
-    ``model=local``) is an error, not a toy model trained in its place. The recipe
-    (:func:`warm_start_recipe`) is stored with the model. A warm start in the default place made
-    with another recipe (an older task, other settings) is a stale cache: it is replaced by a new
-    build. Anywhere else another recipe is an error rather than a silent reuse.
-    """
-    target = Path(config.model.path)
-    defaults = embedded_paths()
-    is_default = target.resolve() in {path.resolve() for path in defaults}
-    if not target.exists() and not is_default:
-        raise FileNotFoundError(
-            f"model.path={target} does not exist. To train a model of your own, select it with "
-            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
-            f"built only into {' or '.join(map(str, defaults))} (set OPEFO_CACHE to move them)"
-        )
-    recipe = warm_start_recipe(config)
-    if target.exists():
-        found = read_recipe(target)
-        if found is None:
+    def problems() -> list[Problem]:
+        if data.train != ARITHMETIC:
             raise ValueError(
-                f"model.path={target} exists but records no warm-start recipe (not a warm start "
-                "of the embedded model): delete it to rebuild, or point model.path elsewhere"
+                "model.embedded=true warm-starts on the arithmetic task: set data=arithmetic"
             )
-        if found == recipe:
-            return target
-        if not is_default:
-            raise ValueError(
-                f"model.path={target} holds a warm start made with {found}, not {recipe}: "
-                "delete it or point model.path elsewhere"
-            )
-        log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
-        shutil.rmtree(target)
-    if config.data.train != ARITHMETIC:
-        raise ValueError(
-            "model.embedded=true warm-starts on the arithmetic task: set data=arithmetic"
-        )
-    log.info("building the embedded tiny model and warm-starting it into %s", target)
-    base = build_tiny_model(
-        target.parent / f"{target.name}.base", TinyModelSpec(), config.model.warm_start_seed
-    )
-    codec = PromptCodec(base, config.data.template)
-    train, _ = arithmetic_split(config.data)
-    prompts = [codec.encode(p) for p in train]
-    m = config.model
+        return arithmetic_split(data)[0]
 
-    def draw(rng: random.Random) -> tuple[list[int], list[int]]:
-        index = rng.randrange(len(train))
-        solution = worked_solution(
-            *operands(train[index].problem),
-            m.warm_start_slip_rate,
-            rng,
-            slips=m.warm_start_slips,
-            swap_rate=m.warm_start_swap_rate,
-            carry_first_rate=m.warm_start_carry_first_rate,
-            zero_carry_rate=m.warm_start_zero_carry_rate,
-            separators=m.warm_start_separators,
-            separator_rate=m.warm_start_separator_rate,
-        )
-        response = codec.tokenizer.encode(solution, add_special_tokens=False)
-        return prompts[index], [*response, codec.eos_id]
-
-    return supervised_warm_start(
-        base,
-        target,
-        draw,
-        steps=config.model.warm_start_steps,
-        lr=config.model.warm_start_lr,
-        seed=config.model.warm_start_seed,
-        pad_id=codec.pad_id,
-        recipe=recipe,
-        batch_size=config.model.warm_start_batch_size,
+    return build_embedded_model(
+        Path(config.model.path),
+        config.model.warm_start,
+        warm_start_recipe(config),
+        problems,
+        lambda base: PromptCodec(base, data.template),
     )
 
 

@@ -32,14 +32,15 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def embedded_model() -> Path:
-    """The embedded default's model, built before any job starts: its warm start takes minutes
-    on 2 cores, which the jobs' time limit (and its USR1 warning) is not meant to cover."""
+    """The model of ``+preset=tiny_cpu`` (the first task's), built before any job starts: its
+    warm start takes minutes on 2 cores, which the jobs' time limit (and its USR1 warning) is not
+    meant to cover."""
     from opefo_nemo.config.compose import compose
     from opefo_nemo.trainer.setup import embedded_model as build
 
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OPEFO_CACHE", MODEL_CACHE)
-        return build(compose([])[0])
+        return build(compose(["model=tiny_arithmetic"])[0])  # +preset=tiny_cpu's model
 
 
 @pytest.fixture(scope="module")
@@ -233,7 +234,7 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeyp
     monkeypatch.setenv("OPEFO_CACHE", env["OPEFO_CACHE"])  # the embedded model's only home
     cached = Path(env["OPEFO_CACHE"]) / "tiny_arithmetic"
     shutil.copytree(
-        embedded_model(compose([f"model.path={cached}"])[0]),
+        embedded_model(compose(["model=tiny_arithmetic", f"model.path={cached}"])[0]),
         tmp_path / "models" / "Qwen2.5-Math-7B",
     )
     problems, _ = make_problems(2, 64, 1, seed=7)  # the warm start's task (conf/data)

@@ -31,7 +31,7 @@ def test_groups_come_from_the_recorded_method_and_settings_not_the_directory(tmp
     groups = group_runs(runs)
     assert [(g.label, g.seeds) for g in groups] == [
         ("grpo_strict", (3, 4)),
-        ("opefo (method.lr=2.83e-06)", (0, 1)),
+        ("opefo (method.lr=0.0001)", (0, 1)),  # the default model's lr
         ("opefo (method.lr=0.0003)", (2,)),
     ]
     assert [r.path.name for r in groups[1].runs] == ["opefo_b", "y"]

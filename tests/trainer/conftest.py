@@ -16,6 +16,7 @@ from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.setup import build_trainer, embedded_model, start_rollout
 
 SMALL_RUN = (
+    "model=tiny_arithmetic",  # the first task: its warm start is a quarter of the demo task's
     "trainer.prompts_per_step=4",
     "trainer.responses_per_prompt=4",
     "trainer.max_steps=2",
@@ -27,16 +28,16 @@ SMALL_RUN = (
 
 @pytest.fixture(scope="session")
 def warm_model(tmp_path_factory) -> Path:
-    """The embedded default's model (tiny Qwen2, warm-started on arithmetic), built once into
+    """The first task's embedded model (tiny Qwen2, warm-started on arithmetic), built once into
     the default place under a temporary ``OPEFO_CACHE``."""
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return embedded_model(compose([])[0])
+        return embedded_model(compose(["model=tiny_arithmetic"])[0])
 
 
 @pytest.fixture(scope="session")
 def shared_rollout(warm_model):
-    config, _ = compose([f"model.path={warm_model}"])
+    config, _ = compose(["model=tiny_arithmetic", f"model.path={warm_model}"])
     rollout = start_rollout(config, warm_model, lambda: iter(()))
     yield rollout
     rollout.close()

@@ -1,26 +1,38 @@
 """Behaviour on the embedded task: strict GRPO's entropy falls, OPEFO's does not collapse.
 
-Both methods start from the same warm-started model and see the same prompts (same seeds), with
-the embedded default's learning rate and warm-up (`EMBEDDED_DEFAULT`) over 80 steps of 16 prompts
-× 8 responses. Entropy is compared as the mean of the first and of the last 10 steps (single steps
-are noisy: each sees different prompts). Measured on this setup (CPU, 2 cores, vLLM 0.32):
-grpo_strict 0.144 → 0.108 (−25 %); opefo 0.161 → 0.495. At this learning rate OPEFO's entropy
-does not just hold, it overshoots upward (its first-order balance does not hold at this step
-size on this model, docs/training.md), so only the anti-collapse side is asserted: grpo_strict
-must lose at least 8 %, opefo must keep at least 97 % of its start and end at least 0.05 nat
-above grpo_strict, and its predicted net flow after balancing is zero every step.
+Both methods start from the first task's warm-started model and see the same prompts (same seeds),
+with the embedded default's learning rate and warm-up (`conf/model/tiny_arithmetic_orders.yaml`)
+over 80 steps of 16 prompts × 8 responses. Entropy is compared as the mean of the first and of
+the last 10 steps (single steps are noisy: each sees different prompts). Measured on this setup
+(CPU, 2 cores, vLLM 0.32): grpo_strict 0.144 → 0.108 (−25 %); opefo 0.161 → 0.495. At this
+learning rate OPEFO's entropy does not just hold, it overshoots upward (its first-order balance
+does not hold at this step size on this model, docs/training.md), so only the anti-collapse side
+is asserted: grpo_strict must lose at least 8 %, opefo must keep at least 97 % of its start and
+end at least 0.05 nat above grpo_strict, and its predicted net flow after balancing is zero every
+step.
 """
 
 from __future__ import annotations
 
 import pytest
 
-from opefo_nemo.cli.train import EMBEDDED_DEFAULT
+from opefo_nemo.config.compose import compose
 from opefo_nemo.trainer.metrics_log import read_metrics
 from tests.metric_bounds import balanced_flow_bound
 
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-DEMO = [o for o in EMBEDDED_DEFAULT if o.startswith(("method.", "engine."))]
+
+
+def demo_settings() -> list[str]:
+    """The default model's learning rate, warm-up and micro-batch (conf/model/
+    tiny_arithmetic_orders.yaml), as overrides for the first task's model."""
+    config, _ = compose([])
+    engine = config.engine
+    return [
+        f"method.lr={config.method.lr}",
+        f"engine.warmup_steps={engine.warmup_steps}",
+        f"engine.micro_batch_size={engine.micro_batch_size}",
+    ]
 
 
 def window_means(records, key, width=10):
@@ -33,7 +45,7 @@ def test_grpo_strict_entropy_falls_while_opefo_does_not_collapse(make_trainer, t
     for method in ("grpo_strict", "opefo"):
         overrides = [
             f"method={method}",
-            *DEMO,
+            *demo_settings(),
             "trainer.max_steps=80",
             "trainer.prompts_per_step=16",
             "trainer.responses_per_prompt=8",

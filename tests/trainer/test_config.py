@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import pytest
 
+from opefo_nemo.cli.train import EMBEDDED_DEFAULT
 from opefo_nemo.config import method_names
 from opefo_nemo.config.compose import compose
 
@@ -14,6 +15,33 @@ def test_defaults_compose_to_the_embedded_task():
     assert config.data.train == "arithmetic" and config.reward.verifier == "arithmetic"
     assert config.model.embedded
     assert data["run"]["output_dir"] == "outputs/opefo"
+
+
+def test_the_default_model_and_its_settings_hold_whatever_else_is_overridden():
+    """Bare ``opefo-train`` (EMBEDDED_DEFAULT), ``opefo-probe`` (no override) and a user's
+    ``method=grpo_strict trainer.max_steps=50`` all train the demo's model with the settings its
+    file sets; the bare command adds only the comparison; the command line wins over the file;
+    the first task keeps conf/config.yaml's settings and the method's lr."""
+    assert all(override.startswith("run.") for override in EMBEDDED_DEFAULT)
+    bare, probe = compose(list(EMBEDDED_DEFAULT))[0], compose([])[0]
+    user = compose(["method=grpo_strict", "trainer.max_steps=50"])[0]
+    for config in (bare, probe, user):
+        assert config.model.path.endswith("/tiny_arithmetic_orders") and config.model.embedded
+        assert config.method.lr == pytest.approx(1e-4)
+        assert (config.engine.micro_batch_size, config.engine.warmup_steps) == (64, 10)
+        assert config.trainer.prompts_per_step == 32
+    assert (bare.trainer.max_steps, probe.trainer.max_steps, user.trainer.max_steps) == (
+        140,
+        140,
+        50,
+    )
+    assert bare.run.compare == ("grpo_strict", "opefo") and user.method.name == "grpo_strict"
+    assert compose(["method.lr=3e-4"])[0].method.lr == pytest.approx(3e-4)
+    first = compose(["model=tiny_arithmetic"])[0]
+    assert first.model.path.endswith("/tiny_arithmetic") and first.model.warm_start.steps == 500
+    assert first.method.lr == pytest.approx(2.83e-6)
+    assert (first.trainer.max_steps, first.trainer.prompts_per_step) == (80, 16)
+    assert first.engine.micro_batch_size == 16
 
 
 def test_stats_kernel_choices():
@@ -68,16 +96,18 @@ def test_every_method_file_composes(name):
         (["run.compare=[opefo,grpo_strict,opefo]"], "run.compare"),
         (["metrics.confident_prob=1.0"], "metrics.confident_prob"),
         (["metrics.confident_prob=0"], "metrics.confident_prob"),
-        (["model.warm_start_slips=[]"], "model.warm_start_slips"),
-        (["model.warm_start_slips=[-1,0]"], "model.warm_start_slips"),
+        (["model.warm_start.slips=[]"], "model.warm_start.slips"),
+        (["model.warm_start.slips=[-1,0]"], "model.warm_start.slips"),
+        (["model.warm_start.swap_rate=1.5"], "model.warm_start.swap_rate"),
+        (["model.warm_start.carry_first_rate=-0.1"], "model.warm_start.carry_first_rate"),
         (
-            ["model=tiny_arithmetic_orders", "model.warm_start_swap_rate=1.5"],
-            "model.warm_start_swap_rate",
+            ["model=tiny_arithmetic", "model.warm_start.separator_rate=0.2"],
+            "model.warm_start.separators",
         ),
-        (["model.warm_start_carry_first_rate=-0.1"], "model.warm_start_carry_first_rate"),
-        (["model.warm_start_separator_rate=0.2"], "model.warm_start_separators"),
-        (["model.warm_start_separators=';'"], "model.warm_start_separators"),
-        (["model.warm_start_separators=',='"], "model.warm_start_separators"),
+        (["model.warm_start.separators=';'"], "model.warm_start.separators"),
+        (["model.warm_start.separators=',='"], "model.warm_start.separators"),
+        (["+model.warm_start_steps=10"], "model.warm_start_steps"),
+        (["model.warm_start.steps=0"], "model.warm_start.steps"),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):

@@ -143,14 +143,14 @@ def test_a_cached_warm_start_is_reused_rebuilt_or_refused_by_its_recipe(tmp_path
     task): rebuilt with the new one. Another recipe elsewhere: refused."""
     monkeypatch.setenv("OPEFO_CACHE", str(tmp_path))
     path = tmp_path / "tiny_arithmetic"  # the default place under this OPEFO_CACHE
-    small = ["model.warm_start_steps=2", "model.warm_start_batch_size=4"]
+    small = ["model=tiny_arithmetic", "model.warm_start.steps=2", "model.warm_start.batch_size=4"]
     config, _ = compose(small)
     assert Path(config.model.path) == path
     assert embedded_model(config) == path
     weights = (path / "model.safetensors").read_bytes()
     assert embedded_model(config) == path  # same recipe: reused
     assert (path / "model.safetensors").read_bytes() == weights
-    other, _ = compose([*small[:1], "model.warm_start_batch_size=5"])
+    other, _ = compose([*small[:2], "model.warm_start.batch_size=5"])
     assert embedded_model(other) == path
     assert read_recipe(path) == warm_start_recipe(other)
     assert (path / "model.safetensors").read_bytes() != weights
@@ -164,15 +164,15 @@ def test_each_embedded_task_is_built_into_its_own_place(tmp_path, monkeypatch):
     """The orders task's warm start goes to its own directory under the cache, with its recipe;
     the first task's cache beside it is left as it is."""
     monkeypatch.setenv("OPEFO_CACHE", str(tmp_path))
-    small = ["model.warm_start_steps=2", "model.warm_start_batch_size=4"]
-    first = embedded_model(compose(small)[0])
+    small = ["model.warm_start.steps=2", "model.warm_start.batch_size=4"]
+    first = embedded_model(compose(["model=tiny_arithmetic", *small])[0])
     weights = (first / "model.safetensors").read_bytes()
     orders, _ = compose(["model=tiny_arithmetic_orders", *small])
     path = embedded_model(orders)
     assert path == tmp_path / "tiny_arithmetic_orders" != first
     recipe = read_recipe(path)
     assert recipe == warm_start_recipe(orders)
-    assert (recipe["slips"], recipe["swap_rate"]) == ([-1], orders.model.warm_start_swap_rate)
+    assert (recipe["slips"], recipe["swap_rate"]) == ([-1], orders.model.warm_start.swap_rate)
     assert recipe["swap_rate"] > 0 and recipe["carry_first_rate"] > 0
     assert read_recipe(first)["swap_rate"] == 0
     assert (first / "model.safetensors").read_bytes() == weights
@@ -180,7 +180,7 @@ def test_each_embedded_task_is_built_into_its_own_place(tmp_path, monkeypatch):
 
 def test_the_warm_start_is_deterministic(tmp_path, monkeypatch):
     """Two builds of the same recipe in two caches give bit-identical weights."""
-    small = ["model.warm_start_steps=3", "model.warm_start_batch_size=8"]
+    small = ["model=tiny_arithmetic", "model.warm_start.steps=3", "model.warm_start.batch_size=8"]
     weights = []
     for cache in ("a", "b"):
         monkeypatch.setenv("OPEFO_CACHE", str(tmp_path / cache))

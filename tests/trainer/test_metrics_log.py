@@ -5,7 +5,7 @@ from __future__ import annotations
 import yaml
 
 from opefo_nemo.config.compose import compose
-from opefo_nemo.config.train import MetricsConfig, WandbConfig
+from opefo_nemo.config.metrics import MetricsConfig, WandbConfig
 from opefo_nemo.trainer.metrics_log import MetricsLogger, read_metrics
 
 

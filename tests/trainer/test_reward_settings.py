@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 
 from opefo_nemo.config.compose import compose
-from opefo_nemo.config.train import RewardSettings
+from opefo_nemo.config.reward import RewardSettings
 from opefo_nemo.trainer.scoring import overlong_penalties, score_responses
 
 RESPONSES = ["Answer: 3", "Answer: 4", "no answer at all"]

@@ -26,7 +26,8 @@ def _kill_servers(rollout) -> None:
 
 
 def test_a_dead_rollout_server_is_restarted_once_then_fails_clearly(warm_model):
-    config, _ = compose([f"model.path={warm_model}", "rollout.max_restarts=1"])
+    overrides = ["model=tiny_arithmetic", f"model.path={warm_model}", "rollout.max_restarts=1"]
+    config, _ = compose(overrides)
     from opefo_nemo.engines.hf import HFPolicy
 
     policy = HFPolicy(warm_model, config.engine, lr=1e-3, temperature=1.0)
@@ -69,7 +70,7 @@ def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_pa
     from_trainer = trainer.validate()["val/avg@4"]
     assert 0 < from_trainer < 1
 
-    config, _ = compose([f"model.path={warm_model}"])
+    config, _ = compose(["model=tiny_arithmetic", f"model.path={warm_model}"])
     _, validation = arithmetic_split(config.data)
     bench = tmp_path / "arith.jsonl"
     rows = [json.dumps({"problem": p.problem, "answer": p.ground_truth}) for p in validation]
@@ -95,6 +96,7 @@ def test_opefo_train_compares_methods_over_seeds_and_writes_the_report(warm_mode
 
     root = tmp_path / "cmp"
     overrides = [
+        "model=tiny_arithmetic",
         f"model.path={warm_model}",
         f"run.output_dir={root}",
         "run.compare=[grpo_strict,opefo]",

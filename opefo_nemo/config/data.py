@@ -1,0 +1,52 @@
+"""The ``data`` section (``conf/data/arithmetic.yaml`` holds its defaults): the training and
+validation problems. Each field's default is the key's default; its docstring its meaning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.schema import one_of, require
+
+GENERATED_DATA = ("arithmetic", "word_arithmetic")
+"""``data.train`` / ``data.validation`` values that name a built-in task instead of a file."""
+LONG_PROMPT_POLICIES = ("skip", "error")
+
+
+@dataclass(frozen=True)
+class ArithmeticConfig:
+    """The built-in tasks' problems (``tasks/arithmetic.py``, ``tasks/word_arithmetic.py``)."""
+
+    digits: int = 2
+    """Digits of each operand (1..4): a worked solution has one step per digit."""
+    num_train: int = 2000
+    """Training problems (capped by the number of distinct ones)."""
+    num_validation: int = 64
+    """Held-out validation problems."""
+    seed: int = 1234
+    """Which problems go where."""
+
+    def validate(self) -> None:
+        require(1 <= self.digits <= 4, "data.arithmetic.digits", "must be in 1..4")
+        require(self.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
+
+
+@dataclass(frozen=True)
+class DataConfig:
+    train: str = "arithmetic"
+    """A built-in task (``arithmetic``, ``word_arithmetic``: generated) or a .jsonl / .parquet
+    file of problems."""
+    validation: str | None = "arithmetic"
+    """A built-in task (its held-out problems), a file, or null."""
+    template: str = "raw"
+    """Prompt template (``data/templates.py``): raw | dapo | boxed | messages."""
+    max_prompt_tokens: int = 32
+    """Longer prompts are skipped (counted) or an error, see ``long_prompt``."""
+    long_prompt: str = "skip"
+    """skip | error."""
+    arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+    """The built-in tasks' problems."""
+
+    def validate(self) -> None:
+        one_of(self.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
+        require(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
+        self.arithmetic.validate()

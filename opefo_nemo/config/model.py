@@ -1,0 +1,37 @@
+"""The ``model`` section (``conf/model/tiny_arithmetic_orders.yaml`` holds its defaults): which
+policy model, and how the embedded one is warm-started (``model.warm_start``: the dataclass of
+``tasks/warm_start.py``). Each field's default is the key's default; its docstring its meaning."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..core.schema import one_of, require
+from ..models.packaged import PACKAGED_MODELS
+from ..tasks.warm_start import WarmStartConfig
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    path: str = "${oc.env:OPEFO_CACHE,.cache/opefo}/tiny_arithmetic_orders"
+    """The model directory (``config.json``, weights, tokenizer); for an embedded model, where
+    the warm-started model lives."""
+    embedded: bool = True
+    """Build and warm-start the tiny model into ``path`` when it does not exist yet; only the
+    embedded models' default paths are ever built into: another missing ``model.path`` is an
+    error (your own model: ``model=local model.path=...``)."""
+    packaged: str | None = None
+    """A packaged model converted into ``path`` when it is missing (``models/packaged.py``);
+    null: ``path`` must already hold a model, or be built (``embedded``)."""
+    warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
+    """How the embedded model is warm-started (used only with ``embedded``)."""
+
+    def validate(self) -> None:
+        """Ranges and contradictions of the ``model`` keys; errors name the key."""
+        require(self.path != "", "model.path", "is empty: set model.path=<HF model directory>")
+        if self.packaged is not None:
+            one_of(self.packaged, tuple(PACKAGED_MODELS), "model.packaged")
+            require(
+                not self.embedded, "model.packaged", "and model.embedded=true exclude each other"
+            )
+        self.warm_start.validate()

@@ -1,0 +1,137 @@
+"""The embedded toy models: a tiny Qwen2 warm-started on the arithmetic task, built on first use
+into ``$OPEFO_CACHE/<name>`` and reused after, the recipe that made it stored beside it
+(docs/training.md, "The embedded default")."""
+
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import random
+import shutil
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, Protocol
+
+from ..data import Problem
+from ..models.tiny import TinyModelSpec, build_tiny_model
+from .arithmetic import operands, worked_solution
+from .warm_start import WarmStartConfig, read_recipe, supervised_warm_start
+
+log = logging.getLogger(__name__)
+TASK = "column addition with worked steps"
+"""Names the embedded task in the warm-start recipe, so a cache of another task is rebuilt."""
+EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
+"""The embedded models' directory names under the cache (``conf/model/<name>.yaml``)."""
+
+
+class PromptEncoder(Protocol):
+    """What the warm start needs of a prompt codec (``trainer/prompts.py`` ``PromptCodec``)."""
+
+    tokenizer: Any
+
+    @property
+    def eos_id(self) -> int: ...
+
+    @property
+    def pad_id(self) -> int: ...
+
+    def encode(self, problem: Problem) -> list[int]: ...
+
+
+def embedded_paths() -> tuple[Path, ...]:
+    """Where embedded models are built: ``$OPEFO_CACHE/<name>`` for each of
+    :data:`EMBEDDED_MODELS`, ``OPEFO_CACHE`` defaulting to ``.cache/opefo``."""
+    cache = Path(os.environ.get("OPEFO_CACHE", ".cache/opefo"))
+    return tuple(cache / name for name in EMBEDDED_MODELS)
+
+
+def warm_start_recipe(
+    warm_start: WarmStartConfig, template: str, problems: Mapping[str, Any]
+) -> dict[str, Any]:
+    """What an embedded model is made from: the task, every warm-start setting, the prompt
+    template and the settings that draw the problems."""
+    return {
+        "task": TASK,
+        **dataclasses.asdict(warm_start),
+        "slips": list(warm_start.slips),
+        "template": template,
+        "arithmetic": dict(problems),
+    }
+
+
+def embedded_model(
+    target: Path,
+    warm_start: WarmStartConfig,
+    recipe: dict[str, Any],
+    problems: Callable[[], Sequence[Problem]],
+    encoder: Callable[[Path], PromptEncoder],
+) -> Path:
+    """The warm-started tiny model at ``target`` (``model.path``), built on first use.
+
+    It is built only into one of :func:`embedded_paths`: any other ``target`` must already hold
+    it, so that a mistyped path of one's own model (``model.path=...`` without ``model=local``)
+    is an error, not a toy model trained in its place. ``recipe`` (:func:`warm_start_recipe`) is
+    stored with the model; a warm start in the default place made with another recipe (an older
+    task, other settings) is a stale cache, replaced by a new build; anywhere else another recipe
+    is an error rather than a silent reuse. Building draws the training ``problems()`` and
+    encodes them with ``encoder(base model directory)``.
+    """
+    defaults = embedded_paths()
+    is_default = target.resolve() in {path.resolve() for path in defaults}
+    if not target.exists() and not is_default:
+        raise FileNotFoundError(
+            f"model.path={target} does not exist. To train a model of your own, select it with "
+            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
+            f"built only into {' or '.join(map(str, defaults))} (set OPEFO_CACHE to move them)"
+        )
+    if target.exists():
+        found = read_recipe(target)
+        if found is None:
+            raise ValueError(
+                f"model.path={target} exists but records no warm-start recipe (not a warm start "
+                "of the embedded model): delete it to rebuild, or point model.path elsewhere"
+            )
+        if found == recipe:
+            return target
+        if not is_default:
+            raise ValueError(
+                f"model.path={target} holds a warm start made with {found}, not {recipe}: "
+                "delete it or point model.path elsewhere"
+            )
+        log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
+        shutil.rmtree(target)
+    train = list(problems())
+    log.info("building the embedded tiny model and warm-starting it into %s", target)
+    base = build_tiny_model(target.parent / f"{target.name}.base", TinyModelSpec(), warm_start.seed)
+    codec = encoder(base)
+    prompts = [codec.encode(p) for p in train]
+    w = warm_start
+
+    def draw(rng: random.Random) -> tuple[list[int], list[int]]:
+        index = rng.randrange(len(train))
+        solution = worked_solution(
+            *operands(train[index].problem),
+            w.slip_rate,
+            rng,
+            slips=w.slips,
+            swap_rate=w.swap_rate,
+            carry_first_rate=w.carry_first_rate,
+            zero_carry_rate=w.zero_carry_rate,
+            separators=w.separators,
+            separator_rate=w.separator_rate,
+        )
+        response = codec.tokenizer.encode(solution, add_special_tokens=False)
+        return prompts[index], [*response, codec.eos_id]
+
+    return supervised_warm_start(
+        base,
+        target,
+        draw,
+        steps=w.steps,
+        lr=w.lr,
+        seed=w.seed,
+        pad_id=codec.pad_id,
+        recipe=recipe,
+        batch_size=w.batch_size,
+    )
