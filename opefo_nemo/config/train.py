@@ -49,6 +49,10 @@ class ModelConfig:
     warm_start_zero_carry_rate: float = 0.0
     warm_start_separators: str = ""
     warm_start_separator_rate: float = 0.0
+    # chance a warm-start solution is the shortcut answer (tasks/shortcut.py) instead of worked
+    warm_start_shortcut_rate: float = 0.0
+    # chance that a column's sum in a shortcut answer is off by one of warm_start_slips
+    warm_start_shortcut_slip_rate: float = 0.0
     warm_start_seed: int = 0
 
 
@@ -275,7 +279,7 @@ class TrainConfig:
             "model.warm_start_slips",
             f"must be a non-empty list of non-zero offsets, got {list(m.warm_start_slips)}",
         )
-        rates = ("swap", "carry_first", "zero_carry", "separator")
+        rates = ("swap", "carry_first", "zero_carry", "separator", "shortcut", "shortcut_slip")
         for key in (f"warm_start_{name}_rate" for name in rates):
             rate = getattr(m, key)
             require(0 <= rate <= 1, f"model.{key}", f"must be in [0, 1], got {rate}")

@@ -22,7 +22,7 @@ import torch
 from torch import Tensor
 
 from ..config.engines import MegatronEngineConfig
-from ..config.train import GENERATED_DATA, DataConfig, TrainConfig
+from ..config.train import GENERATED_DATA, DataConfig, ModelConfig, TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
 from ..engines.protocols import Policy
@@ -33,6 +33,7 @@ from ..models.shape import ModelShape
 from ..models.tiny import TinyModelSpec, build_tiny_model
 from ..rollout import VLLMRolloutEngine
 from ..tasks.arithmetic import make_problems, operands, worked_solution
+from ..tasks.shortcut import shortcut_answer
 from ..tasks.warm_start import read_recipe, supervised_warm_start
 from ..tasks.word_arithmetic import make_word_problems
 from .colocated_rollout import ColocatedRollout
@@ -62,7 +63,7 @@ def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Pr
 
 
 #: The embedded models' directory names under the cache (``conf/model/<name>.yaml``).
-EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
+EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders", "tiny_shortcut")
 
 
 def embedded_paths() -> tuple[Path, ...]:
@@ -73,7 +74,16 @@ def embedded_paths() -> tuple[Path, ...]:
 
 
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
-    """What the embedded model is made from: the task and every warm-start setting."""
+    """What the embedded model is made from: the task and every warm-start setting.
+
+    The shortcut settings are recorded only when shortcuts are written, so that the warm starts
+    made without them keep their recipe (and their caches) unchanged.
+    """
+    m = config.model
+    shortcut = {
+        "shortcut_rate": m.warm_start_shortcut_rate,
+        "shortcut_slip_rate": m.warm_start_shortcut_slip_rate,
+    }
     return {
         "task": TASK,
         "steps": config.model.warm_start_steps,
@@ -89,7 +99,28 @@ def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
         "seed": config.model.warm_start_seed,
         "template": config.data.template,
         "arithmetic": dataclasses.asdict(config.data.arithmetic),
+        **(shortcut if m.warm_start_shortcut_rate else {}),
     }
+
+
+def warm_start_response(a: int, b: int, m: ModelConfig, rng: random.Random) -> str:
+    """One supervised response to ``a + b`` as ``model``'s warm-start settings write it: a
+    shortcut answer (:mod:`..tasks.shortcut`) with probability ``warm_start_shortcut_rate``, else
+    a worked solution with its slips and writing choices."""
+    if m.warm_start_shortcut_rate and rng.random() < m.warm_start_shortcut_rate:
+        return shortcut_answer(a, b, m.warm_start_shortcut_slip_rate, rng, slips=m.warm_start_slips)
+    return worked_solution(
+        a,
+        b,
+        m.warm_start_slip_rate,
+        rng,
+        slips=m.warm_start_slips,
+        swap_rate=m.warm_start_swap_rate,
+        carry_first_rate=m.warm_start_carry_first_rate,
+        zero_carry_rate=m.warm_start_zero_carry_rate,
+        separators=m.warm_start_separators,
+        separator_rate=m.warm_start_separator_rate,
+    )
 
 
 def embedded_model(config: TrainConfig) -> Path:
@@ -139,21 +170,10 @@ def embedded_model(config: TrainConfig) -> Path:
     codec = PromptCodec(base, config.data.template)
     train, _ = arithmetic_split(config.data)
     prompts = [codec.encode(p) for p in train]
-    m = config.model
 
     def draw(rng: random.Random) -> tuple[list[int], list[int]]:
         index = rng.randrange(len(train))
-        solution = worked_solution(
-            *operands(train[index].problem),
-            m.warm_start_slip_rate,
-            rng,
-            slips=m.warm_start_slips,
-            swap_rate=m.warm_start_swap_rate,
-            carry_first_rate=m.warm_start_carry_first_rate,
-            zero_carry_rate=m.warm_start_zero_carry_rate,
-            separators=m.warm_start_separators,
-            separator_rate=m.warm_start_separator_rate,
-        )
+        solution = warm_start_response(*operands(train[index].problem), config.model, rng)
         response = codec.tokenizer.encode(solution, add_special_tokens=False)
         return prompts[index], [*response, codec.eos_id]
 

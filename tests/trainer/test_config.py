@@ -78,6 +78,11 @@ def test_every_method_file_composes(name):
         (["model.warm_start_separator_rate=0.2"], "model.warm_start_separators"),
         (["model.warm_start_separators=';'"], "model.warm_start_separators"),
         (["model.warm_start_separators=',='"], "model.warm_start_separators"),
+        (["model.warm_start_shortcut_rate=1.2"], "model.warm_start_shortcut_rate"),
+        (
+            ["model=tiny_shortcut", "model.warm_start_shortcut_slip_rate=-0.5"],
+            "model.warm_start_shortcut_slip_rate",
+        ),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):
