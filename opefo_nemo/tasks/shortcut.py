@@ -1,19 +1,20 @@
 """The shortcut task: the embedded additions, where a common shortcut caps the reward.
 
 The problems and the verifier are the arithmetic task's (:mod:`.arithmetic`). Its warm start
-writes most solutions as a *shortcut*: the answer straight away, each column's digits added
-without the carry from the column below::
+writes most solutions as a *shortcut*: the columns added from the top down, each without the
+carry from the column below, the top sum written in full and the others' units digits after it::
 
-    "42+35="  →  "=77"        (right: no column carries)
-    "47+38="  →  "=75"        (wrong: 7 + 8 carries into the tens)
+    "42+35="  →  "4+3=7 2+5=7 =77"        (right: no column carries)
+    "47+38="  →  "4+3=7 7+8=15 =75"       (wrong: 7 + 8 carries into the tens)
 
-and only a few in full, column by column with the carries (:func:`.arithmetic.worked_solution`),
-which is right on every problem but written with frequent slips. The shortcut is right exactly on
-the problems where no column but the top one carries: on two-digit problems the 55 of the 100
-units pairs whose sum is below 10. A policy that keeps to the shortcut can reach at most that
-fraction (:func:`shortcut_ceiling`); the task's optimum is 1, the worked solution without slips,
-which the warm start writes rarely and badly, so reaching it takes exploring the rare strategy
-(docs/training.md).
+and only a few in full, from the units up with the carries (:func:`.arithmetic.worked_solution`:
+``"7+8=15 4+3+1=8 =85"``), which is right on every problem but written with frequent slips. The
+first token already chooses the strategy (the top digit or the units digit of ``a``). The
+shortcut is right exactly on the problems where no column but the top one carries: on two-digit
+problems the 55 of the 100 units pairs whose sum is below 10. A policy that keeps to the
+shortcut can reach at most that fraction (:func:`shortcut_ceiling`); the task's optimum is 1,
+the worked solution without slips, which the warm start writes rarely and badly, so reaching it
+takes exploring the rare strategy (docs/training.md).
 """
 
 from __future__ import annotations
@@ -41,21 +42,28 @@ def shortcut_answer(
     *,
     slips: tuple[int, ...] = (-1,),
 ) -> str:
-    """The shortcut's response ``"=<answer>"``: the top column's digit sum in full, then the units
-    digit of every lower column's digit sum, no carry added anywhere.
+    """The shortcut's response: one step ``"x+y=s"`` per column from the top down, no carry
+    anywhere, then ``"=<answer>"``, the top column's sum in full followed by the units digit of
+    every lower column's sum.
 
     With ``slip_rate > 0`` each column's sum is, with that probability, off by a slip drawn
     uniformly from those of ``slips`` that keep it within ``0..18`` (as in
-    :func:`.arithmetic.worked_solution`). A rate of 0 draws nothing from ``rng``.
+    :func:`.arithmetic.worked_solution`), and the answer follows it. A rate of 0 draws nothing
+    from ``rng``.
     """
     if slip_rate and rng is None:
         raise ValueError("shortcut_answer: slip_rate > 0 needs an rng")
-    sums = column_sums(a, b)
-    for i, total in enumerate(sums):
+    width = max(len(str(a)), len(str(b)))
+    digits_a, digits_b = str(a).zfill(width), str(b).zfill(width)
+    steps, sums = [], []
+    for x, y in zip(digits_a, digits_b, strict=True):
+        total = int(x) + int(y)
         if slip_rate and rng is not None and rng.random() < slip_rate:
             possible = [d for d in slips if 0 <= total + d <= 18]
-            sums[i] = total + (rng.choice(possible) if possible else 0)
-    return "=" + str(sums[-1]) + "".join(str(s % 10) for s in reversed(sums[:-1]))
+            total += rng.choice(possible) if possible else 0
+        steps.append(f"{x}+{y}={total} ")
+        sums.append(total)
+    return "".join(steps) + "=" + str(sums[0]) + "".join(str(s % 10) for s in sums[1:])
 
 
 def shortcut_is_right(a: int, b: int) -> bool:

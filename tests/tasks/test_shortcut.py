@@ -29,17 +29,19 @@ def test_shortcut_answers_and_their_ceiling_over_every_problem(digits, ceiling):
     low = 10 ** (digits - 1) if digits > 1 else 0
     pairs = [(a, b) for a in range(low, 10**digits) for b in range(low, 10**digits)]
     for a, b in pairs:
-        answer = shortcut_answer(a, b)
+        *steps, answer = shortcut_answer(a, b).split(" ")
         assert answer == f"={no_carry_sum(a, b, digits)}"
+        top_down = zip(str(a).zfill(digits), str(b).zfill(digits), strict=True)
+        assert steps == [f"{x}+{y}={int(x) + int(y)}" for x, y in top_down]
         assert shortcut_is_right(a, b) == (no_carry_sum(a, b, digits) == a + b)
     assert shortcut_ceiling(pairs) == pytest.approx(ceiling, abs=1e-12)
 
 
 def test_examples():
-    assert shortcut_answer(42, 35) == "=77"
-    assert shortcut_answer(47, 38) == "=75"
-    assert shortcut_answer(97, 38) == "=125"
-    assert shortcut_answer(99, 99) == "=188"
+    assert shortcut_answer(42, 35) == "4+3=7 2+5=7 =77"
+    assert shortcut_answer(47, 38) == "4+3=7 7+8=15 =75"
+    assert shortcut_answer(97, 38) == "9+3=12 7+8=15 =125"
+    assert shortcut_answer(99, 99) == "9+9=18 9+9=18 =188"
 
 
 def test_verifier_scores_the_strategies_and_the_optimum_is_one():
@@ -58,18 +60,18 @@ def test_verifier_scores_the_strategies_and_the_optimum_is_one():
     assert 0.5 < shortcut_ceiling(pairs) < 0.6  # near the 0.55 of all pairs
 
 
-def test_shortcut_slips_at_the_rate_and_only_downwards():
+def test_shortcut_slips_at_the_rate_only_downwards_and_the_answer_follows():
     rng, rate, columns, slipped = random.Random(3), 0.2, 0, 0
     for _ in range(4000):
         a, b = rng.randrange(10, 100), rng.randrange(10, 100)
-        written = shortcut_answer(a, b, rate, rng, slips=(-1,))
-        true = shortcut_answer(a, b)
-        tens_delta = int(written[1:-1]) - int(true[1:-1])
-        units_delta = (int(written[-1]) - int(true[-1])) % 10
-        assert tens_delta in (0, -1) and units_delta in (0, 9)  # 9: one short, mod 10
-        assert units_delta == 0 or (a % 10 + b % 10) > 0  # a sum of 0 cannot be one short
-        columns += 1 + ((a % 10 + b % 10) > 0)  # the tens' sum is never 0
-        slipped += (tens_delta != 0) + (units_delta != 0)
+        *steps, answer = shortcut_answer(a, b, rate, rng, slips=(-1,)).split(" ")
+        written = [int(step.split("=")[1]) for step in steps]
+        true = [a // 10 + b // 10, a % 10 + b % 10]
+        deltas = [w - t for w, t in zip(written, true, strict=True)]
+        assert all(d in (0, -1) for d in deltas) and written[1] >= 0  # 0 cannot be one short
+        assert answer == f"={written[0]}{written[1] % 10}"
+        columns += 1 + (true[1] > 0)  # the tens' sum is never 0
+        slipped += sum(d != 0 for d in deltas)
     assert abs(slipped / columns - rate) < 4 * (rate * (1 - rate) / columns) ** 0.5
     with pytest.raises(ValueError, match="rng"):
         shortcut_answer(12, 34, 0.5)
@@ -93,14 +95,16 @@ def test_warm_start_mix_of_strategies_slips_and_right_answers():
     config, _ = compose(["model=tiny_shortcut"])
     m = config.model
     train, _ = make_problems(2, 2000, 64, config.data.arithmetic.seed)
+    # where the two digits of a differ, the first token tells the strategies apart
+    pool = [operands(p.problem) for p in train if p.problem[0] != p.problem[1]]
     rng, n = random.Random(11), 40000
     count = {"shortcut": 0, "worked": 0}
     right = {"shortcut": 0, "worked": 0}
     expected = {"shortcut": 0.0, "worked": 0.0}
     for _ in range(n):
-        a, b = operands(train[rng.randrange(len(train))].problem)
+        a, b = pool[rng.randrange(len(pool))]
         response = warm_start_response(a, b, m, rng)
-        kind = "shortcut" if response.startswith("=") else "worked"
+        kind = "shortcut" if response[0] == str(a // 10) else "worked"
         count[kind] += 1
         right[kind] += score_final_answer(response, str(a + b)).score == 1.0
         if kind == "shortcut":
