@@ -16,12 +16,13 @@ from typing import Any, Protocol
 from ..data import Problem
 from ..models.tiny import TinyModelSpec, build_tiny_model
 from .arithmetic import operands, worked_solution
+from .shortcut import shortcut_answer
 from .warm_start import WarmStartConfig, read_recipe, supervised_warm_start
 
 log = logging.getLogger(__name__)
 TASK = "column addition with worked steps"
 """Names the embedded task in the warm-start recipe, so a cache of another task is rebuilt."""
-EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
+EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders", "tiny_shortcut")
 """The embedded models' directory names under the cache (``conf/model/<name>.yaml``)."""
 
 
@@ -50,14 +51,39 @@ def warm_start_recipe(
     warm_start: WarmStartConfig, template: str, problems: Mapping[str, Any]
 ) -> dict[str, Any]:
     """What an embedded model is made from: the task, every warm-start setting, the prompt
-    template and the settings that draw the problems."""
+    template and the settings that draw the problems. The shortcut settings are recorded only
+    when shortcuts are written, so the warm starts made without them keep their recipe (and
+    their caches)."""
+    settings = dataclasses.asdict(warm_start)
+    if not warm_start.shortcut_rate:
+        del settings["shortcut_rate"], settings["shortcut_slip_rate"]
     return {
         "task": TASK,
-        **dataclasses.asdict(warm_start),
+        **settings,
         "slips": list(warm_start.slips),
         "template": template,
         "arithmetic": dict(problems),
     }
+
+
+def warm_start_response(a: int, b: int, w: WarmStartConfig, rng: random.Random) -> str:
+    """One supervised response to ``a + b`` as the warm-start settings ``w`` write it: a
+    shortcut answer (:mod:`.shortcut`) with probability ``w.shortcut_rate``, else a worked
+    solution with its slips and writing choices."""
+    if w.shortcut_rate and rng.random() < w.shortcut_rate:
+        return shortcut_answer(a, b, w.shortcut_slip_rate, rng, slips=w.slips)
+    return worked_solution(
+        a,
+        b,
+        w.slip_rate,
+        rng,
+        slips=w.slips,
+        swap_rate=w.swap_rate,
+        carry_first_rate=w.carry_first_rate,
+        zero_carry_rate=w.zero_carry_rate,
+        separators=w.separators,
+        separator_rate=w.separator_rate,
+    )
 
 
 def embedded_model(
@@ -110,17 +136,7 @@ def embedded_model(
 
     def draw(rng: random.Random) -> tuple[list[int], list[int]]:
         index = rng.randrange(len(train))
-        solution = worked_solution(
-            *operands(train[index].problem),
-            w.slip_rate,
-            rng,
-            slips=w.slips,
-            swap_rate=w.swap_rate,
-            carry_first_rate=w.carry_first_rate,
-            zero_carry_rate=w.zero_carry_rate,
-            separators=w.separators,
-            separator_rate=w.separator_rate,
-        )
+        solution = warm_start_response(*operands(train[index].problem), w, rng)
         response = codec.tokenizer.encode(solution, add_special_tokens=False)
         return prompts[index], [*response, codec.eos_id]
 

@@ -25,7 +25,14 @@ from ..core.schema import require
 from ..models.tiny import ALPHABET
 from ..models.transformers_compat import load_causal_lm
 
-WARM_START_RATES = ("swap_rate", "carry_first_rate", "zero_carry_rate", "separator_rate")
+WARM_START_RATES = (
+    "swap_rate",
+    "carry_first_rate",
+    "zero_carry_rate",
+    "separator_rate",
+    "shortcut_rate",
+    "shortcut_slip_rate",
+)
 
 
 @dataclass(frozen=True)
@@ -55,6 +62,10 @@ class WarmStartConfig:
     """Characters that may follow a step instead of the space."""
     separator_rate: float = 0.3
     """Chance a step (not the last) is followed by one of ``separators``."""
+    shortcut_rate: float = 0.0
+    """Chance a solution is the shortcut answer (``tasks/shortcut.py``) instead of worked."""
+    shortcut_slip_rate: float = 0.0
+    """Chance that a column's sum in a shortcut answer is off by one of ``slips``."""
     seed: int = 0
     """Seed of the random initialisation and of the supervised phase."""
 

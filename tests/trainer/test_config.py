@@ -108,6 +108,11 @@ def test_every_method_file_composes(name):
         (["model.warm_start.separators=',='"], "model.warm_start.separators"),
         (["+model.warm_start_steps=10"], "model.warm_start_steps"),
         (["model.warm_start.steps=0"], "model.warm_start.steps"),
+        (["model.warm_start.shortcut_rate=1.2"], "model.warm_start.shortcut_rate"),
+        (
+            ["model=tiny_shortcut", "model.warm_start.shortcut_slip_rate=-0.5"],
+            "model.warm_start.shortcut_slip_rate",
+        ),
     ],
 )
 def test_bad_config_names_the_key(overrides, key):

@@ -161,8 +161,8 @@ def test_a_cached_warm_start_is_reused_rebuilt_or_refused_by_its_recipe(tmp_path
 
 
 def test_each_embedded_task_is_built_into_its_own_place(tmp_path, monkeypatch):
-    """The orders task's warm start goes to its own directory under the cache, with its recipe;
-    the first task's cache beside it is left as it is."""
+    """The orders and shortcut tasks' warm starts go to their own directories under the cache,
+    with their recipes; the first task's cache beside them is left as it is."""
     monkeypatch.setenv("OPEFO_CACHE", str(tmp_path))
     small = ["model.warm_start.steps=2", "model.warm_start.batch_size=4"]
     first = embedded_model(compose(["model=tiny_arithmetic", *small])[0])
@@ -176,6 +176,11 @@ def test_each_embedded_task_is_built_into_its_own_place(tmp_path, monkeypatch):
     assert recipe["swap_rate"] > 0 and recipe["carry_first_rate"] > 0
     assert read_recipe(first)["swap_rate"] == 0
     assert (first / "model.safetensors").read_bytes() == weights
+    shortcut, _ = compose(["model=tiny_shortcut", *small])
+    assert embedded_model(shortcut) == tmp_path / "tiny_shortcut"
+    recipe = read_recipe(tmp_path / "tiny_shortcut")
+    assert recipe["shortcut_rate"] == shortcut.model.warm_start.shortcut_rate > 0
+    assert "shortcut_rate" not in read_recipe(first)
 
 
 def test_the_warm_start_is_deterministic(tmp_path, monkeypatch):
