@@ -70,9 +70,13 @@ class DataConfig:
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
 
 
+ROLLOUT_BACKENDS = ("vllm", "engine")
+"""``rollout.name``: vLLM servers, or the training engine sampling with its own weights."""
+
+
 @dataclass(frozen=True)
 class RolloutConfig:
-    name: str = "vllm"
+    name: str = "vllm"  # the generation backend: one of ROLLOUT_BACKENDS
     temperature: float = 1.0
     top_p: float = 1.0
     top_k: int = 0
@@ -83,6 +87,16 @@ class RolloutConfig:
     python: str | None = None
     startup_timeout_s: float = 300.0
     stop_token_ids: tuple[int, ...] | None = None
+
+    def validate(self, engine: str) -> None:
+        """The backend ``name`` and whether training engine ``engine`` can generate."""
+        one_of(self.name, ROLLOUT_BACKENDS, "rollout.name")
+        require(
+            self.name != "engine" or engine == "hf",
+            "rollout.name",
+            f"is engine (the training engine samples with its own model), which only engine=hf "
+            f"supports, not engine={engine}: use rollout=vllm",
+        )
 
 
 @dataclass(frozen=True)
@@ -232,7 +246,7 @@ class TrainConfig:
                 e.validate_model(shape, f"model.path={self.model.path}")
         else:
             e.validate()
-        one_of(r.name, ("vllm",), "rollout.name")
+        r.validate(e.name)
         require(
             r.temperature > 0,
             "rollout.temperature",
