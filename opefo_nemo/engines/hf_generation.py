@@ -21,6 +21,7 @@ new token over the KV cache.
 
 from __future__ import annotations
 
+import inspect
 import secrets
 from collections.abc import Iterable, Sequence
 
@@ -43,6 +44,7 @@ class HFGenerator:
         self.device = device
         self.pad_id = pad_id
         self.batch_rows = batch_rows
+        self._last_logits_only = _last_logits_only(model)
 
     @torch.no_grad()
     def generate(
@@ -75,7 +77,13 @@ class HFGenerator:
         ids, mask = ids.to(self.device), mask.to(self.device)
         positions = (mask.cumsum(1) - 1).clamp(min=0)
         stop = torch.tensor(sampling.stop_token_ids, dtype=torch.long, device=self.device)
-        out = self.model(input_ids=ids, attention_mask=mask, position_ids=positions, use_cache=True)
+        out = self.model(
+            input_ids=ids,
+            attention_mask=mask,
+            position_ids=positions,
+            use_cache=True,
+            **self._last_logits_only,
+        )
         next_position = positions[:, -1:] + 1
         tokens, logprobs = [], []
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
@@ -153,6 +161,18 @@ def _completions(
         reason: FinishReason = "stop" if len(hits) else "length"
         out.append((tokens[row, :end].tolist(), logprobs[row, :end].tolist(), reason))
     return out
+
+
+def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
+    """The forward keyword that computes the last position's logits only (a prompt's
+    ``[rows, width, V]`` logits would not fit for a large vocabulary): ``logits_to_keep`` in
+    current transformers, ``num_logits_to_keep`` in older ones; none where the model has
+    neither (all logits are computed, the last one used)."""
+    names = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in names:
+            return {name: 1}
+    return {}
 
 
 def _row_seed(seed: int | None, index: int) -> int:
