@@ -9,8 +9,9 @@ from that same start with that model's run settings, and writes
 
 ``run.compare=[m1,m2,...]`` trains each method into ``<run.output_dir>/<method>``;
 ``run.seeds=[s1,s2,...]`` trains each run once per seed into ``.../seed_<s>`` (with or without a
-comparison); either way the runs share one rollout engine, start from the same model, and end
-with the report over all of them under ``run.output_dir``.
+comparison); either way the runs share one rollout engine (with ``rollout=engine`` each run's
+policy generates), start from the same model, and end with the report over all of them under
+``run.output_dir``.
 """
 
 from __future__ import annotations
@@ -107,11 +108,12 @@ def plan_runs(config: TrainConfig) -> list[PlannedRun]:
 
 
 def compare(overrides: Sequence[str]) -> Path:
-    """Train every run of :func:`plan_runs` from the same start (one shared rollout engine),
+    """Train every run of :func:`plan_runs` from the same start (one shared vLLM rollout engine),
     then write the report over all of them under ``run.output_dir``; returns the PNG's path."""
     config, _ = compose(overrides)
     root = Path(config.run.output_dir)
-    rollout = start_rollout(config, model_dir(config), lambda: iter(()))
+    shared = config.rollout.name == "vllm"  # rollout=engine: each run's policy generates
+    rollout = start_rollout(config, model_dir(config), lambda: iter(())) if shared else None
     run_dirs = []
     try:
         for plan in plan_runs(config):
@@ -120,7 +122,8 @@ def compare(overrides: Sequence[str]) -> Path:
                 raise SystemExit(f"{plan.name} was pre-empted; rerun with checkpoint.resume=latest")
             run_dirs.append(out)
     finally:
-        rollout.close()
+        if rollout is not None:
+            rollout.close()
     files = write_report(run_dirs, root)
     log.info(
         "report: %s and %s (redraw: opefo-report %s --out %s)",

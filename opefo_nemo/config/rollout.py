@@ -7,11 +7,16 @@ from dataclasses import dataclass
 
 from ..core.schema import one_of, require
 
+ROLLOUT_BACKENDS = ("vllm", "engine")
+"""``rollout.name``: vLLM servers, or the training engine sampling with its own weights."""
+
 
 @dataclass(frozen=True)
 class RolloutConfig:
     name: str = "vllm"
-    """The rollout engine: vLLM server processes, the policy re-loaded into them every step."""
+    """The generation backend: vllm (server processes, the policy re-loaded into them every
+    step) | engine (the training engine samples with its own weights, conf/rollout/engine.yaml;
+    engine=hf only)."""
     temperature: float = 1.0
     """Sampling temperature; the token statistics use the same (spec §1)."""
     top_p: float = 1.0
@@ -41,7 +46,7 @@ class RolloutConfig:
 
     def validate(self) -> None:
         """Ranges of the ``rollout`` keys; errors name the key."""
-        one_of(self.name, ("vllm",), "rollout.name")
+        one_of(self.name, ROLLOUT_BACKENDS, "rollout.name")
         require(
             self.temperature > 0,
             "rollout.temperature",

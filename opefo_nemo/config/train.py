@@ -83,6 +83,12 @@ class TrainConfig:
             shape = _readable_shape(self.model.path)
             if shape is not None:
                 self.engine.validate_model(shape, f"model.path={self.model.path}")
+        require(
+            self.rollout.name != "engine" or self.engine.name == "hf",
+            "rollout.name",
+            f"is engine (the training engine samples with its own model), which only engine=hf "
+            f"supports, not engine={self.engine.name}: use rollout=vllm",
+        )
         max_new_tokens, buffer = self.rollout.max_new_tokens, self.reward.overlong_buffer
         require(
             buffer < max_new_tokens,

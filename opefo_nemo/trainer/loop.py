@@ -29,6 +29,7 @@ from ..core.metrics import RunningCorrelation, rollout_metrics, rollout_sums
 from ..core.objectives import build_objective
 from ..data import Problem
 from ..engines.batch import TrainBatch, build_batch
+from ..engines.hf_generation import HFGenerator
 from ..engines.protocols import Policy
 from ..eval import avg_at_k
 from ..parallel import NonFiniteLogitsError
@@ -121,7 +122,7 @@ class Trainer:
         config: TrainConfig,
         config_dict: dict[str, Any],
         policy: Policy,
-        rollout: GuardedRollout | ColocatedRollout,
+        rollout: GuardedRollout | ColocatedRollout | HFGenerator,
         codec: PromptCodec,
         train: Dataset,
         validation: Dataset | None,

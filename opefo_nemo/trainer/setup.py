@@ -25,6 +25,7 @@ from ..config.engines import MegatronEngineConfig
 from ..config.train import TrainConfig
 from ..data import Problem, load_problems
 from ..engines.hf import HFPolicy
+from ..engines.hf_generation import HFGenerator
 from ..engines.protocols import Policy
 from ..engines.startup import startup_problems
 from ..launch.placement import ColocatedPlacement, device_slices
@@ -187,6 +188,14 @@ def start_colocated_rollout(
     return ColocatedRollout(ranks, placement, start, weights, r.max_restarts)
 
 
+def start_engine_rollout(config: TrainConfig, policy: Policy, pad_id: int) -> HFGenerator:
+    """``rollout=engine``: the hf engine's own model samples, ``engine.micro_batch_size`` rows
+    a forward (``engines/hf_generation.py``); nothing to start, refits are no-ops."""
+    if not isinstance(policy, HFPolicy):  # refused by RolloutConfig.validate before
+        raise RankLayoutError(f"rollout=engine needs engine=hf, not engine={config.engine.name}")
+    return HFGenerator(policy.model, policy.device, pad_id, config.engine.micro_batch_size)
+
+
 def build_policy(config: TrainConfig, path: Path) -> Policy:
     """The training engine ``engine.name`` selects, on the model at ``path``, after the start-up
     rules preflight reports too (:func:`~opefo_nemo.engines.startup.startup_problems`)."""
@@ -217,7 +226,8 @@ def build_trainer(
 
     ``rollout``: an already running rollout engine (of the same model architecture) to reuse,
     e.g. across the runs of a comparison; the policy's weights are loaded into it first.
-    Otherwise the rollout servers are started on the model directory.
+    Otherwise the rollout servers are started on the model directory; with ``rollout=engine``
+    the policy generates itself (no ``rollout`` to share).
     """
     world_size = int(os.environ.get("WORLD_SIZE", "1"))
     if world_size > 1 and config.engine.name == "hf":
@@ -230,8 +240,12 @@ def build_trainer(
     policy = build_policy(config, path)
     codec = PromptCodec(path, config.data.template)
     train, validation = load_datasets(config, codec)
-    engine: GuardedRollout | ColocatedRollout
-    if rollout is None and ranks.distributed:
+    engine: GuardedRollout | ColocatedRollout | HFGenerator
+    if config.rollout.name == "engine":
+        if rollout is not None:
+            raise ValueError("rollout=engine generates with the policy: no rollout to share")
+        engine = start_engine_rollout(config, policy, codec.pad_id)
+    elif rollout is None and ranks.distributed:
         engine = start_colocated_rollout(config, path, policy.named_weights, ranks)
     elif rollout is None:
         engine = start_rollout(config, path, policy.named_weights)
