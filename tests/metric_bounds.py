@@ -18,6 +18,8 @@ Step metrics (spec §6), :func:`term_scale`:
   the advantage shifts ``flow/adv_shift*`` (``Σ (w−1) A / Σ|A|``, a difference of terms of both
   signs, each ``|w − 1| ≤ 1``);
 - ``flow/realized = H_after − H_before``: terms ``2·entropy/mean``;
+- ``flow/drift = H_s − H_{s−1} − R_{s−1}`` (spec §6): the entropies of consecutive steps, of one
+  magnitude, and the two of ``R``: terms ``4·entropy/mean``;
 - ``fidelity/abs_logprob_diff``, ``fidelity/kl``: means of differences of the sampled tokens'
   log-probabilities, whose magnitude is ``E_y[−log π(y)] = H``: terms ``1 + entropy/mean`` nats;
 - ``flow/adv_shift``, ``flow/adv_shift_confident`` (``Σ (w_t − 1) A_t / Σ |A_t|``, advantages of
@@ -64,6 +66,8 @@ def term_scale(name: str, metrics: Mapping[str, float]) -> float:
         return 1 + lam
     if name == "flow/realized":
         return 2 * entropy
+    if name == "flow/drift":
+        return 4 * entropy
     if name in _LOGPROB_DIFFERENCES:
         return 1 + entropy
     if name == "loss":

@@ -6,6 +6,7 @@ and only then turn them into the logged figures here.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Mapping
 
 import torch
@@ -100,3 +101,37 @@ class RunningCorrelation:
         for name in vars(self):
             setattr(self, name, state[name])
         self.n = int(self.n)
+
+
+class EntropyDrift:
+    """``flow/drift`` (spec §6): the change of the sampled entropy from one step to the next that
+    the earlier step's update did not realize on its own batch.
+
+    Step ``s`` sampled its batch with the policy ``θ_s`` (token-mean entropy ``H_s``, the
+    ``entropy/mean`` of step ``s``) and, when measured, the update to ``θ_{s+1}`` changed that same
+    batch's entropy by ``R_s`` (``flow/realized``). Step ``s + 1`` returns
+    ``D_{s+1} = H_{s+1} − H_s − R_s``: the entropy of the new batch minus that of the old one, both
+    under ``θ_{s+1}`` (new prompts, other responses), so that ``H_{s+1} − H_s = R_s + D_{s+1}``.
+    Only when ``R_s`` was measured and both entropies are finite; otherwise ``None``.
+    """
+
+    def __init__(self) -> None:
+        self.entropy: float | None = None
+        self.realized: float | None = None
+
+    def step(self, entropy: float, realized: float | None) -> float | None:
+        """Record this step's sampled entropy and realized change (``None``: not measured);
+        return the drift since the previous step, or ``None``."""
+        drift = None
+        if self.entropy is not None and self.realized is not None and math.isfinite(entropy):
+            drift = entropy - self.entropy - self.realized
+        finite = math.isfinite(entropy)
+        self.entropy = entropy if finite else None
+        self.realized = realized if finite and realized is not None else None
+        return drift
+
+    def state_dict(self) -> dict[str, float | None]:
+        return {"entropy": self.entropy, "realized": self.realized}
+
+    def load_state_dict(self, state: Mapping[str, float | None]) -> None:
+        self.entropy, self.realized = state["entropy"], state["realized"]

@@ -1,4 +1,4 @@
-"""avg@k and the unbiased pass@k of spec §7.
+"""avg@k and the unbiased pass@k of spec §7, and the k at which training validation reports them.
 
 pass@k from n samples with c correct is `1 − C(n−c, k) / C(n, k)`: the probability that a
 uniformly drawn k-subset of the n samples holds at least one correct one. It is computed with
@@ -58,3 +58,24 @@ def mean_pass_at_k(correct_matrix: CorrectMatrix, k: int) -> float:
     rows = _rows(correct_matrix)
     total = sum((pass_at_k_fraction(len(row), int(sum(row)), k) for row in rows), start=Fraction(0))
     return float(total / len(rows))
+
+
+def pass_k_sizes(n: int) -> list[int]:
+    """The k of the pass@k that n samples per problem report during training (spec §7): every
+    power of two below n, and n itself (n = 32: 1, 2, 4, 8, 16, 32; n = 6: 1, 2, 4, 6)."""
+    if n < 1:
+        raise ValueError(f"pass_k_sizes: need n >= 1 samples, got {n}")
+    sizes = [1 << i for i in range(n.bit_length()) if 1 << i < n]
+    return [*sizes, n]
+
+
+def sample_metrics(correct_matrix: CorrectMatrix) -> dict[str, float]:
+    """``avg@n`` and ``pass@k`` for each k of :func:`pass_k_sizes` from a [problems][n] 0/1
+    matrix whose rows all hold the same n samples."""
+    lengths = {len(row) for row in correct_matrix}
+    if len(lengths) != 1:
+        raise ValueError(f"every problem needs the same number of samples, got {sorted(lengths)}")
+    (n,) = lengths
+    metrics = {f"avg@{n}": avg_at_k(correct_matrix)}
+    metrics.update({f"pass@{k}": mean_pass_at_k(correct_matrix, k) for k in pass_k_sizes(n)})
+    return metrics

@@ -3,8 +3,9 @@
 Per group and metric: a faint line of the per-step values (mean over seeds), a thick line of the
 mean over seeds of each run's ``smooth``-step trailing moving average, and, for several seeds, a
 band from their minimum to their maximum (:mod:`.aggregate`). Panels with two metrics draw the
-second dashed. A panel no run can show says so instead of staying blank; runs that never logged a
-metric are named under the panels.
+second dashed, a third dotted; validation and running sums are drawn unsmoothed. A panel no run
+can show says so instead of staying blank; runs that never logged a metric are named under the
+panels.
 """
 
 from __future__ import annotations
@@ -44,7 +45,7 @@ def _draw_panel(ax, panel: Panel, groups: Sequence[Group], colors: Sequence[str]
         color = colors[index % len(colors)]
         runs = shown_runs(panel, group.runs)
         for key, style in zip(panel.keys, STYLES, strict=False):
-            curve = group_curve(runs, key, smooth)
+            curve = group_curve(runs, key, smooth if panel.smoothed else 1)
             if curve is None:
                 continue
             drawn = True
@@ -70,7 +71,7 @@ def _draw_panel(ax, panel: Panel, groups: Sequence[Group], colors: Sequence[str]
         reason = (
             "no ratio-clipped method among these runs\n(strict methods clip nothing)"
             if panel.clipped_only
-            else "no run logged " + ", ".join(panel.keys)
+            else "no run logged " + ", ".join(panel.logged_keys)
         )
         ax.text(0.5, 0.5, reason, ha="center", va="center", transform=ax.transAxes, color="grey")
         ax.set_xticks([])
@@ -91,8 +92,10 @@ def draw_report(groups: Sequence[Group], missing: dict[Run, list[str]], smooth: 
     rows = -(-len(PANELS) // COLUMNS)
     fig, axes = plt.subplots(rows, COLUMNS, figsize=(4.6 * COLUMNS, 3.9 * rows + 1.3))
     colors = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-    for ax, panel in zip(axes.flat, PANELS, strict=True):
+    for ax, panel in zip(axes.flat, PANELS, strict=False):
         _draw_panel(ax, panel, groups, colors, smooth)
+    for ax in axes.flat[len(PANELS) :]:
+        fig.delaxes(ax)
     handles = [Line2D([], [], color=colors[i % len(colors)], lw=2.5) for i in range(len(groups))]
     fig.legend(
         handles,

@@ -2,7 +2,9 @@
 
 The clipped-token panel (``clip/dh_upper``, ``clip/dh_lower``) shows only methods whose loss clips
 the ratio (their objective reports the clipped tokens' ΔH, spec §5, §6): the others log no
-``clip/*`` key. A run of a method this package does not know is shown if it logged them.
+``clip/*`` key. A run of a method this package does not know is shown if it logged them. The
+held-out pass@k and the cumulative entropy-change panels draw series of :mod:`.derived` and are
+drawn unsmoothed (validation is sparse; a running sum is already smooth).
 """
 
 from __future__ import annotations
@@ -11,12 +13,15 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..core.objectives import objective_class
+from .derived import LARGEST_PASS
 from .runs import Run
 
 
 @dataclass(frozen=True)
 class Panel:
-    """One subplot: ``keys`` drawn with ``STYLES`` in order, ``key_names`` saying which is which."""
+    """One subplot: ``keys`` drawn with ``STYLES`` in order, ``key_names`` saying which is which;
+    ``needs``: the logged keys they come from (default ``keys``), which a run lacking is named
+    for; ``smoothed``: whether the report's moving average applies."""
 
     title: str
     keys: tuple[str, ...]
@@ -24,9 +29,15 @@ class Panel:
     key_names: tuple[str, ...] = ()
     zero_line: bool = False
     clipped_only: bool = False
+    needs: tuple[str, ...] = ()
+    smoothed: bool = True
+
+    @property
+    def logged_keys(self) -> tuple[str, ...]:
+        return self.needs or self.keys
 
 
-STYLES = ("-", "--")
+STYLES = ("-", "--", ":")
 #: Flow sums are over one optimizer step's batch (spec §3): for a method with k updates per rollout,
 #: the mean over its k mini-batch steps of sums over a k-th of the rollout batch (docs/training.md).
 FLOW = "Σ ΔH per optimizer step"
@@ -81,6 +92,23 @@ PANELS = (
         "share",
         key_names=("of the tokens", "of Σ|ΔH|"),
     ),
+    Panel(
+        "held-out pass@k (validation; step 0: warm start)",
+        ("val/pass@1", LARGEST_PASS),
+        "pass@k",
+        key_names=("pass@1", "pass@k, largest k logged"),
+        needs=("val/pass@1",),
+        smoothed=False,
+    ),
+    Panel(
+        "sampled entropy change: on the batch and off it",
+        ("cumulative/entropy_change", "cumulative/realized", "cumulative/drift"),
+        "cumulative ΔH (nats)",
+        key_names=("Σ ΔH sampled", "Σ flow/realized", "Σ flow/drift"),
+        zero_line=True,
+        needs=("flow/realized", "flow/drift"),
+        smoothed=False,
+    ),
 )
 
 
@@ -101,7 +129,7 @@ def shown_runs(panel: Panel, runs: Sequence[Run]) -> list[Run]:
     shown = []
     for run in runs:
         clipped = ratio_clipped(run.method)
-        if clipped or (clipped is None and run.has(panel.keys[0])):
+        if clipped or (clipped is None and run.has(panel.logged_keys[0])):
             shown.append(run)
     return shown
 
@@ -111,7 +139,7 @@ def missing_metrics(runs: Sequence[Run]) -> dict[Run, list[str]]:
     missing: dict[Run, list[str]] = {}
     for panel in PANELS:
         for run in shown_runs(panel, runs):
-            absent = [key for key in panel.keys if not run.has(key)]
+            absent = [key for key in panel.logged_keys if not run.has(key)]
             if absent:
                 missing.setdefault(run, []).extend(absent)
     return missing

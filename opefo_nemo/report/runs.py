@@ -24,6 +24,7 @@ import numpy as np
 import yaml
 
 from ..trainer.metrics_log import RUN_CONFIG
+from .derived import DERIVED
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.jsonl"
@@ -65,17 +66,21 @@ class Run:
 
     @property
     def steps(self) -> int:
-        return len(self.records)
+        """Rollout steps logged (step 0, the warm start's validation, is none)."""
+        return sum(r["step"] > 0 for r in self.records)
 
     def series(self, key: str) -> tuple[np.ndarray, np.ndarray]:
         """``(steps [n], values [n])`` of the records where ``key`` has a value (a non-finite
-        value is logged as null and left out)."""
-        points = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
+        value is logged as null and left out), or of a series of :mod:`.derived`."""
+        if key in DERIVED:
+            points = DERIVED[key](self.records)
+        else:
+            points = [(r["step"], r[key]) for r in self.records if r.get(key) is not None]
         steps = np.array([p[0] for p in points], dtype=np.int64)
         return steps, np.array([p[1] for p in points], dtype=np.float64)
 
     def has(self, key: str) -> bool:
-        return any(r.get(key) is not None for r in self.records)
+        return bool(len(self.series(key)[0]))
 
     def describe(self) -> str:
         """``method seed s`` (or the directory name when the run records no configuration)."""

@@ -5,7 +5,10 @@ Per run, over its logged values: the means of the first and of the last ``window
 reward's rise ``last − first``, the mean |λ*| over the run and over its first ``EARLY_STEPS``
 logged steps (before a collapse changes the regime), the mean advantage shift over all and over
 the confident tokens, the mean net flow ``P − N`` and the mean of ``flow/realized`` (the entropy
-change an update realized, where it was measured). Per group, each figure is
+change an update realized, where it was measured); held-out pass@1 and pass@k at the largest k
+logged, first (with validation from the start: the warm start's) and last; the sums of
+``flow/realized`` and ``flow/drift`` over the transitions ``flow/drift`` closes (:mod:`.derived`).
+Per group, each figure is
 the mean over its runs, followed by ``± s`` (the sample standard deviation over seeds) when
 several runs have it; ``–`` where no run logged the metric.
 """
@@ -17,6 +20,7 @@ from pathlib import Path
 
 import numpy as np
 
+from .derived import LARGEST_PASS
 from .runs import Group, Run
 
 #: A run's figure for the table, given the first / last window; ``None`` when it lacks the metric.
@@ -38,6 +42,16 @@ def _first(key: str) -> Figure:
 
 def _last(key: str) -> Figure:
     return lambda run, window: None if (e := edge_means(run, key, window)) is None else e[1]
+
+
+def _end(key: str, index: int) -> Figure:
+    """The first (``index`` 0) or last (−1) logged value of ``key``, whatever the window."""
+
+    def figure(run: Run, window: int) -> float | None:
+        _, values = run.series(key)
+        return float(values[index]) if len(values) else None
+
+    return figure
 
 
 def _relative_change(run: Run, window: int) -> float | None:
@@ -87,6 +101,12 @@ COLUMNS: tuple[tuple[str, Figure, str], ...] = (
     ("confident shift", _over_run("flow/adv_shift_confident", np.mean), "{:+.3f}"),
     ("mean P − N", _over_run("flow/net", np.mean), "{:.3g}"),
     ("mean realized", _over_run("flow/realized", np.mean), "{:.3g}"),
+    ("Σ realized", _end("cumulative/realized", -1), "{:+.3g}"),
+    ("Σ drift", _end("cumulative/drift", -1), "{:+.3g}"),
+    ("pass@1 first", _end("val/pass@1", 0), "{:.3f}"),
+    ("pass@1 last", _end("val/pass@1", -1), "{:.3f}"),
+    ("pass@k first", _end(LARGEST_PASS, 0), "{:.3f}"),
+    ("pass@k last", _end(LARGEST_PASS, -1), "{:.3f}"),
 )
 
 
@@ -128,7 +148,10 @@ def summary_markdown(
         "seeds: mean ± sample standard deviation over seeds. P − N sums ΔH over one optimizer "
         "step's batch (spec §3; with several updates per rollout, the mean over its mini-batch "
         "steps); mean realized: mean `flow/realized` (logged every `metrics.realized_every` "
-        "steps).",
+        "steps); Σ realized / Σ drift: their sums over the steps `flow/drift` was logged at "
+        "(the sampled entropy's change on the updated batch and off it, spec §6). pass@1 / "
+        "pass@k: held-out (`val/pass@k`, k the largest logged), first and last validation; "
+        "a first validation at step 0 is the warm start's.",
         f"Figure (report.png): each run smoothed by a {smooth}-step trailing moving average; "
         "lines are the mean over seeds, bands span their minimum to maximum.",
         "",

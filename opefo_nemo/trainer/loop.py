@@ -4,7 +4,8 @@
 each → score them → group advantages (spec §4) → update (token-stats pass, ``prepare``, optimizer
 step(s); :mod:`opefo_nemo.trainer.update`, the rollout engine asleep) → wake it and push the
 weights (:mod:`.refit`: weights first, the KV cache after the refit) → metrics (spec §6).
-``Trainer.run`` adds checkpoints, validation, the NaN guard and pre-emption signals.
+``Trainer.run`` adds checkpoints, validation (also of the warm start, logged as step 0), the NaN
+guard and pre-emption signals.
 
 With a multi-rank engine every rank runs this loop on the same data (SPMD, :mod:`.ranks`): the
 rollout engine returns the full batch on every rank, rank 0 scores it and writes the files, and
@@ -25,13 +26,13 @@ import torch
 from ..config.train import TrainConfig
 from ..core import group_advantages
 from ..core.advantages import signal_fraction
-from ..core.metrics import RunningCorrelation, rollout_metrics, rollout_sums
+from ..core.metrics import EntropyDrift, RunningCorrelation, rollout_metrics, rollout_sums
 from ..core.objectives import build_objective
 from ..data import Problem
 from ..engines.batch import TrainBatch, build_batch
 from ..engines.hf_generation import HFGenerator
 from ..engines.protocols import Policy
-from ..eval import avg_at_k
+from ..eval import sample_metrics
 from ..parallel import NonFiniteLogitsError
 from ..rollout import SamplingConfig
 from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
@@ -142,6 +143,7 @@ class Trainer:
         self.step = 0
         self.objective = build_objective(config.method)
         self.flow_predictor = RunningCorrelation()
+        self.entropy_drift = EntropyDrift()
         self.nan_guard = NanGuard(config.trainer.max_nan_steps)
         self.sampler = PromptSampler(
             len(train.problems), config.trainer.prompts_per_step, config.run.seed
@@ -222,6 +224,9 @@ class Trainer:
                 self.policy, batch, micro, outcome.entropy_before
             )
             metrics.update(self._predictor_quality(outcome, metrics["flow/realized"]))
+        drift = self.entropy_drift.step(outcome.entropy_before, metrics.get("flow/realized"))
+        if drift is not None:
+            metrics["flow/drift"] = drift
         self.policy.advance_schedule()
         timings["time/update_s"] = time.perf_counter() - mark
 
@@ -263,7 +268,9 @@ class Trainer:
 
     # ----------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
-        """``val/avg@k`` on the validation set with the validation sampling (spec §7)."""
+        """``val/avg@k`` and ``val/pass@k`` on the validation set with the validation sampling
+        (spec §7): ``validation.k`` samples per problem, pass@k at every k of
+        :func:`~opefo_nemo.eval.pass_k_sizes` (the powers of two below it, and itself)."""
         if self.validation is None:
             raise ValueError("validation needs data.validation (a file or `arithmetic`)")
         v = self.config.validation
@@ -284,7 +291,7 @@ class Trainer:
         matrix = [
             [float(results[i * v.k + j].correct) for j in range(v.k)] for i in range(len(problems))
         ]
-        return {f"val/avg@{v.k}": avg_at_k(matrix)}
+        return {f"val/{name}": value for name, value in sample_metrics(matrix).items()}
 
     # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
@@ -292,6 +299,7 @@ class Trainer:
             "sampler": self.sampler.state_dict(),
             "method": self.objective.state_dict(),
             "flow_predictor": self.flow_predictor.state_dict(),
+            "entropy_drift": self.entropy_drift.state_dict(),
             "nan_streak": self.nan_guard.streak,
             "rollout_restarts": self.rollout.restarts,
         }
@@ -319,6 +327,8 @@ class Trainer:
         self.objective.load_state_dict(state.get("method", {}))
         if "flow_predictor" in state:
             self.flow_predictor.load_state_dict(state["flow_predictor"])
+        if "entropy_drift" in state:
+            self.entropy_drift.load_state_dict(state["entropy_drift"])
         self.nan_guard.streak = int(state["nan_streak"])
         self.rollout.update_weights(self.policy.named_weights())
         log.info("resumed from %s at step %d", path, self.step)
@@ -341,12 +351,16 @@ class Trainer:
             if self.ranks.is_main
             else None
         )
+        v_every = cfg.validation.every if self.validation is not None else 0
         try:
+            if v_every and self.step == 0:  # the warm start's, to compare the run with its start
+                warm_start = self.validate()
+                if logger is not None:
+                    logger.log(0, warm_start)
             while self.step < cfg.trainer.max_steps:
                 metrics = self.train_step()
                 self.step += 1
-                v_every = cfg.validation.every
-                if self.validation is not None and v_every and self.step % v_every == 0:
+                if v_every and self.step % v_every == 0:
                     metrics.update(self.validate())
                 if logger is not None:
                     logger.log(self.step, metrics)

@@ -1,6 +1,7 @@
 """Where the spec §6 metrics of every step go: a JSONL file, TensorBoard, W&B, a progress bar.
 
-``metrics.jsonl`` has one object per rollout step: ``{"step": s, "<name>": value, ...}``; beside
+``metrics.jsonl`` has one object per rollout step: ``{"step": s, "<name>": value, ...}``, and with
+validation a step-0 object holding the warm start's ``val/*`` metrics, before any update; beside
 it, ``config.yaml`` records the run's composed configuration (method, seed and every setting), so
 that ``opefo-report`` can tell which runs are seeds of the same method without guessing from paths.
 TensorBoard event files go to ``tensorboard/``; W&B (``metrics.wandb.enabled``) is imported only
@@ -32,7 +33,8 @@ PROGRESS_KEYS = {
 class MetricsLogger:
     """Appends to ``<output_dir>/metrics.jsonl`` and writes ``config.yaml`` beside it. A run
     resumed at ``start_step`` continues the same file after dropping any record of a later step
-    (logged after the checkpoint it resumes from), so every step appears exactly once."""
+    (logged after the checkpoint it resumes from), so every step appears exactly once; a run that
+    starts at step 0 starts the file afresh."""
 
     def __init__(
         self,
@@ -47,7 +49,9 @@ class MetricsLogger:
         write_run_config(output_dir, config_dict)
         self.path = output_dir / "metrics.jsonl"
         if self.path.is_file():
-            kept = [r for r in read_metrics(self.path) if r["step"] <= start_step]
+            kept = [
+                r for r in read_metrics(self.path) if start_step > 0 and r["step"] <= start_step
+            ]
             self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
         self._file = self.path.open("a")
         self._tensorboard = None
@@ -94,7 +98,7 @@ class MetricsLogger:
                 short: f"{metrics[k]:.3g}" for k, short in PROGRESS_KEYS.items() if k in metrics
             }
             self._bar.set_postfix(shown, refresh=False)
-            self._bar.update(1)
+            self._bar.update(step - self._bar.n)
 
     def close(self) -> None:
         self._file.close()

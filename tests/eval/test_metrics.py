@@ -17,6 +17,8 @@ from opefo_nemo.eval import (
     mean_pass_at_k,
     pass_at_k,
     pass_at_k_fraction,
+    pass_k_sizes,
+    sample_metrics,
     write_report,
 )
 
@@ -110,3 +112,34 @@ def test_report_names_the_verifier(tmp_path: Path, verifier: str) -> None:
     assert lines[2] == "| Method | AIME24 | MATH500 | Avg. |"
     assert f"pass@k on AIME24, verifier {verifier}" in lines
     assert json.loads(json_path.read_text())["GRPO"]["verifier"] == verifier
+
+
+def test_pass_k_sizes_are_the_powers_of_two_below_n_and_n() -> None:
+    assert pass_k_sizes(32) == [1, 2, 4, 8, 16, 32]
+    assert pass_k_sizes(6) == [1, 2, 4, 6]
+    assert pass_k_sizes(1) == [1]
+    assert pass_k_sizes(2) == [1, 2]
+    for n in range(1, 70):
+        expected = [k for k in range(1, n + 1) if k == n or (k & (k - 1) == 0)]
+        assert pass_k_sizes(n) == expected, n
+    with pytest.raises(ValueError, match="n >= 1"):
+        pass_k_sizes(0)
+
+
+def test_sample_metrics_equal_brute_force_over_the_raw_samples() -> None:
+    """Training validation's avg@n and pass@k from a [problems][n] matrix, against the fraction
+    of all k-subsets of each problem's own samples (not only the count) holding a correct one."""
+    rng = random.Random(2)
+    n = 8
+    matrix = [[rng.random() < p for _ in range(n)] for p in (0.0, 0.05, 0.3, 0.6, 1.0, 0.15)]
+    got = sample_metrics(matrix)
+    assert sorted(got) == sorted(["avg@8", "pass@1", "pass@2", "pass@4", "pass@8"])
+    for k in (1, 2, 4, 8):
+        per_problem = []
+        for row in matrix:
+            subsets = list(itertools.combinations(row, k))
+            per_problem.append(Fraction(sum(any(s) for s in subsets), len(subsets)))
+        assert got[f"pass@{k}"] == float(sum(per_problem) / len(matrix)), k
+    assert got["avg@8"] == pytest.approx(sum(map(sum, matrix)) / (n * len(matrix)), abs=1e-15)
+    with pytest.raises(ValueError, match="same number of samples"):
+        sample_metrics([[1, 0], [1]])

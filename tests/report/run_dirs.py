@@ -13,7 +13,7 @@ import yaml
 
 from opefo_nemo.config.compose import compose
 
-#: Every key a panel shows (docs/spec.md §6).
+#: Every key a panel shows or is computed from (docs/spec.md §6, §7).
 PANEL_KEYS = (
     "entropy/mean",
     "reward/mean",
@@ -33,6 +33,10 @@ PANEL_KEYS = (
     "flow/adv_shift_confident",
     "flow/confident_tokens",
     "flow/confident_abs_dh",
+    "val/pass@1",
+    "val/pass@4",
+    "flow/realized",
+    "flow/drift",
 )
 
 

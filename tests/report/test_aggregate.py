@@ -73,4 +73,4 @@ def test_group_curve_is_mean_and_min_max_of_each_runs_smoothed_series(tmp_path):
 
 def test_group_curve_of_a_metric_no_run_logged_is_none(tmp_path):
     run = load_run(write_run(tmp_path / "a", records(range(1, 4), lambda k, s: 1.0), None))
-    assert group_curve([run], "flow/realized", 5) is None
+    assert group_curve([run], "fidelity/kl", 5) is None

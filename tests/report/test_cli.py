@@ -32,7 +32,7 @@ def test_writes_png_and_table_and_logs_what_it_read(tmp_path, capsys, caplog):
     png = out / "report.png"
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     height, width, _ = matplotlib.image.imread(png).shape
-    assert (width, height) == (1840, 1300)  # 3 rows of 4 panels
+    assert (width, height) == (1840, 1690)  # 4 rows of 4 panels, the last row half empty
     table = (out / "summary.md").read_text()
     assert "| grpo_strict | 0, 1 | 12 |" in table and "| opefo | 0 | 12 |" in table
     assert "no `flow/net_after_balance`" in table

@@ -46,7 +46,8 @@ def test_each_panel_draws_each_groups_mean_curve(groups):
             assert lines == []
             assert "no ratio-clipped method" in ax.texts[0].get_text()
             continue
-        expected = [group_curve(group.runs, key, smooth) for group in groups for key in panel.keys]
+        width = smooth if panel.smoothed else 1
+        expected = [group_curve(group.runs, key, width) for group in groups for key in panel.keys]
         assert len(lines) == len(expected), panel.title
         for line, curve in zip(lines, expected, strict=True):
             assert line.get_xdata().tolist() == curve.steps.tolist()

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import statistics
 
 import pytest
@@ -67,6 +68,14 @@ def test_group_rows_are_mean_and_sample_std_over_seeds(tmp_path):
         ),
         "adv shift": per_seed("flow/adv_shift", statistics.fmean),
         "confident shift": per_seed("flow/adv_shift_confident", statistics.fmean),
+        "mean realized": per_seed("flow/realized", statistics.fmean),
+        # every step logged both: step s's drift closes step s − 1's realized change
+        "Σ realized": per_seed("flow/realized", lambda v: sum(v[:-1])),
+        "Σ drift": per_seed("flow/drift", lambda v: sum(v[1:])),
+        "pass@1 first": per_seed("val/pass@1", lambda v: v[0]),
+        "pass@1 last": per_seed("val/pass@1", lambda v: v[-1]),
+        "pass@k first": per_seed("val/pass@4", lambda v: v[0]),
+        "pass@k last": per_seed("val/pass@4", lambda v: v[-1]),
         "H change %": [
             100 * (statistics.fmean(v[-10:]) - statistics.fmean(v[:10])) / statistics.fmean(v[:10])
             for v in ([value(s)("entropy/mean", t) for t in STEPS] for s in (0, 1))
@@ -74,10 +83,13 @@ def test_group_rows_are_mean_and_sample_std_over_seeds(tmp_path):
     }
     for column, figures in expected.items():
         mean, std = parse(row[column])
-        decimals = 1 if column == "H change %" else 3
-        assert mean == pytest.approx(statistics.fmean(figures), abs=0.51 * 10**-decimals), column
+        mean_figure = statistics.fmean(figures)
+        if column in ("mean realized", "Σ realized", "Σ drift"):  # three significant digits
+            bound = 0.51 * 10 ** (math.floor(math.log10(abs(mean_figure))) - 2)
+        else:
+            bound = 0.51 * 10 ** -(1 if column == "H change %" else 3)
+        assert mean == pytest.approx(mean_figure, abs=bound), column
         assert std == pytest.approx(statistics.stdev(figures), rel=0.051), column  # 2 digits
-    assert row["mean realized"] == "–"  # no run logged flow/realized
 
 
 def test_runs_missing_a_metric_are_named_and_left_out(tmp_path):

@@ -117,3 +117,36 @@ def test_resume_equals_an_uninterrupted_run(make_trainer, tmp_path, method):
     assert_metrics_close(got, want, rel=1e-5)
     state = json.loads((checkpoint / "trainer_state.json").read_text())
     assert state["step"] == 2 and state["sampler"]["position"] == 8
+
+
+def test_drift_follows_the_realized_step_and_validation_starts_at_the_warm_start(
+    make_trainer, tmp_path
+):
+    """``flow/drift`` (spec §6) appears exactly at the step after each one that measured
+    ``flow/realized`` and closes the sampled entropy's change with it; validation is logged at
+    step 0 (the warm start's: what a trainer that has not trained validates) and every 2 steps."""
+    settings = [
+        "trainer.max_steps=4",
+        "method.lr=1e-3",
+        "metrics.realized_every=2",
+        "validation.every=2",
+        "validation.k=4",
+        "validation.max_problems=8",
+    ]
+    trainer = make_trainer(settings, tmp_path / "run")
+    assert trainer.run() == "done"
+    records = read_metrics(tmp_path / "run" / "metrics.jsonl")
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4]
+    assert ["flow/realized" in r for r in records] == [False, False, True, False, True]
+    assert ["flow/drift" in r for r in records] == [False, False, False, True, False]
+    assert ["val/pass@4" in r for r in records] == [True, False, True, False, True]
+    before, after = records[2], records[3]
+    change = after["entropy/mean"] - before["entropy/mean"]
+    # entropy/mean and the drift's entropies are the same float64 sums of fp32 token entropies,
+    # divided in another order: u₃₂ of the terms bounds their difference
+    bound = U32 * term_scale("flow/drift", after)
+    assert abs(after["flow/drift"] - (change - before["flow/realized"])) <= bound
+    assert after["flow/drift"] != 0.0 and before["flow/realized"] != 0.0
+
+    fresh = make_trainer([*settings, "trainer.max_steps=0"], tmp_path / "fresh")
+    assert fresh.validate() == {k: v for k, v in records[0].items() if k != "step"}

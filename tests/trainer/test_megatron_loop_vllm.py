@@ -14,7 +14,10 @@ whose vLLM server (the same kind) is refitted from ``HFPolicy``. Per layout:
   server's logprobs of the tokens agree: steps 2 and 3 sample from refitted weights, so they can
   only agree if ``MegatronPolicy.named_weights()`` (collective) refitted the server with the
   trained weights (:func:`test_initial_weights_are_told_apart` shows the check has teeth);
-- every step's metrics equal the reference's within fp32 round-off (:data:`METRIC_REL`);
+- every step's metrics equal the reference's within fp32 round-off (:data:`METRIC_REL`), among
+  them step 3's ``flow/drift`` (it closes step 2's ``flow/realized``) and the held-out
+  ``val/avg@4`` and ``val/pass@k`` of the warm start (step 0) and of step 3, whose ``generate``
+  calls are compared with the reference's like the training steps';
 - the step-2 checkpoint (megatron ``torch_dist`` shards of the weights and of megatron's
   optimizer from both ranks, both ranks' RNG states) resumed into a fresh policy and trainer
   repeats the uninterrupted run's step 3 exactly.
@@ -44,14 +47,20 @@ pytestmark = pytest.mark.vllm
 
 #: Every run: 3 steps at an lr that visibly moves the tiny model (warm-up over 2 steps), AdamW ε
 #: 1e-4 (with 1e-8 an element whose gradient is zero in exact arithmetic, e.g. the key bias's,
-#: takes a ±lr step decided by round-off), flow/realized on step 2.
+#: takes a ±lr step decided by round-off), flow/realized on step 2 (flow/drift on step 3),
+#: validation of 4 held-out problems × 4 samples at steps 0 and 3.
 COMMON = (
     "trainer.max_steps=3",
     "method.lr=1e-3",
     "engine.warmup_steps=2",
     "engine.adam_eps=1e-4",
     "metrics.realized_every=2",
+    "validation.every=3",
+    "validation.k=4",
+    "validation.max_problems=4",
 )
+#: The ``generate`` calls of a run: validation (step 0), steps 1–3, validation (step 3).
+CALLS = 5
 MEGATRON = (
     "engine=megatron",
     *COMMON,
@@ -97,7 +106,7 @@ def runs(warm_model, shared_rollout, tmp_path_factory):
     reference.rollout = workers_megatron_loop.RecordingRollout(reference.rollout)
     assert reference.run() == "done"
     calls = json.loads(json.dumps(reference.rollout.calls))  # as the ranks report them
-    assert len(calls) == 3
+    assert len(calls) == CALLS
 
     layouts = {
         name: run_overrides(warm_model, root / name, [*MEGATRON, *settings])
@@ -107,8 +116,8 @@ def runs(warm_model, shared_rollout, tmp_path_factory):
     return read_metrics(root / "single" / "metrics.jsonl"), calls, root
 
 
-def _comparable(row: dict) -> dict:
-    return {k: v for k, v in row.items() if not k.startswith(STEADY)}
+def _comparable(row: dict, *left_out: str) -> dict:
+    return {k: v for k, v in row.items() if not k.startswith((*STEADY, *left_out))}
 
 
 def _assert_metrics_close(got: list[dict], want: list[dict]) -> None:
@@ -138,7 +147,7 @@ def test_trainer_on_megatron_policy_matches_hf_refits_and_resumes(runs, layout):
     reports = [json.loads((out / f"rank{r}.json").read_text()) for r in (0, 1)]
     assert reports[0] == reports[1]  # the gathered completions and decisions, on both ranks
     status, steps, calls = reports[0]["straight"]
-    assert (status, steps, len(calls)) == ("done", 3, 3)
+    assert (status, steps, len(calls)) == ("done", 3, CALLS)
     for step, (got, want) in enumerate(zip(calls, expected_calls, strict=True), start=1):
         _assert_same_generation(got, want, step)
     straight = read_metrics(out / "straight" / "metrics.jsonl")
@@ -148,10 +157,13 @@ def test_trainer_on_megatron_policy_matches_hf_refits_and_resumes(runs, layout):
     for name in ("trainer_state.json", "rng.pt", "rng_rank1.pt", "config.yaml", "policy"):
         assert (checkpoint / name).exists(), name
     status, resumed_at, steps, resumed_calls = reports[0]["resumed"]
-    assert (status, resumed_at, steps, len(resumed_calls)) == ("done", 2, 3, 1)
-    assert resumed_calls[0] == calls[2]  # the same tokens and logprobs, bit for bit
+    assert (status, resumed_at, steps, len(resumed_calls)) == ("done", 2, 3, 2)
+    assert resumed_calls[0] == calls[3]  # step 3: the same tokens and logprobs, bit for bit
+    assert [row["step"] for row in straight] == [0, 1, 2, 3] and "flow/drift" in straight[3]
     (step3,) = read_metrics(out / "resumed" / "metrics.jsonl")
-    assert _comparable(step3) == _comparable(straight[2])  # exactly the uninterrupted step 3
+    # exactly the uninterrupted step 3 (its drift from the checkpointed step 2), up to the update;
+    # its validation samples from the weights after it, which this comparison leaves out
+    assert _comparable(step3, "val/") == _comparable(straight[3], "val/")
 
 
 def test_initial_weights_are_told_apart(runs, shared_rollout, warm_model):
@@ -160,7 +172,7 @@ def test_initial_weights_are_told_apart(runs, shared_rollout, warm_model):
     can fail (seen: one completion of 16 with other tokens, the others' logprobs up to 0.08
     apart)."""
     _, calls, _ = runs
-    call = calls[1]
+    call = calls[2]
     initial = HFPolicy(warm_model, EngineConfig(dtype="float32"), lr=1e-3, temperature=1.0)
     shared_rollout.update_weights(initial.named_weights())
     sampling = call["sampling"]

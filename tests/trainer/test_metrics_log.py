@@ -10,8 +10,11 @@ from opefo_nemo.trainer.metrics_log import MetricsLogger, read_metrics
 
 
 def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
+    """A resumed run keeps the records up to its checkpoint, the warm start's step 0 included;
+    a run that starts again at step 0 starts the file afresh (no step logged twice)."""
     config = MetricsConfig(tensorboard=False, progress=False)
     logger = MetricsLogger(tmp_path, config, "run", 10, 0, {})
+    logger.log(0, {"val/pass@1": 0.5})
     for step in range(1, 8):
         logger.log(step, {"reward/mean": step / 10, "grad/norm": float("nan")})
     logger.close()
@@ -19,9 +22,13 @@ def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
     resumed.log(6, {"reward/mean": 0.66})
     resumed.close()
     records = read_metrics(tmp_path / "metrics.jsonl")
-    assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
+    assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 5, 6]
     assert records[-1]["reward/mean"] == 0.66
-    assert records[0]["grad/norm"] is None
+    assert records[1]["grad/norm"] is None
+    again = MetricsLogger(tmp_path, config, "run", 10, 0, {})
+    again.log(0, {"val/pass@1": 0.25})
+    again.close()
+    assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "val/pass@1": 0.25}]
 
 
 def test_metrics_logger_logs_to_wandb_in_offline_mode(tmp_path):

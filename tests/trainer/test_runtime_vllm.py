@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import signal
 import threading
+from fractions import Fraction
 
 import pytest
 import yaml
@@ -65,9 +67,15 @@ def test_sigusr1_checkpoints_after_the_current_step_and_stops(make_trainer, tmp_
     assert signal.getsignal(signal.SIGUSR1) is signal.SIG_DFL
 
 
-def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_path):
+def test_validation_avg_and_pass_at_k_match_opefo_eval(make_trainer, warm_model, tmp_path):
+    """The trainer's validation samples what ``opefo-eval`` samples (same weights, sampling and
+    seed): its avg@4 is the table's, and its pass@1, pass@2, pass@4 are the fractions of all
+    k-subsets of each problem's samples in ``opefo-eval``'s ``samples.jsonl`` holding a correct
+    one (a brute force over the raw per-sample results)."""
     trainer = make_trainer(["trainer.max_steps=0", "validation.k=4"], tmp_path / "run")
-    from_trainer = trainer.validate()["val/avg@4"]
+    metrics = trainer.validate()
+    assert sorted(metrics) == ["val/avg@4", "val/pass@1", "val/pass@2", "val/pass@4"]
+    from_trainer = metrics["val/avg@4"]
     assert 0 < from_trainer < 1
 
     config, _ = compose(["model=tiny_arithmetic", f"model.path={warm_model}"])
@@ -85,6 +93,18 @@ def test_validation_avg_at_k_matches_opefo_eval(make_trainer, warm_model, tmp_pa
     md = (tmp_path / "eval" / "results.md").read_text()
     assert f"{100 * from_trainer:.1f}" in md
     assert md.splitlines()[0] == "avg@k, verifier arithmetic"
+    samples = [json.loads(line) for line in (tmp_path / "eval" / "samples.jsonl").open()]
+    correct: dict[int, list[bool]] = {}
+    for row in samples:
+        correct.setdefault(row["problem"], []).append(row["correct"])
+    assert len(correct) == len(validation) and {len(c) for c in correct.values()} == {4}
+    for k in (1, 2, 4):
+        per_problem = [
+            Fraction(sum(map(any, subsets)), len(subsets))
+            for subsets in (list(itertools.combinations(c, k)) for c in correct.values())
+        ]
+        assert metrics[f"val/pass@{k}"] == float(sum(per_problem) / len(per_problem)), k
+    assert metrics["val/pass@4"] > metrics["val/pass@1"]  # some problems are solved rarely
 
 
 def test_opefo_train_compares_methods_over_seeds_and_writes_the_report(warm_model, tmp_path):
@@ -114,12 +134,15 @@ def test_opefo_train_compares_methods_over_seeds_and_writes_the_report(warm_mode
         for seed in (0, 1):
             run = root / method / f"seed_{seed}"
             records = read_metrics(run / "metrics.jsonl")
-            assert [r["step"] for r in records] == [1, 2]
+            # step 0: the warm start's validation, before any update
+            assert [r["step"] for r in records] == [0, 1, 2]
+            assert sorted(records[0]) == ["step", "val/avg@2", "val/pass@1", "val/pass@2"]
             recorded = yaml.safe_load((run / "config.yaml").read_text())
             assert (recorded["method"]["name"], recorded["run"]["seed"]) == (method, seed)
             assert 0 <= records[-1]["val/avg@2"] <= 1
+            assert records[-1]["val/pass@1"] == records[-1]["val/avg@2"]
             assert list((run / "tensorboard").glob("events.out.tfevents.*"))
-            first[method, seed] = records[0]
+            first[method, seed] = records[1]
     same_start = ("entropy/mean", "reward/mean", "response/length_mean")
     for seed in (0, 1):
         for key in same_start:
