@@ -15,8 +15,8 @@ from opefo_nemo.trainer.update import update_rollout_batch
 from tests.megatron.tiny import release_parallel_state
 from tests.megatron.workers_build import _policy
 
-#: The strict-GRPO step of the engine comparison (the lr makes Adam's first step visible).
-LR = 1e-5
+#: The strict-GRPO step of the engine comparison: the lr `tests.megatron.workers_build` builds with.
+LR = 1e-3
 
 
 def stats_export_and_step(
