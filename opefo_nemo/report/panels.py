@@ -20,8 +20,10 @@ from .runs import Run
 @dataclass(frozen=True)
 class Panel:
     """One subplot: ``keys`` drawn with ``STYLES`` in order, ``key_names`` saying which is which;
-    ``needs``: the logged keys they come from (default ``keys``), which a run lacking is named
-    for; ``smoothed``: whether the report's moving average applies."""
+    ``needs``: the logged keys of a measurement a run may leave off (validation, the realized
+    change), which a run lacking is named for only when another run logged them (default:
+    ``keys``, named for whenever a run lacks them); ``smoothed``: whether the report's moving
+    average applies."""
 
     title: str
     keys: tuple[str, ...]
@@ -135,10 +137,14 @@ def shown_runs(panel: Panel, runs: Sequence[Run]) -> list[Run]:
 
 
 def missing_metrics(runs: Sequence[Run]) -> dict[Run, list[str]]:
-    """For each run that lacks some: the panel keys it was meant to show but never logged."""
+    """For each run that lacks some: the panel keys it was meant to show but never logged (an
+    optional measurement, :attr:`Panel.needs`, only where another run made it)."""
     missing: dict[Run, list[str]] = {}
     for panel in PANELS:
-        for run in shown_runs(panel, runs):
+        shown = shown_runs(panel, runs)
+        if panel.needs and not any(run.has(key) for run in shown for key in panel.needs):
+            continue  # a measurement none of these runs made: nothing is missing
+        for run in shown:
             absent = [key for key in panel.logged_keys if not run.has(key)]
             if absent:
                 missing.setdefault(run, []).extend(absent)

@@ -74,3 +74,23 @@ def test_bands_span_the_seeds_min_to_max(groups):
         edges = vertices[vertices[:, 0] == step][:, 1]
         assert edges.min() == pytest.approx(low, abs=1e-12)
         assert edges.max() == pytest.approx(high, abs=1e-12)
+
+
+def test_a_measurement_no_run_made_is_not_missing_but_one_some_made_is(tmp_path):
+    """Validation (``val/pass@1``) logged by no run: no run is named for it; logged by one run:
+    the other is named for it, and every run still lacking a panel's own key is named."""
+    keys = [k for k in PANEL_KEYS if k not in ("val/pass@1", "val/pass@largest")]
+    runs = []
+    for seed in (0, 1):
+        path = tmp_path / f"run_{seed}"
+        write_run(path, records(STEPS, series(seed), keys), run_config("grpo_strict", seed, path))
+        runs.append(load_run(path))
+    assert not any("val/pass@1" in absent for absent in missing_metrics(runs).values())
+    path = tmp_path / "validated"
+    validated = [*keys, "val/pass@1"]
+    write_run(path, records(STEPS, series(2), validated), run_config("grpo_strict", 2, path))
+    missing = missing_metrics([*runs, load_run(path)])
+    assert [run.path.name for run, absent in missing.items() if "val/pass@1" in absent] == [
+        "run_0",
+        "run_1",
+    ]
