@@ -31,6 +31,7 @@ from ..trainer.checkpoint import POLICY_SUBDIR
 from ..trainer.prompts import PromptCodec
 from ..trainer.scoring import score_responses
 from ..trainer.stop_tokens import stop_tokens
+from .usage import OneLineParser
 
 log = logging.getLogger("opefo_nemo.eval")
 
@@ -43,11 +44,14 @@ def resolve_model(path: str | Path) -> Path:
     for candidate in (root / POLICY_SUBDIR / "model", root / "model", root):
         if (candidate / "config.json").is_file():
             return candidate
-    raise FileNotFoundError(f"{root} holds no Hugging Face model (no config.json found)")
+    raise FileNotFoundError(
+        f"{root} holds no Hugging Face model (no config.json found; a megatron checkpoint needs "
+        f"exporting): run `opefo-export {root} --out <dir>` and evaluate <dir>"
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="opefo-eval", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="opefo-eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="model directory, checkpoint, or checkpoint policy/ dir")
     parser.add_argument("--name", help="row name in the table (default: the model path)")
     parser.add_argument("--data-dir", help="directory with the spec §7 <benchmark>.jsonl files")

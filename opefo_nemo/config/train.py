@@ -135,8 +135,20 @@ class RewardSettings:
 @dataclass(frozen=True)
 class CheckpointConfig:
     every: int = 10
-    resume: str | None = None
+    # where a run starting into run.output_dir begins: `auto` (its newest checkpoint, else step
+    # 0), `fresh` (step 0; a directory holding a run is refused), `latest` (the newest checkpoint,
+    # which must exist) or a checkpoint directory (trainer/checkpoint.py resume_point)
+    resume: str = "auto"
     keep: int = 2
+
+    def validate(self) -> None:
+        require(self.every >= 0, "checkpoint.every", "must be >= 0")
+        require(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        require(
+            bool(self.resume),
+            "checkpoint.resume",
+            "must be auto, fresh, latest or a checkpoint directory",
+        )
 
 
 @dataclass(frozen=True)
@@ -211,6 +223,7 @@ class TrainConfig:
         """Ranges and cross-section contradictions (spec §4, §5, §8)."""
         t, e, r = self.trainer, self.engine, self.rollout
         self._validate_run()
+        self.checkpoint.validate()
         require(t.max_steps >= 0, "trainer.max_steps", "must be >= 0")
         require(t.prompts_per_step >= 1, "trainer.prompts_per_step", "must be >= 1")
         require(

@@ -36,6 +36,14 @@ from ..tasks.arithmetic import make_problems, operands, worked_solution
 from ..tasks.warm_start import read_recipe, supervised_warm_start
 from ..tasks.word_arithmetic import make_word_problems
 from .colocated_rollout import ColocatedRollout
+from .inputs import (
+    ARITHMETIC,
+    ModelPathError,
+    check_embedded_model,
+    check_inputs,
+    check_model,
+    is_embedded_default,
+)
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
 from .protocols import RolloutEngine
@@ -43,7 +51,8 @@ from .ranks import LoopRanks, RankLayoutError
 from .rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
-ARITHMETIC = "arithmetic"
+
+
 TASK = "column addition with worked steps"
 """Names the embedded task in the warm-start recipe, so a cache of another task is rebuilt."""
 
@@ -59,17 +68,6 @@ def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Pr
         return arithmetic_split(data)
     a = data.arithmetic
     return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed)
-
-
-#: The embedded models' directory names under the cache (``conf/model/<name>.yaml``).
-EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
-
-
-def embedded_paths() -> tuple[Path, ...]:
-    """Where embedded models are built: ``$OPEFO_CACHE/<name>`` for each of
-    :data:`EMBEDDED_MODELS`, ``OPEFO_CACHE`` defaulting to ``.cache/opefo``."""
-    cache = Path(os.environ.get("OPEFO_CACHE", ".cache/opefo"))
-    return tuple(cache / name for name in EMBEDDED_MODELS)
 
 
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
@@ -103,35 +101,19 @@ def embedded_model(config: TrainConfig) -> Path:
     build. Anywhere else another recipe is an error rather than a silent reuse.
     """
     target = Path(config.model.path)
-    defaults = embedded_paths()
-    is_default = target.resolve() in {path.resolve() for path in defaults}
-    if not target.exists() and not is_default:
-        raise FileNotFoundError(
-            f"model.path={target} does not exist. To train a model of your own, select it with "
-            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
-            f"built only into {' or '.join(map(str, defaults))} (set OPEFO_CACHE to move them)"
-        )
+    check_embedded_model(config)
     recipe = warm_start_recipe(config)
     if target.exists():
         found = read_recipe(target)
-        if found is None:
-            raise ValueError(
-                f"model.path={target} exists but records no warm-start recipe (not a warm start "
-                "of the embedded model): delete it to rebuild, or point model.path elsewhere"
-            )
         if found == recipe:
             return target
-        if not is_default:
-            raise ValueError(
-                f"model.path={target} holds a warm start made with {found}, not {recipe}: "
-                "delete it or point model.path elsewhere"
+        if not is_embedded_default(target):
+            raise ModelPathError(
+                f"model.path={target} holds a warm start made with other model.warm_start_* or "
+                "data settings: restore those, or leave model.path at its default (rebuilt there)"
             )
         log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
         shutil.rmtree(target)
-    if config.data.train != ARITHMETIC:
-        raise ValueError(
-            "model.embedded=true warm-starts on the arithmetic task: set data=arithmetic"
-        )
     log.info("building the embedded tiny model and warm-starting it into %s", target)
     base = build_tiny_model(
         target.parent / f"{target.name}.base", TinyModelSpec(), config.model.warm_start_seed
@@ -175,12 +157,8 @@ def model_dir(config: TrainConfig) -> Path:
         return embedded_model(config)
     if config.model.packaged is not None:
         return converted_model(config.model.packaged, Path(config.model.path))
-    path = Path(config.model.path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path={path} is not a Hugging Face model directory (no config.json)"
-        )
-    return path
+    check_model(config)
+    return Path(config.model.path)
 
 
 def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dataset | None]:
@@ -296,8 +274,10 @@ def build_trainer(
     config_dict: dict[str, Any],
     output_dir: Path,
     rollout: GuardedRollout | None = None,
+    resume: bool = True,
 ) -> Trainer:
-    """Everything a run needs, started; resumes if configured.
+    """Everything a run needs, started, after :func:`.inputs.check_inputs`; continues the
+    checkpoint ``checkpoint.resume`` selects (``resume=False``: from step 0, the probe's view).
 
     ``rollout``: an already running rollout engine (of the same model architecture) to reuse,
     e.g. across the runs of a comparison; the policy's weights are loaded into it first.
@@ -309,6 +289,7 @@ def build_trainer(
             f"engine=hf trains in one process, but this run has WORLD_SIZE={world_size} "
             "ranks: launch one process, or use engine=megatron"
         )
+    check_inputs(config, output_dir)
     ranks = LoopRanks.from_environment()
     path = model_dir(config)
     policy = build_policy(config, path)
@@ -326,6 +307,6 @@ def build_trainer(
     trainer = Trainer(
         config, config_dict, policy, engine, codec, train, validation, output_dir, ranks
     )
-    if config.checkpoint.resume is not None:
+    if resume:
         trainer.resume(config.checkpoint.resume)
     return trainer

@@ -190,28 +190,42 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_conf, tmp_path):
         scancel = ["scancel", "--signal=USR1", "--batch", job_id]
         subprocess.run(scancel, env=env, check=True)
         log_dir = tmp_path / "logs" / f"opefo-7b-{job_id}"
-        _wait_for(lambda: (log_dir / "attempt-1").exists() or _pending(env, job_id), 300, "requeue")
-        # A requeued job is held for ~2 minutes before it is eligible: release it now.
+        # A requeued job is held for ~2 minutes (Slurm's own guard while the first attempt's
+        # credential is revoked and its node cleaned up). Released only once that clean-up is
+        # over, it starts at once; released earlier, slurmd kills it ("Job credential revoked").
+        _wait_for(lambda: _requeued_and_cleaned_up(env, job_id), 300, "the requeue's clean-up")
+        time.sleep(2)  # credentials carry whole seconds: a new one must be younger than the revoke
         release = ["scontrol", "update", f"jobid={job_id}", "starttime=now"]
-        subprocess.run(release, env=env, check=False)
+        subprocess.run(release, env=env, check=True)
         assert job.wait(timeout=SBATCH_TIMEOUT_S) == 0
     finally:
         if job.poll() is None:
             job.kill()
     out = (tmp_path / f"slurm-opefo-7b-{job_id}.out").read_text()
     assert "USR1: time limit near" in out and f"requeueing job {job_id}" in out
-    assert "attempt 1 resumes from the latest checkpoint" in out
+    assert "attempt 1 continues its run.output_dir from the newest checkpoint" in out
     assert (log_dir / "attempt-1" / "rank-0.log").is_file()
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line]
     assert steps == [1, 2, 3, 4, 5], steps
 
 
-def _pending(env: dict[str, str], job_id: str) -> bool:
-    state = subprocess.run(
-        ["squeue", "--noheader", "--format=%T", f"--jobs={job_id}"],
-        env=env, capture_output=True, text=True,
-    )  # fmt: skip
-    return state.stdout.strip() == "PENDING"
+def _requeued_and_cleaned_up(env: dict[str, str], job_id: str) -> bool:
+    """The job is pending again after a restart, Slurm holds it only for its begin time, and
+    the node is idle, no longer completing (the first attempt's epilog and credential
+    revocation done)."""
+    job = subprocess.run(
+        ["scontrol", "--oneliner", "show", "job", job_id], env=env, capture_output=True, text=True
+    ).stdout
+    fields = dict(f.split("=", 1) for f in job.split() if "=" in f)
+    nodes = subprocess.run(
+        ["sinfo", "--noheader", "--Node", "--format=%T"], env=env, capture_output=True, text=True
+    ).stdout
+    return (
+        fields.get("JobState") == "PENDING"
+        and int(fields.get("Restarts", "0")) >= 1
+        and fields.get("Reason") == "BeginTime"
+        and nodes.split() == ["idle"]
+    )
 
 
 def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeypatch):

@@ -6,15 +6,18 @@ import yaml
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.config.train import MetricsConfig, WandbConfig
-from opefo_nemo.trainer.metrics_log import MetricsLogger, read_metrics
+from opefo_nemo.trainer.metrics_log import SUPERSEDED, MetricsLogger, read_metrics
 
 
-def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
+def test_metrics_logger_sets_aside_steps_after_the_resumed_checkpoint(tmp_path, caplog):
+    """Steps 6 and 7 were logged after the checkpoint of step 5: the resumed run's metrics.jsonl
+    holds each step once, and the two earlier records are kept in metrics.superseded.jsonl."""
     config = MetricsConfig(tensorboard=False, progress=False)
     logger = MetricsLogger(tmp_path, config, "run", 10, 0, {})
     for step in range(1, 8):
         logger.log(step, {"reward/mean": step / 10, "grad/norm": float("nan")})
     logger.close()
+    first = (tmp_path / "metrics.jsonl").read_text().splitlines()
     resumed = MetricsLogger(tmp_path, config, "run", 10, 5, {})
     resumed.log(6, {"reward/mean": 0.66})
     resumed.close()
@@ -22,6 +25,12 @@ def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
     assert [r["step"] for r in records] == [1, 2, 3, 4, 5, 6]
     assert records[-1]["reward/mean"] == 0.66
     assert records[0]["grad/norm"] is None
+    assert (tmp_path / SUPERSEDED).read_text().splitlines() == first[5:]
+    assert "2 record(s) after step 5" in caplog.text
+    # A run that continues at its end moves nothing.
+    MetricsLogger(tmp_path, config, "run", 10, 6, {}).close()
+    assert len(read_metrics(tmp_path / "metrics.jsonl")) == 6
+    assert (tmp_path / SUPERSEDED).read_text().splitlines() == first[5:]
 
 
 def test_metrics_logger_logs_to_wandb_in_offline_mode(tmp_path):

@@ -1,0 +1,102 @@
+"""Start-up checks of a run's inputs, shared by ``opefo-train``, ``opefo-probe`` and
+``opefo-preflight``: the model directory the model settings ask for, the data files and the run
+directory (``checkpoint.resume``). Each problem raises an error whose one-line message names the
+key and the fix; nothing is built, loaded or written here.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..config.train import GENERATED_DATA, TrainConfig
+from ..data import DatasetError
+from ..tasks.warm_start import read_recipe
+from .checkpoint import RunDirectoryError, resume_point
+
+ARITHMETIC = "arithmetic"
+#: The embedded models' directory names under the cache (``conf/model/<name>.yaml``).
+EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders")
+
+
+class ModelPathError(ValueError):
+    """``model.path`` does not hold what the model settings ask for."""
+
+
+#: What :func:`check_inputs` raises: the user's set-up, one line each.
+INPUT_ERRORS = (FileNotFoundError, ModelPathError, DatasetError, RunDirectoryError)
+
+
+def embedded_paths() -> tuple[Path, ...]:
+    """Where embedded models are built: ``$OPEFO_CACHE/<name>`` for each of
+    :data:`EMBEDDED_MODELS`, ``OPEFO_CACHE`` defaulting to ``.cache/opefo``."""
+    cache = Path(os.environ.get("OPEFO_CACHE", ".cache/opefo"))
+    return tuple(cache / name for name in EMBEDDED_MODELS)
+
+
+def is_embedded_default(path: Path) -> bool:
+    """Whether ``path`` is one of :func:`embedded_paths` (the only places one is built)."""
+    return path.resolve() in {default.resolve() for default in embedded_paths()}
+
+
+def check_embedded_model(config: TrainConfig) -> None:
+    """``model.embedded=true``: ``model.path`` is a default place or already holds a warm start,
+    never a model of the user's own (forgetting ``model=local``), and the task is arithmetic."""
+    target = Path(config.model.path)
+    if (target / "config.json").is_file() and read_recipe(target) is None:
+        raise ModelPathError(
+            f"model.path={target} is a Hugging Face model directory, not the embedded toy model: "
+            "add `model=local` to train it"
+        )
+    if config.data.train != ARITHMETIC:
+        raise ModelPathError(
+            f"the embedded toy model trains on data=arithmetic, not data.train="
+            f"{config.data.train}: add `model=local model.path=<Hugging Face model directory>` "
+            "to train a model of your own on it"
+        )
+    if not target.exists() and not is_embedded_default(target):
+        raise FileNotFoundError(
+            f"model.path={target} does not exist. To train a model of your own, select it with "
+            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
+            f"built only into {' or '.join(map(str, embedded_paths()))} (set OPEFO_CACHE to "
+            "move them)"
+        )
+    if target.exists() and read_recipe(target) is None:
+        raise ModelPathError(
+            f"model.path={target} holds no embedded warm start: point model.path at a new "
+            "directory, or add `model=local` if it is a model of your own"
+        )
+
+
+def check_model(config: TrainConfig) -> None:
+    """The model settings point at a model that exists (a packaged one is converted on use)."""
+    if config.model.embedded:
+        check_embedded_model(config)
+    elif config.model.packaged is None:
+        path = Path(config.model.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path={path} is not a Hugging Face model directory (no config.json)"
+            )
+
+
+def check_data(config: TrainConfig) -> None:
+    """``data.train`` and ``data.validation`` name a built-in task or an existing file."""
+    for key, source in (
+        ("data.train", config.data.train),
+        ("data.validation", config.data.validation),
+    ):
+        if source is None and key == "data.validation":
+            continue
+        if not source:
+            tasks = ", ".join(GENERATED_DATA)
+            raise DatasetError(f"{key} is empty: give a .jsonl / .parquet file or one of {tasks}")
+        if source not in GENERATED_DATA and not Path(source).is_file():
+            raise FileNotFoundError(f"{key}={source}: no such file")
+
+
+def check_inputs(config: TrainConfig, output_dir: Path) -> None:
+    """Every check above, then the run directory against ``checkpoint.resume``."""
+    check_model(config)
+    check_data(config)
+    resume_point(config.checkpoint.resume, output_dir)
