@@ -116,6 +116,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="vLLM context: prompt + response tokens; at most the model's "
         "max_position_embeddings (default: 4096)",
     )
+    parser.add_argument(
+        "--defective-rows",
+        default="error",
+        choices=("error", "skip"),
+        help="a benchmark row with an empty problem or answer: refuse the file naming every such "
+        "row, or skip them with a warning that counts and lists them (default: error)",
+    )
     parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
     args = parser.parse_args(argv)
     if args.stop_token_ids is not None:
@@ -132,12 +139,14 @@ def benchmark_sets(args: argparse.Namespace) -> dict[str, tuple[list[Problem], i
     if args.data_dir:
         for name in filter(None, args.benchmarks.split(",")):
             samples = args.samples or benchmark(name).samples
-            sets[name] = (load_eval_set(name, args.data_dir), samples)
+            problems = load_eval_set(name, args.data_dir, defective=args.defective_rows)
+            sets[name] = (problems, samples)
     for spec in args.file:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--file expects NAME=PATH, got {spec!r}")
-        sets[name] = (load_jsonl(path, source=name, dedup=False), args.samples or 1)
+        problems = load_jsonl(path, source=name, dedup=False, defective=args.defective_rows)
+        sets[name] = (problems, args.samples or 1)
     if not sets:
         raise ValueError("nothing to evaluate: give --data-dir and/or --file NAME=PATH")
     for name, (problems, _) in sets.items():

@@ -67,7 +67,13 @@ class DataConfig:
     template: str = "raw"
     max_prompt_tokens: int = 512
     long_prompt: str = "skip"
+    # a file row with an empty or missing problem or answer: `error` refuses the file naming every
+    # such row, `skip` reads the others and warns with the count and the rows (data/loaders.py)
+    defective_rows: str = "error"
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
+
+    def validate(self) -> None:
+        one_of(self.defective_rows, ("error", "skip"), "data.defective_rows")
 
 
 @dataclass(frozen=True)
@@ -271,6 +277,7 @@ class TrainConfig:
             "must be null (derived from the model) or a non-empty list of token ids >= 0",
         )
         one_of(self.data.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
+        self.data.validate()
         require(self.data.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
         a = self.data.arithmetic
         require(1 <= a.digits <= 4, "data.arithmetic.digits", "must be in 1..4")

@@ -167,7 +167,11 @@ def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dat
 
     def load(source: str, which: int, what: str) -> Dataset:
         generated = source in GENERATED_DATA
-        problems = generated_split(source, data)[which] if generated else load_problems(source)
+        problems = (
+            generated_split(source, data)[which]
+            if generated
+            else load_problems(source, defective=data.defective_rows)
+        )
         encoded = encode_problems(problems, codec, data.max_prompt_tokens, data.long_prompt, what)
         if encoded.skipped_long:
             log.warning(
