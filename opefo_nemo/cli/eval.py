@@ -1,8 +1,9 @@
 """``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (spec §7).
 
 MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
-``policy/`` directory. Benchmarks are the spec §7 sets under ``--data-dir`` (``<name>.jsonl``,
-avg@k with the paper's k) and/or ``--file NAME=PATH`` files. Sampling follows the paper:
+``policy/`` directory (a megatron checkpoint is exported first: ``opefo-export``). Benchmarks are
+the spec §7 sets under ``--data-dir`` (``<name>.jsonl``, avg@k with the paper's k) and/or
+``--file NAME=PATH`` files (our JSONL, or verl's parquet). Sampling follows the paper:
 temperature 1.0, top-p 0.7, zero-shot (template ``raw``); generation ends at the model's stop
 ids (``trainer/stop_tokens.py``, listed in the log). The paper-style table, naming the
 ``--verifier`` that scored it, is printed and written to ``--out`` as ``results.md`` and
@@ -23,7 +24,15 @@ from pathlib import Path
 import torch
 
 from ..config.train import VERIFIERS, RewardSettings
-from ..data import BENCHMARK_NAMES, TEMPLATES, Problem, benchmark, load_eval_set, load_jsonl
+from ..data import (
+    BENCHMARK_NAMES,
+    TEMPLATES,
+    Problem,
+    benchmark,
+    load_eval_set,
+    load_jsonl,
+    load_problems,
+)
 from ..eval import score_benchmark, write_report
 from ..launch.placement import device_slices
 from ..rollout import SamplingConfig, VLLMRolloutEngine
@@ -65,7 +74,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="NAME=PATH",
-        help="an extra benchmark file in the JSONL schema (repeatable)",
+        help="an extra benchmark file: our JSONL schema, or verl's parquet (repeatable)",
     )
     parser.add_argument(
         "--samples", type=int, help="samples per problem (default: paper's k, else 1)"
@@ -145,7 +154,10 @@ def benchmark_sets(args: argparse.Namespace) -> dict[str, tuple[list[Problem], i
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--file expects NAME=PATH, got {spec!r}")
-        problems = load_jsonl(path, source=name, dedup=False, defective=args.defective_rows)
+        if path.endswith(".parquet"):  # verl's layout; its repeats (avg@k copies) kept once
+            problems = load_problems(path, source=name, defective=args.defective_rows)
+        else:
+            problems = load_jsonl(path, source=name, dedup=False, defective=args.defective_rows)
         sets[name] = (problems, args.samples or 1)
     if not sets:
         raise ValueError("nothing to evaluate: give --data-dir and/or --file NAME=PATH")

@@ -9,10 +9,12 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+import yaml
+
 from ..config.train import GENERATED_DATA, TrainConfig
 from ..data import DatasetError
 from ..tasks.warm_start import read_recipe
-from .checkpoint import RunDirectoryError, resume_point
+from .checkpoint import CHECKPOINTS_SUBDIR, RunDirectoryError, resume_point
 
 ARITHMETIC = "arithmetic"
 #: The embedded models' directory names under the cache (``conf/model/<name>.yaml``).
@@ -95,8 +97,31 @@ def check_data(config: TrainConfig) -> None:
             raise FileNotFoundError(f"{key}={source}: no such file")
 
 
+#: Settings a continued run must share with the run it continues (others, e.g. the step count,
+#: may change).
+RUN_IDENTITY = (("method", "name"), ("model", "path"), ("data", "train"))
+
+
+def check_run_directory(config: TrainConfig, output_dir: Path) -> None:
+    """``checkpoint.resume`` against ``output_dir`` (:func:`.checkpoint.resume_point`); a run
+    that would continue the directory's own checkpoint must be the same run: the same method,
+    model and training data as the checkpoint's ``config.yaml``."""
+    found = resume_point(config.checkpoint.resume, output_dir)
+    if found is None or found.parent != output_dir / CHECKPOINTS_SUBDIR:
+        return
+    recorded = yaml.safe_load((found / "config.yaml").read_text()) or {}
+    for section, key in RUN_IDENTITY:
+        was = (recorded.get(section) or {}).get(key)
+        now = getattr(getattr(config, section), key)
+        if was is not None and str(was) != str(now):
+            raise RunDirectoryError(
+                f"run.output_dir={output_dir} holds a run with {section}.{key}={was}, not {now}: "
+                "give this run its own run.output_dir"
+            )
+
+
 def check_inputs(config: TrainConfig, output_dir: Path) -> None:
     """Every check above, then the run directory against ``checkpoint.resume``."""
     check_model(config)
     check_data(config)
-    resume_point(config.checkpoint.resume, output_dir)
+    check_run_directory(config, output_dir)

@@ -62,3 +62,24 @@ def test_a_checkpoint_path_is_refused_behind_a_later_one_of_the_run(tmp_path):
     assert resume_point(str(tmp_path / "run" / "checkpoints" / "step_000004"), tmp_path / "run")
     with pytest.raises(RunDirectoryError, match="not a checkpoint directory"):
         resume_point(str(tmp_path / "nothing"), tmp_path / "run")
+
+
+def test_a_run_continues_only_a_run_of_its_own_method_model_and_data(tmp_path):
+    """A directory whose checkpoint another method wrote (two methods sharing a preset's default
+    directory) is refused; another step count is the same run, trained further."""
+    import yaml
+
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.inputs import check_run_directory
+
+    opefo, opefo_dict = compose(["method=opefo", f"run.output_dir={tmp_path}"])
+    checkpoint = _checkpoint(tmp_path, 3)
+    (checkpoint / "config.yaml").write_text(yaml.safe_dump(opefo_dict))
+    check_run_directory(opefo, tmp_path)
+    longer, _ = compose(["method=opefo", "trainer.max_steps=500", f"run.output_dir={tmp_path}"])
+    check_run_directory(longer, tmp_path)
+    grpo, _ = compose(["method=grpo_strict", f"run.output_dir={tmp_path}"])
+    with pytest.raises(RunDirectoryError, match=r"method\.name=opefo, not grpo_strict"):
+        check_run_directory(grpo, tmp_path)
+    branch, _ = compose(["method=grpo_strict", f"checkpoint.resume={checkpoint}"])
+    check_run_directory(branch, tmp_path / "branch")  # another directory: a new run from it
