@@ -33,6 +33,7 @@ from ..data import (
     load_jsonl,
     load_problems,
 )
+from ..data.benchmarks import PASS_AT_K_VALUES
 from ..eval import score_benchmark, write_report
 from ..launch.placement import device_slices
 from ..rollout import SamplingConfig, VLLMRolloutEngine
@@ -267,10 +268,18 @@ def evaluate(
                 [float(results[i * samples + j].correct) for j in range(samples)]
                 for i in range(len(problems))
             ]
-            scores[name] = score_benchmark(name, matrix)
+            scores[name] = score_benchmark(name, matrix, pass_k_values(samples))
             log.info("%s: avg@%d = %.3f", name, samples, scores[name].avg_at_k)
     write_samples(generated, Path(args.out) / "samples.jsonl")
     return write_report({args.name or str(args.model): scores}, args.out, verifier=args.verifier)
+
+
+def pass_k_values(samples: int) -> tuple[int, ...]:
+    """The k of the pass@k reported: the paper's (``PASS_AT_K_VALUES``) and every power of two
+    from 2 up to the samples drawn (pass@1 is avg@k itself), so a run with fewer samples than
+    the paper's still gets its pass@k."""
+    powers = {2**i for i in range(1, samples.bit_length()) if 2**i <= samples}
+    return tuple(sorted(powers | set(PASS_AT_K_VALUES)))
 
 
 def write_samples(generated: dict[str, list[dict]], path: Path) -> None:

@@ -173,19 +173,23 @@ def _wait_for(predicate, timeout_s: float, what: str) -> None:
 
 def test_usr1_checkpoints_requeues_and_resumes(slurm_conf, tmp_path):
     """The time-limit signal (Slurm's --signal=B:USR1, sent here with scancel --batch) makes the
-    trainer checkpoint and exit, the job requeue itself, and the next attempt resume."""
+    trainer checkpoint and exit, the job requeue itself, and the next attempt resume: in a
+    run.output_dir of the user's own, started with checkpoint.resume=fresh (which the requeued
+    attempt replaces, as it would refuse the directory the first attempt wrote)."""
     env = _job_env(slurm_conf, tmp_path)
+    run_dir = tmp_path / "my-runs" / "opefo"
     command = [
         "timeout", str(SBATCH_TIMEOUT_S), "sbatch", "--wait", "--parsable", "--nodes=1",
         "--gres=none", "--time=20", "--ntasks-per-node=1", "--cpus-per-task=2",
         str(ROOT / "slurm" / "opefo_7b.sbatch"),
         "+preset=tiny_cpu", "trainer.max_steps=5", "checkpoint.every=100",
+        f"run.output_dir={run_dir}", "checkpoint.resume=fresh",
     ]  # fmt: skip
     job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
     try:
         job_id = job.stdout.readline().strip().split(";")[0]
         assert job_id.isdigit()
-        metrics = tmp_path / "checkpoints" / f"opefo-7b-{job_id}" / "metrics.jsonl"
+        metrics = run_dir / "metrics.jsonl"
         _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 600, "step 1")
         scancel = ["scancel", "--signal=USR1", "--batch", job_id]
         subprocess.run(scancel, env=env, check=True)
@@ -207,6 +211,29 @@ def test_usr1_checkpoints_requeues_and_resumes(slurm_conf, tmp_path):
     assert (log_dir / "attempt-1" / "rank-0.log").is_file()
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line]
     assert steps == [1, 2, 3, 4, 5], steps
+    assert not (metrics.parent / "metrics.superseded.jsonl").exists()
+
+
+def test_eval_sbatch_writes_its_results_under_the_checkpoint_directory(
+    slurm_conf, embedded_model, tmp_path
+):
+    """Without --out, slurm/eval.sbatch's results go to $OPEFO_CKPT_DIR/<job name>-<job id> (the
+    mounted checkpoint directory), not to the task's working directory."""
+    env = _job_env(slurm_conf, tmp_path)
+    bench = tmp_path / "data" / "arith.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"{a}+{a}=", "answer": str(2 * a)}) + "\n"
+                             for a in (12, 34)))  # fmt: skip
+    options = ["--file", f"arith={bench}", "--verifier", "arithmetic", "--samples", "2"]
+    options += ["--max-new-tokens", "24", "--max-model-len", "256"]
+    status, job_id, out = _sbatch(
+        env, tmp_path, ["--ntasks-per-node=1", "--cpus-per-task=2"],
+        [str(embedded_model), *options], script="eval",
+    )  # fmt: skip
+    assert status == 0, out
+    results = tmp_path / "checkpoints" / f"opefo-eval-{job_id}"
+    samples = [json.loads(line) for line in (results / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and (results / "results.md").is_file()
+    assert not (tmp_path / "outputs").exists()
 
 
 def _requeued_and_cleaned_up(env: dict[str, str], job_id: str) -> bool:

@@ -84,8 +84,8 @@ def _pass_at_k(n: int, c: int, k: int) -> float:
 
 
 def test_opefo_eval_scores_aime24_math500_gsm8k_subsets(data_dir, smollm2_dir, tmp_path):
-    """Three problems of each set, four samples each: the table's avg@4 and pass@k equal those
-    recomputed from samples.jsonl (per problem: how many of its samples were scored correct)."""
+    """Three problems of each set, four samples each: the table's avg@4 and pass@2 / pass@4 equal
+    those recomputed from samples.jsonl (per problem: how many of its samples scored correct)."""
     from opefo_nemo.cli import eval as eval_cli
 
     out = tmp_path / "eval"
@@ -106,6 +106,7 @@ def test_opefo_eval_scores_aime24_math500_gsm8k_subsets(data_dir, smollm2_dir, t
         score = row["benchmarks"][name]
         assert score["problems"] == 3 and score["samples"] == 4
         assert score["avg_at_k"] == pytest.approx(sum(correct) / 12, abs=1e-12)
-        for k in (1, 2, 4):
+        assert sorted(score["pass_at_k"], key=int) == ["2", "4"]  # pass@1 is avg@4
+        for k in (2, 4):
             want = sum(_pass_at_k(4, c, k) for c in correct) / 3
             assert score["pass_at_k"][str(k)] == pytest.approx(want, abs=1e-12)
