@@ -2,9 +2,9 @@
 step of SmolLM2 through ``data=dapo_math``, and ``opefo-eval`` scores subsets of AIME24,
 MATH-500 and GSM8K from their verl parquet files with avg@k and pass@k.
 
-The files are looked for in ``$OPEFO_TEST_DATA`` or ``../shared/data`` beside the repository;
-every test here is skipped, with the reason, where they are absent (the repository does not
-ship them; docs/cluster.md says where to get them).
+The files are looked for in ``$OPEFO_TEST_DATA``, else in ``../shared/data`` from the root of
+the checkout; every test here is skipped, with the reason, where they are absent (the
+repository does not ship them; docs/cluster.md says where to get them).
 """
 
 from __future__ import annotations
