@@ -3,6 +3,7 @@
 #
 #   source "$OPEFO_HOME/slurm/common.sh"
 #   opefo_init DEFAULT_PRESET "$@"      # settings, fail-fast checks, log directory, overrides
+#   opefo_resume_override               # training: a requeued attempt continues its run
 #   opefo_node_check "${OPEFO_OVERRIDES[@]}"  # opefo-node-check on every node; exits on a problem
 #   opefo_preflight                     # opefo-preflight on one task; exits on any problem
 #   opefo_launch opefo-train            # one task per GPU; USR1 → checkpoint → requeue
@@ -81,21 +82,28 @@ opefo_overrides() {
     OPEFO_OVERRIDES+=("$@")
 }
 
-# A requeued attempt resumes from the newest checkpoint of this job's output directory
-# ($OPEFO_CKPT_DIR/$OPEFO_RUN_NAME, the presets' run.output_dir), unless the caller chose.
+# The trainer continues whatever run.output_dir holds (checkpoint.resume=auto, its default), so a
+# requeued attempt resumes by itself, wherever the overrides put the run. An attempt after the
+# first also replaces the caller's checkpoint.resume (`fresh` would refuse the directory the
+# first attempt wrote; a checkpoint path would go back to it) with `auto`.
 opefo_resume_override() {
-    local arg
+    local arg kept=()
     [[ "$OPEFO_ATTEMPT" -gt 0 ]] || return 0
     for arg in "${OPEFO_OVERRIDES[@]}"; do
-        [[ "$arg" == checkpoint.resume=* ]] && return 0
+        [[ "$arg" == checkpoint.resume=* ]] || kept+=("$arg")
     done
-    if compgen -G "$OPEFO_CKPT_DIR/$OPEFO_RUN_NAME/*/step_*/trainer_state.json" >/dev/null \
-        || compgen -G "$OPEFO_CKPT_DIR/$OPEFO_RUN_NAME/step_*/trainer_state.json" >/dev/null; then
-        OPEFO_OVERRIDES+=("checkpoint.resume=latest")
-        opefo_log "attempt $OPEFO_ATTEMPT resumes from the latest checkpoint"
+    OPEFO_OVERRIDES=("${kept[@]}" "checkpoint.resume=auto")
+    opefo_log "attempt $OPEFO_ATTEMPT continues its run.output_dir from the newest checkpoint" \
+        "(checkpoint.resume=auto)"
+}
+
+# The path a task sees for one of the standard directories (OPEFO_DATA_DIR, ...): its mount
+# point in the container, the host path without one.
+opefo_task_path() {
+    if [[ "$OPEFO_CONTAINER" == pyxis ]]; then
+        echo "${OPEFO_MOUNT_POINTS[$1]}"
     else
-        opefo_log "attempt $OPEFO_ATTEMPT finds no checkpoint under" \
-            "$OPEFO_CKPT_DIR/$OPEFO_RUN_NAME: starting over"
+        echo "${!1}"
     fi
 }
 
@@ -155,7 +163,6 @@ opefo_init() {
     mkdir -p "$OPEFO_ATTEMPT_DIR" || opefo_die "cannot create log directory $OPEFO_ATTEMPT_DIR"
 
     opefo_overrides "$@"
-    opefo_resume_override
     opefo_nccl_defaults
     opefo_rendezvous
     opefo_task_resources
@@ -167,10 +174,8 @@ opefo_init() {
     for var in OPEFO_DATA_DIR OPEFO_MODEL_DIR OPEFO_CKPT_DIR; do
         if [[ "$OPEFO_CONTAINER" == pyxis ]]; then
             OPEFO_CONTAINER_MOUNTS+=("${!var}:${OPEFO_MOUNT_POINTS[$var]}")
-            OPEFO_TASK_ENV+=("$var=${OPEFO_MOUNT_POINTS[$var]}")
-        else
-            OPEFO_TASK_ENV+=("$var=${!var}")
         fi
+        OPEFO_TASK_ENV+=("$var=$(opefo_task_path "$var")")
     done
     # The job's log directory has the same path inside the container.
     if [[ "$OPEFO_CONTAINER" == pyxis ]]; then

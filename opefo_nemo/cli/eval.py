@@ -1,8 +1,9 @@
 """``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (spec §7).
 
 MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
-``policy/`` directory. Benchmarks are the spec §7 sets under ``--data-dir`` (``<name>.jsonl``,
-avg@k with the paper's k) and/or ``--file NAME=PATH`` files. Sampling follows the paper:
+``policy/`` directory (a megatron checkpoint is exported first: ``opefo-export``). Benchmarks are
+the spec §7 sets under ``--data-dir`` (``<name>.jsonl``, avg@k with the paper's k) and/or
+``--file NAME=PATH`` files (our JSONL, or verl's parquet). Sampling follows the paper:
 temperature 1.0, top-p 0.7, zero-shot (template ``raw``); generation ends at the model's stop
 ids (``trainer/stop_tokens.py``, listed in the log). The paper-style table, naming the
 ``--verifier`` that scored it, is printed and written to ``--out`` as ``results.md`` and
@@ -23,7 +24,16 @@ from pathlib import Path
 import torch
 
 from ..config.reward import VERIFIERS, RewardSettings
-from ..data import BENCHMARK_NAMES, TEMPLATES, Problem, benchmark, load_eval_set, load_jsonl
+from ..data import (
+    BENCHMARK_NAMES,
+    TEMPLATES,
+    Problem,
+    benchmark,
+    load_eval_set,
+    load_jsonl,
+    load_problems,
+)
+from ..data.benchmarks import PASS_AT_K_VALUES
 from ..eval import score_benchmark, write_report
 from ..launch.placement import device_slices
 from ..rollout import SamplingConfig, VLLMRolloutEngine
@@ -31,6 +41,7 @@ from ..trainer.checkpoint import POLICY_SUBDIR
 from ..trainer.prompts import PromptCodec
 from ..trainer.scoring import score_responses
 from ..trainer.stop_tokens import stop_tokens
+from .usage import OneLineParser
 
 log = logging.getLogger("opefo_nemo.eval")
 
@@ -43,11 +54,14 @@ def resolve_model(path: str | Path) -> Path:
     for candidate in (root / POLICY_SUBDIR / "model", root / "model", root):
         if (candidate / "config.json").is_file():
             return candidate
-    raise FileNotFoundError(f"{root} holds no Hugging Face model (no config.json found)")
+    raise FileNotFoundError(
+        f"{root} holds no Hugging Face model (no config.json found; a megatron checkpoint needs "
+        f"exporting): run `opefo-export {root} --out <dir>` and evaluate <dir>"
+    )
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="opefo-eval", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="opefo-eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("model", help="model directory, checkpoint, or checkpoint policy/ dir")
     parser.add_argument("--name", help="row name in the table (default: the model path)")
     parser.add_argument("--data-dir", help="directory with the spec §7 <benchmark>.jsonl files")
@@ -61,7 +75,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="NAME=PATH",
-        help="an extra benchmark file in the JSONL schema (repeatable)",
+        help="an extra benchmark file: our JSONL schema, or verl's parquet (repeatable)",
     )
     parser.add_argument(
         "--samples", type=int, help="samples per problem (default: paper's k, else 1)"
@@ -112,6 +126,13 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         help="vLLM context: prompt + response tokens; at most the model's "
         "max_position_embeddings (default: 4096)",
     )
+    parser.add_argument(
+        "--defective-rows",
+        default="error",
+        choices=("error", "skip"),
+        help="a benchmark row with an empty problem or answer: refuse the file naming every such "
+        "row, or skip them with a warning that counts and lists them (default: error)",
+    )
     parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
     args = parser.parse_args(argv)
     if args.stop_token_ids is not None:
@@ -128,12 +149,17 @@ def benchmark_sets(args: argparse.Namespace) -> dict[str, tuple[list[Problem], i
     if args.data_dir:
         for name in filter(None, args.benchmarks.split(",")):
             samples = args.samples or benchmark(name).samples
-            sets[name] = (load_eval_set(name, args.data_dir), samples)
+            problems = load_eval_set(name, args.data_dir, defective=args.defective_rows)
+            sets[name] = (problems, samples)
     for spec in args.file:
         name, sep, path = spec.partition("=")
         if not sep or not name or not path:
             raise ValueError(f"--file expects NAME=PATH, got {spec!r}")
-        sets[name] = (load_jsonl(path, source=name, dedup=False), args.samples or 1)
+        if path.endswith(".parquet"):  # verl's layout; its repeats (avg@k copies) kept once
+            problems = load_problems(path, source=name, defective=args.defective_rows)
+        else:
+            problems = load_jsonl(path, source=name, dedup=False, defective=args.defective_rows)
+        sets[name] = (problems, args.samples or 1)
     if not sets:
         raise ValueError("nothing to evaluate: give --data-dir and/or --file NAME=PATH")
     for name, (problems, _) in sets.items():
@@ -242,10 +268,18 @@ def evaluate(
                 [float(results[i * samples + j].correct) for j in range(samples)]
                 for i in range(len(problems))
             ]
-            scores[name] = score_benchmark(name, matrix)
+            scores[name] = score_benchmark(name, matrix, pass_k_values(samples))
             log.info("%s: avg@%d = %.3f", name, samples, scores[name].avg_at_k)
     write_samples(generated, Path(args.out) / "samples.jsonl")
     return write_report({args.name or str(args.model): scores}, args.out, verifier=args.verifier)
+
+
+def pass_k_values(samples: int) -> tuple[int, ...]:
+    """The k of the pass@k reported: the paper's (``PASS_AT_K_VALUES``) and every power of two
+    from 2 up to the samples drawn (pass@1 is avg@k itself), so a run with fewer samples than
+    the paper's still gets its pass@k."""
+    powers = {2**i for i in range(1, samples.bit_length()) if 2**i <= samples}
+    return tuple(sorted(powers | set(PASS_AT_K_VALUES)))
 
 
 def write_samples(generated: dict[str, list[dict]], path: Path) -> None:

@@ -23,6 +23,7 @@ import yaml
 from ..models.megatron_weights.checkpoint_files import MANIFEST
 from ..models.megatron_weights.export import export_safetensors, export_sharded
 from ..trainer.checkpoint import POLICY_SUBDIR, list_checkpoints
+from .usage import OneLineParser
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}
@@ -122,7 +123,7 @@ def hf_model_dir(source: Source, override: str | None) -> Path:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="opefo-export", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(prog="opefo-export", description=__doc__.split("\n\n")[0])
     parser.add_argument("checkpoint", help="checkpoint directory, or 'latest'")
     parser.add_argument("--out", required=True, help="the Hugging Face directory to write")
     parser.add_argument("--checkpoint-dir", help="where 'latest' looks (run's checkpoints/)")

@@ -44,6 +44,7 @@ from ..launch.node import (
 )
 from ..rollout.environment import rollout_python
 from .preflight import compose_config
+from .usage import OneLineParser
 
 
 def _int_env(name: str, default: int) -> int:
@@ -133,7 +134,7 @@ def node_check(args: argparse.Namespace) -> list[str]:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="opefo-node-check", description=__doc__.split("\n\n")[0].split(": ", 1)[1]
     )
     parser.add_argument(

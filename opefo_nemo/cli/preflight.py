@@ -19,10 +19,10 @@ no capacity check).
 
 from __future__ import annotations
 
-import argparse
 import os
 import sys
 from collections.abc import Sequence
+from pathlib import Path
 from typing import Any, cast
 
 from ..engines.startup import startup_problems
@@ -31,6 +31,7 @@ from ..launch.checks import colocated_placement, layout_of
 from ..launch.from_config import plan_from_config
 from ..launch.plan import LaunchPlan
 from ..launch.table import memory_table
+from .usage import OneLineParser
 
 
 def _default_world_size() -> int:
@@ -117,6 +118,23 @@ def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Proble
     return [Problem("layout", line) for line in startup_problems(validated.engine, plan.shape)]
 
 
+def input_problems(config: dict[str, Any]) -> list[Problem]:
+    """The model, data and run-directory checks ``opefo-train`` starts with
+    (:func:`~opefo_nemo.trainer.inputs.check_inputs`): its first problem, if any."""
+    from ..config.train import TrainConfig
+    from ..trainer.inputs import INPUT_ERRORS, check_inputs
+
+    try:
+        validated = TrainConfig.from_mapping(config)
+    except ValueError:  # an invalid config: validation_problems reports it
+        return []
+    try:
+        check_inputs(validated, Path(validated.run.output_dir))
+    except INPUT_ERRORS as error:
+        return [Problem("inputs", str(error))]
+    return []
+
+
 def preflight(
     overrides: Sequence[str], world_size: int, gpu_memory_bytes: int, gpus_per_node: int = 0
 ) -> list[str]:
@@ -139,6 +157,8 @@ def preflight(
         else:
             problems += validation_problems(config, plan)
             problems += all_problems(plan)
+            if not any(problem.topic == "paths" for problem in problems):  # else said already
+                problems += input_problems(config)
             lines.append(
                 f"engine {plan.engine}: {plan.prompts_per_step} prompts × "
                 f"{plan.responses_per_prompt} responses, micro-batch {plan.micro_batch_size}, "
@@ -162,7 +182,7 @@ def preflight(
 
 
 def main(argv: Sequence[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="opefo-preflight", description=__doc__.split("\n\n")[0].split(": ", 1)[1]
     )
     parser.add_argument("--world-size", type=int, default=None, help="ranks of the allocation")

@@ -22,19 +22,23 @@ from pathlib import Path
 
 from ..config.compose import compose
 from ..core.entropy_flow import ESTIMATORS
+from ..trainer.inputs import check_inputs
 from ..trainer.probe import probe
 from ..trainer.setup import build_trainer
 from .probe_report import document, table, verdict
 from .train import START_UP_ERRORS
+from .usage import OneLineParser, config_choices
 
 STAGES = 3 + len(ESTIMATORS)  # start-up, generation, token statistics, one prepare per estimator
 
 
 def _parse(argv: Sequence[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(
+    parser = OneLineParser(
         prog="opefo-probe",
         description=__doc__.split("\n\n")[0],
-        epilog="Any other argument is an opefo-train override, e.g. trainer.prompts_per_step=32.",
+        epilog="Any other argument is an opefo-train override, e.g. trainer.prompts_per_step=32.\n"
+        + config_choices(),
+        formatter_class=argparse.RawDescriptionHelpFormatter,
     )
     parser.add_argument("--json", type=Path, help="where to write the JSON document")
     parser.add_argument("overrides", nargs="*", help="opefo-train overrides (Hydra syntax)")
@@ -49,6 +53,11 @@ def main(argv: Sequence[str] | None = None) -> int:
     try:
         config, config_dict = compose(args.overrides)
     except ValueError as error:
+        print(f"opefo-probe: error: {error}", file=sys.stderr)
+        return 2
+    try:
+        check_inputs(config, Path(config.run.output_dir))
+    except START_UP_ERRORS as error:
         print(f"opefo-probe: error: {error}", file=sys.stderr)
         return 2
     if config.run.compare or config.run.seeds:
@@ -73,7 +82,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     stage("model and rollout servers")
     output_dir = Path(config.run.output_dir)
     try:
-        trainer = build_trainer(config, config_dict, output_dir)
+        # a run's checkpoint is probed only when named (checkpoint.resume=latest or a path)
+        resume = config.checkpoint.resume not in ("auto", "fresh")
+        trainer = build_trainer(config, config_dict, output_dir, resume=resume)
     except START_UP_ERRORS as error:
         bar.close()
         print(f"opefo-probe: error: {error}", file=sys.stderr)

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 from pathlib import Path
 
 from ..report import SMOOTH, WINDOW, RunDirectoryError, write_report
+from .usage import OneLineParser
 
 
 def _positive(text: str) -> int:
@@ -26,7 +27,7 @@ def _positive(text: str) -> int:
 
 
 def parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(
+    p = OneLineParser(
         prog="opefo-report", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories")

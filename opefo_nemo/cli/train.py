@@ -12,6 +12,10 @@ from that same start with that model's run settings, and writes
 comparison); either way the runs share one rollout engine (with ``rollout=engine`` each run's
 policy generates), start from the same model, and end with the report over all of them under
 ``run.output_dir``.
+
+A run directory that holds a run is continued from its newest checkpoint
+(``checkpoint.resume=auto``; ``fresh`` refuses such a directory instead). ``--cfg job`` prints the
+resolved configuration and exits.
 """
 
 from __future__ import annotations
@@ -22,18 +26,21 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+import yaml
+
 from ..config import conf_dir
 from ..config.compose import compose
 from ..config.train import TrainConfig
-from ..data import DatasetError
 from ..engines.aligner import AlignerUnavailableError
 from ..engines.startup import DeviceUnavailableError
 from ..report import write_report
 from ..trainer.checkpoint import list_checkpoints
+from ..trainer.inputs import INPUT_ERRORS, check_inputs
 from ..trainer.ranks import RankLayoutError
 from ..trainer.rollout_guard import GuardedRollout
 from ..trainer.setup import build_trainer, model_dir, start_rollout
 from .demo_targets import GRPO, OPEFO, write_targets
+from .usage import cfg_request, config_choices
 
 EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]")
 """What the bare ``opefo-train`` adds to the configuration's defaults: the comparison only (the
@@ -42,8 +49,7 @@ model and its run settings are the defaults', ``conf/model/tiny_arithmetic_order
 DEMO_METHODS = (GRPO, OPEFO)
 #: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.
 START_UP_ERRORS = (
-    FileNotFoundError,
-    DatasetError,
+    *INPUT_ERRORS,
     AlignerUnavailableError,
     DeviceUnavailableError,
     RankLayoutError,
@@ -86,7 +92,8 @@ def plan_runs(config: TrainConfig) -> list[PlannedRun]:
     ``run.compare``, the seed level with ``run.seeds``). Each run's overrides empty both lists and
     set its method, ``run.seed``, name and directory, so its ``config.yaml`` records them. With
     ``checkpoint.resume=latest`` (continuing a pre-empted sequence) a run that has no checkpoint
-    yet starts from the beginning; the others resume (a finished one has nothing left to do).
+    yet starts from the beginning (``auto``); the others resume (a finished one has nothing left
+    to do).
     """
     root = Path(config.run.output_dir)
     plans = []
@@ -102,7 +109,7 @@ def plan_runs(config: TrainConfig) -> list[PlannedRun]:
                 overrides.append(f"run.seed={seed}")
             overrides += [f"run.name={name}", f"run.output_dir={out}"]
             if config.checkpoint.resume == "latest" and not list_checkpoints(out / "checkpoints"):
-                overrides.append("checkpoint.resume=null")
+                overrides.append("checkpoint.resume=auto")
             plans.append(PlannedRun(name, out, tuple(overrides)))
     return plans
 
@@ -112,6 +119,7 @@ def compare(overrides: Sequence[str]) -> Path:
     then write the report over all of them under ``run.output_dir``; returns the PNG's path."""
     config, _ = compose(overrides)
     root = Path(config.run.output_dir)
+    check_inputs(config, root)
     shared = config.rollout.name == "vllm"  # rollout=engine: each run's policy generates
     rollout = start_rollout(config, model_dir(config), lambda: iter(())) if shared else None
     run_dirs = []
@@ -119,7 +127,7 @@ def compare(overrides: Sequence[str]) -> Path:
         for plan in plan_runs(config):
             status, out = train_one([*overrides, *plan.overrides], rollout)
             if status != "done":
-                raise SystemExit(f"{plan.name} was pre-empted; rerun with checkpoint.resume=latest")
+                raise SystemExit(f"{plan.name} was pre-empted; rerun the same command to resume")
             run_dirs.append(out)
     finally:
         if rollout is not None:
@@ -138,17 +146,21 @@ def compare(overrides: Sequence[str]) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        print(f"{__doc__}\nconfiguration: {conf_dir()}/config.yaml")
+        print(f"{__doc__}\n{config_choices()}\nconfiguration: {conf_dir()}/config.yaml")
         return 0
+    args, print_config = cfg_request(args, "opefo-train")
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
     overrides = args or list(EMBEDDED_DEFAULT)
     try:
-        config, _ = compose(overrides)
+        config, config_dict = compose(overrides)
     except ValueError as error:  # a bad override or config: the message names it, no traceback
         print(f"opefo-train: error: {error}", file=sys.stderr)
         return 2
+    if print_config:
+        print(yaml.safe_dump(config_dict, sort_keys=False), end="")
+        return 0
     try:
         if config.run.compare or config.run.seeds:
             png = compare(overrides)

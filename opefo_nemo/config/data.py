@@ -43,10 +43,15 @@ class DataConfig:
     """Longer prompts are skipped (counted) or an error, see ``long_prompt``."""
     long_prompt: str = "skip"
     """skip | error."""
+    defective_rows: str = "error"
+    """A file row with an empty or missing problem or answer: ``error`` refuses the file naming
+    every such row, ``skip`` reads the others and warns with the count and the rows
+    (``data/loaders.py``)."""
     arithmetic: ArithmeticConfig = field(default_factory=ArithmeticConfig)
     """The built-in tasks' problems."""
 
     def validate(self) -> None:
         one_of(self.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
+        one_of(self.defective_rows, ("error", "skip"), "data.defective_rows")
         require(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")
         self.arithmetic.validate()

@@ -64,11 +64,18 @@ class CheckpointConfig:
     every: int = 10
     """Checkpoint every N rollout steps (0: only at the end); also on SIGTERM / SIGUSR1, after
     the current step, then exit."""
-    resume: str | None = None
-    """A checkpoint directory, or ``latest`` under ``run.output_dir/checkpoints``."""
+    resume: str = "auto"
+    """Where a run starting into ``run.output_dir`` begins: ``auto`` (its newest checkpoint, else
+    step 0), ``fresh`` (step 0; a directory holding a run is refused), ``latest`` (the newest
+    checkpoint, which must exist) or a checkpoint directory (``trainer/checkpoint.py``)."""
     keep: int = 2
     """How many checkpoints to keep."""
 
     def validate(self) -> None:
         require(self.every >= 0, "checkpoint.every", "must be >= 0 (0 = only at end)")
         require(self.keep >= 1, "checkpoint.keep", "must be >= 1")
+        require(
+            bool(self.resume),
+            "checkpoint.resume",
+            "must be auto, fresh, latest or a checkpoint directory",
+        )

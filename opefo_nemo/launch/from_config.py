@@ -146,7 +146,9 @@ def plan_from_config(
         model_path=None if built_at_start or not model.get("path") else str(model["path"]),
         data_paths=data_paths,
         checkpoint_dir=str(Path(_required(_section(config, "run"), "run", "output_dir"))),
-        resume_path=str(resume) if resume and str(resume) not in ("auto", "latest") else None,
+        resume_path=str(resume)
+        if resume and str(resume) not in ("auto", "fresh", "latest")
+        else None,
         gpus_per_node=gpus_per_node,
         rollout_tp_size=int(engine.get("rollout_tp_size", 1)),
     )

@@ -220,6 +220,7 @@ def converted_model(name: str, target: Path) -> Path:
             return target
         raise ValueError(
             f"model.path={target} exists but does not hold {name} converted by this version "
-            f"(recipe {found}): delete it or point model.path elsewhere"
+            f"(recipe {found}): point model.path elsewhere, or add `model=local` if it is a "
+            "model of your own"
         )
     return convert(model, target)

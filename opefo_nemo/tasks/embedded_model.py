@@ -40,11 +40,20 @@ class PromptEncoder(Protocol):
     def encode(self, problem: Problem) -> list[int]: ...
 
 
+class ModelPathError(ValueError):
+    """``model.path`` does not hold what the model settings ask for."""
+
+
 def embedded_paths() -> tuple[Path, ...]:
     """Where embedded models are built: ``$OPEFO_CACHE/<name>`` for each of
     :data:`EMBEDDED_MODELS`, ``OPEFO_CACHE`` defaulting to ``.cache/opefo``."""
     cache = Path(os.environ.get("OPEFO_CACHE", ".cache/opefo"))
     return tuple(cache / name for name in EMBEDDED_MODELS)
+
+
+def is_embedded_default(path: Path) -> bool:
+    """Whether ``path`` is one of :func:`embedded_paths` (the only places one is built)."""
+    return path.resolve() in {default.resolve() for default in embedded_paths()}
 
 
 def warm_start_recipe(
@@ -104,7 +113,7 @@ def embedded_model(
     encodes them with ``encoder(base model directory)``.
     """
     defaults = embedded_paths()
-    is_default = target.resolve() in {path.resolve() for path in defaults}
+    is_default = is_embedded_default(target)
     if not target.exists() and not is_default:
         raise FileNotFoundError(
             f"model.path={target} does not exist. To train a model of your own, select it with "
@@ -114,16 +123,16 @@ def embedded_model(
     if target.exists():
         found = read_recipe(target)
         if found is None:
-            raise ValueError(
-                f"model.path={target} exists but records no warm-start recipe (not a warm start "
-                "of the embedded model): delete it to rebuild, or point model.path elsewhere"
+            raise ModelPathError(
+                f"model.path={target} holds no embedded warm start: point model.path at a new "
+                "directory, or add `model=local` if it is a model of your own"
             )
         if found == recipe:
             return target
         if not is_default:
-            raise ValueError(
-                f"model.path={target} holds a warm start made with {found}, not {recipe}: "
-                "delete it or point model.path elsewhere"
+            raise ModelPathError(
+                f"model.path={target} holds a warm start made with other model.warm_start or "
+                "data settings: restore those, or leave model.path at its default (rebuilt there)"
             )
         log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
         shutil.rmtree(target)

@@ -8,9 +8,11 @@
 * ``config.yaml``: the composed configuration of the run.
 
 A checkpoint is written into a temporary sibling and renamed, so ``latest`` never points at a
-half-written one; only the newest ``keep`` are kept. With several ranks (:class:`LoopRanks`)
-saving is collective: rank 0 prepares the staging directory, every rank writes its files, and
-rank 0 renames it once all have finished.
+half-written one; only the newest ``keep`` are kept, and an existing checkpoint is never
+overwritten. :func:`resume_point` decides where a run starting into ``run.output_dir`` begins
+(``checkpoint.resume``): a directory that holds a run is continued, never started over. With
+several ranks (:class:`LoopRanks`) saving is collective: rank 0 prepares the staging
+directory, every rank writes its files, and rank 0 renames it once all have finished.
 """
 
 from __future__ import annotations
@@ -31,6 +33,12 @@ from .ranks import SINGLE_PROCESS, LoopRanks
 
 _NAME = re.compile(r"^step_(\d{6,})$")
 POLICY_SUBDIR = "policy"
+CHECKPOINTS_SUBDIR = "checkpoints"
+METRICS_FILE = "metrics.jsonl"
+
+
+class RunDirectoryError(Exception):
+    """``run.output_dir`` and ``checkpoint.resume`` disagree (a start-up error, one line)."""
 
 
 def checkpoint_name(step: int) -> str:
@@ -82,7 +90,8 @@ def save_checkpoint(
     if ranks.is_main:
         (staging / "trainer_state.json").write_text(json.dumps({"step": step, **state}, indent=1))
         (staging / "config.yaml").write_text(yaml.safe_dump(config, sort_keys=False))
-        shutil.rmtree(final, ignore_errors=True)
+        if final.exists():  # resume_point refuses a start behind a later checkpoint
+            raise FileExistsError(f"{final} exists already: not overwriting a checkpoint")
         staging.rename(final)
         for old in list_checkpoints(root)[:-keep]:
             shutil.rmtree(old)
@@ -90,16 +99,56 @@ def save_checkpoint(
     return final
 
 
-def resolve_resume(resume: str, root: Path) -> Path:
-    """``resume``: a checkpoint directory, or ``latest`` (the newest under ``root``)."""
+def checkpoint_step(path: Path) -> int:
+    """The step a checkpoint directory was written at (its ``trainer_state.json``)."""
+    return int(json.loads((path / "trainer_state.json").read_text())["step"])
+
+
+def holds_run(output_dir: Path) -> bool:
+    """Whether ``output_dir`` holds a run's metrics or checkpoints."""
+    metrics = output_dir / METRICS_FILE
+    has_metrics = metrics.is_file() and bool(metrics.read_text().strip())
+    return has_metrics or bool(list_checkpoints(output_dir / CHECKPOINTS_SUBDIR))
+
+
+def resume_point(resume: str, output_dir: Path) -> Path | None:
+    """The checkpoint a run starting into ``output_dir`` continues from (``None``: step 0).
+
+    ``resume`` (``checkpoint.resume``): ``auto`` the newest checkpoint under
+    ``<output_dir>/checkpoints`` if there is one, else step 0; ``fresh`` step 0, refusing a
+    directory that holds a run; ``latest`` the newest checkpoint, which must exist; else a
+    checkpoint directory, refused when ``output_dir`` holds a later checkpoint (continuing from
+    the earlier one would overwrite the later ones' steps).
+    """
+    found = list_checkpoints(output_dir / CHECKPOINTS_SUBDIR)
+    if resume == "auto":
+        return found[-1] if found else None
+    if resume == "fresh":
+        if holds_run(output_dir):
+            raise RunDirectoryError(
+                f"checkpoint.resume=fresh but run.output_dir={output_dir} holds a run: give a new "
+                "run.output_dir, or drop checkpoint.resume=fresh to continue that run"
+            )
+        return None
     if resume == "latest":
-        found = list_checkpoints(root)
         if not found:
-            raise FileNotFoundError(f"checkpoint.resume=latest but {root} holds no checkpoint")
+            raise RunDirectoryError(
+                f"checkpoint.resume=latest but {output_dir / CHECKPOINTS_SUBDIR} holds no "
+                "checkpoint: use checkpoint.resume=auto to start from step 0 when there is none"
+            )
         return found[-1]
     path = Path(resume)
     if not (path / "trainer_state.json").is_file():
-        raise FileNotFoundError(f"checkpoint.resume={resume} is not a checkpoint directory")
+        raise RunDirectoryError(
+            f"checkpoint.resume={resume} is not a checkpoint directory (no trainer_state.json)"
+        )
+    step = checkpoint_step(path)
+    later = [c for c in found if checkpoint_step(c) > step]
+    if later:
+        raise RunDirectoryError(
+            f"checkpoint.resume={resume} (step {step}) but run.output_dir={output_dir} holds the "
+            f"later {later[-1].name}: give a new run.output_dir to branch off step {step}"
+        )
     return path
 
 

@@ -35,7 +35,7 @@ from ..engines.protocols import Policy
 from ..eval import sample_metrics
 from ..parallel import NonFiniteLogitsError
 from ..rollout import SamplingConfig
-from .checkpoint import load_checkpoint, resolve_resume, save_checkpoint
+from .checkpoint import CHECKPOINTS_SUBDIR, load_checkpoint, resume_point, save_checkpoint
 from .colocated_rollout import ColocatedRollout
 from .metrics_log import MetricsLogger
 from .prompts import PromptCodec
@@ -139,7 +139,7 @@ class Trainer:
         self.train = train
         self.validation = validation
         self.output_dir = output_dir
-        self.checkpoint_dir = output_dir / "checkpoints"
+        self.checkpoint_dir = output_dir / CHECKPOINTS_SUBDIR
         self.step = 0
         self.objective = build_objective(config.method)
         self.flow_predictor = RunningCorrelation()
@@ -318,9 +318,13 @@ class Trainer:
             log.info("checkpoint written: %s", path)
         return path
 
-    def resume(self, resume: str) -> Path:
-        """Restore a checkpoint and load its weights into the rollout engine."""
-        path = self.ranks.on_main(lambda: resolve_resume(resume, self.checkpoint_dir))
+    def resume(self, resume: str) -> Path | None:
+        """Restore the checkpoint ``checkpoint.resume`` selects for this run's directory
+        (:func:`.checkpoint.resume_point`) and load its weights into the rollout engine;
+        ``None``: the run starts at step 0."""
+        path = self.ranks.on_main(lambda: resume_point(resume, self.output_dir))
+        if path is None:
+            return None
         state = load_checkpoint(path, self.policy, self.ranks)
         self.step = int(state["step"])
         self.sampler.load_state_dict(state["sampler"])
@@ -352,6 +356,7 @@ class Trainer:
             else None
         )
         v_every = cfg.validation.every if self.validation is not None else 0
+        start_step, saved_step = self.step, None
         try:
             if v_every and self.step == 0:  # the warm start's, to compare the run with its start
                 warm_start = self.validate()
@@ -367,18 +372,19 @@ class Trainer:
                 every = cfg.checkpoint.every
                 if every and self.step % every == 0:
                     self.save()
+                    saved_step = self.step
                 if self.ranks.any(self._stop_signal is not None):
                     log.warning(
                         "pre-emption signal (here: %s): checkpointing at step %d and exiting",
                         self._stop_signal,
                         self.step,
                     )
-                    self.save()
+                    if saved_step != self.step:
+                        self.save()
                     return "preempted"
-            saved = self.ranks.on_main(
-                lambda: bool(list(self.checkpoint_dir.glob(f"step_{self.step:06d}")))
-            )
-            if not saved:
+            # A run that trained no step (trainer.max_steps=0, a node check; or resumed at its
+            # end) has nothing new to save.
+            if self.step > start_step and saved_step != self.step:
                 self.save()
             return "done"
         finally:

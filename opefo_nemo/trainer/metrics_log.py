@@ -7,11 +7,17 @@ that ``opefo-report`` can tell which runs are seeds of the same method without g
 TensorBoard event files go to ``tensorboard/``; W&B (``metrics.wandb.enabled``) is imported only
 when enabled and runs offline by default. The progress bar shows reward, entropy, λ* and the step
 time.
+
+A run resumed at step ``s`` continues ``metrics.jsonl``; records of steps after ``s`` (logged after
+the checkpoint it resumes from, then lost with the pre-empted process's model) are moved, with a
+warning, to ``metrics.superseded.jsonl`` beside it: no line is ever dropped. TensorBoard keeps
+every event file (each start writes a new one).
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 from pathlib import Path
 from typing import Any
@@ -21,6 +27,8 @@ import yaml
 from ..config.metrics import MetricsConfig
 
 RUN_CONFIG = "config.yaml"
+SUPERSEDED = "metrics.superseded.jsonl"
+log = logging.getLogger(__name__)
 
 PROGRESS_KEYS = {
     "reward/mean": "reward",
@@ -32,9 +40,10 @@ PROGRESS_KEYS = {
 
 class MetricsLogger:
     """Appends to ``<output_dir>/metrics.jsonl`` and writes ``config.yaml`` beside it. A run
-    resumed at ``start_step`` continues the same file after dropping any record of a later step
-    (logged after the checkpoint it resumes from), so every step appears exactly once; a run that
-    starts at step 0 starts the file afresh."""
+    resumed at ``start_step`` continues the same file after moving any record of a later step to
+    ``metrics.superseded.jsonl`` (:func:`set_aside_later_steps`), so every step appears in
+    ``metrics.jsonl`` exactly once and no record is lost; a run that starts at step 0 moves them
+    all (it logs the warm start's step 0 again)."""
 
     def __init__(
         self,
@@ -48,11 +57,7 @@ class MetricsLogger:
         output_dir.mkdir(parents=True, exist_ok=True)
         write_run_config(output_dir, config_dict)
         self.path = output_dir / "metrics.jsonl"
-        if self.path.is_file():
-            kept = [
-                r for r in read_metrics(self.path) if start_step > 0 and r["step"] <= start_step
-            ]
-            self.path.write_text("".join(json.dumps(r, sort_keys=True) + "\n" for r in kept))
+        set_aside_later_steps(self.path, start_step if start_step > 0 else -1)
         self._file = self.path.open("a")
         self._tensorboard = None
         self._wandb = None
@@ -108,6 +113,32 @@ class MetricsLogger:
             self._wandb.finish()
         if self._bar is not None:
             self._bar.close()
+
+
+def set_aside_later_steps(path: Path, start_step: int) -> int:
+    """Move the records of ``path`` with a step after ``start_step`` (all of them for ``-1``) to
+    :data:`SUPERSEDED`
+    beside it (appended); returns how many moved. The superseded file is written before
+    ``path`` is cut, so a crash in between duplicates records rather than losing them."""
+    if not path.is_file():
+        return 0
+    lines = [line for line in path.read_text().splitlines() if line.strip()]
+    later = [line for line in lines if json.loads(line)["step"] > start_step]
+    if not later:
+        return 0
+    superseded = path.with_name(SUPERSEDED)
+    with superseded.open("a") as out:
+        out.write("".join(line + "\n" for line in later))
+    kept = [line for line in lines if json.loads(line)["step"] <= start_step]
+    path.write_text("".join(line + "\n" for line in kept))
+    log.warning(
+        "%s: %d record(s) after step %d, where this run continues, moved to %s",
+        path,
+        len(later),
+        start_step,
+        superseded,
+    )
+    return len(later)
 
 
 def read_metrics(path: Path) -> list[dict[str, Any]]:

@@ -37,6 +37,7 @@ from ..tasks.embedded_model import embedded_model as build_embedded_model
 from ..tasks.embedded_model import warm_start_recipe as recipe_of
 from ..tasks.word_arithmetic import make_word_problems
 from .colocated_rollout import ColocatedRollout
+from .inputs import ARITHMETIC, check_embedded_model, check_inputs, check_model
 from .loop import Dataset, Trainer
 from .prompts import PromptCodec, encode_problems
 from .protocols import RolloutEngine
@@ -44,7 +45,6 @@ from .ranks import LoopRanks, RankLayoutError
 from .rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
-ARITHMETIC = "arithmetic"
 
 
 def arithmetic_split(data: DataConfig) -> tuple[list[Problem], list[Problem]]:
@@ -71,11 +71,9 @@ def embedded_model(config: TrainConfig) -> Path:
     task's training problems (:func:`..tasks.embedded_model.embedded_model`)."""
     data = config.data
 
+    check_embedded_model(config)  # a foreign directory or other data: one line naming the fix
+
     def problems() -> list[Problem]:
-        if data.train != ARITHMETIC:
-            raise ValueError(
-                "model.embedded=true warm-starts on the arithmetic task: set data=arithmetic"
-            )
         return arithmetic_split(data)[0]
 
     return build_embedded_model(
@@ -92,12 +90,8 @@ def model_dir(config: TrainConfig) -> Path:
         return embedded_model(config)
     if config.model.packaged is not None:
         return converted_model(config.model.packaged, Path(config.model.path))
-    path = Path(config.model.path)
-    if not (path / "config.json").is_file():
-        raise FileNotFoundError(
-            f"model.path={path} is not a Hugging Face model directory (no config.json)"
-        )
-    return path
+    check_model(config)
+    return Path(config.model.path)
 
 
 def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dataset | None]:
@@ -106,7 +100,11 @@ def load_datasets(config: TrainConfig, codec: PromptCodec) -> tuple[Dataset, Dat
 
     def load(source: str, which: int, what: str) -> Dataset:
         generated = source in GENERATED_DATA
-        problems = generated_split(source, data)[which] if generated else load_problems(source)
+        problems = (
+            generated_split(source, data)[which]
+            if generated
+            else load_problems(source, defective=data.defective_rows)
+        )
         encoded = encode_problems(problems, codec, data.max_prompt_tokens, data.long_prompt, what)
         if encoded.skipped_long:
             log.warning(
@@ -221,8 +219,10 @@ def build_trainer(
     config_dict: dict[str, Any],
     output_dir: Path,
     rollout: GuardedRollout | None = None,
+    resume: bool = True,
 ) -> Trainer:
-    """Everything a run needs, started; resumes if configured.
+    """Everything a run needs, started, after :func:`.inputs.check_inputs`; continues the
+    checkpoint ``checkpoint.resume`` selects (``resume=False``: from step 0, the probe's view).
 
     ``rollout``: an already running rollout engine (of the same model architecture) to reuse,
     e.g. across the runs of a comparison; the policy's weights are loaded into it first.
@@ -235,6 +235,7 @@ def build_trainer(
             f"engine=hf trains in one process, but this run has WORLD_SIZE={world_size} "
             "ranks: launch one process, or use engine=megatron"
         )
+    check_inputs(config, output_dir)
     ranks = LoopRanks.from_environment()
     path = model_dir(config)
     policy = build_policy(config, path)
@@ -256,6 +257,6 @@ def build_trainer(
     trainer = Trainer(
         config, config_dict, policy, engine, codec, train, validation, output_dir, ranks
     )
-    if config.checkpoint.resume is not None:
+    if resume:
         trainer.resume(config.checkpoint.resume)
     return trainer

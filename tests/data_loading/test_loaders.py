@@ -128,11 +128,16 @@ def test_error_cases(tmp_path: Path) -> None:
         load_jsonl(empty)
     no_answer = tmp_path / "no_answer.jsonl"
     no_answer.write_text(json.dumps({"problem": "1+1?"}) + "\n")
-    with pytest.raises(DatasetError, match=r"no_answer\.jsonl:1: missing field 'answer'"):
+    with pytest.raises(
+        DatasetError,
+        match=r"no_answer\.jsonl: 1 of 1 rows are defective \(line 1: missing field 'answer'\)",
+    ):
         load_jsonl(no_answer)
     bad_json = tmp_path / "bad.jsonl"
     bad_json.write_text('{"problem": "x", "answer": "1"}\n{oops\n')
-    with pytest.raises(DatasetError, match=r"bad\.jsonl:2: not valid JSON"):
+    with pytest.raises(
+        DatasetError, match=r"bad\.jsonl: 1 of 2 rows are defective \(line 2: not valid JSON"
+    ):
         load_jsonl(bad_json)
     no_reward = tmp_path / "no_reward.parquet"
     pq.write_table(pa.table({"prompt": [[{"content": "q", "role": "user"}]]}), no_reward)

@@ -12,7 +12,9 @@
 # affinity plugin binds each task to its CPUs with sched_setaffinity, so a task's `nproc` is
 # what Slurm gave it); the node line comes from `slurmd -C`; MinJobAge=4 lets `sbatch --wait`
 # see completion within seconds; EnforcePartLimits=ALL rejects an over-sized request at
-# submission instead of leaving it pending.
+# submission instead of leaving it pending. slurmctld and slurmd listen on two ports free when
+# `start` runs (not Slurm's defaults), so a cluster another test session left running on this
+# host does not stop this one from starting.
 set -euo pipefail
 
 packages=(slurmctld slurmd slurm-client munge)
@@ -64,14 +66,26 @@ start_munge() {
     echo "$pid" >"$dir/munged.pid"
 }
 
+# Two TCP ports no one listens on now, on one line.
+free_ports() {
+    python3 -c 'import socket
+socks = [socket.socket() for _ in range(2)]
+for s in socks:
+    s.bind(("", 0))
+print(*(s.getsockname()[1] for s in socks))'
+}
+
 write_conf() {
-    local dir="$1" host node
+    local dir="$1" host node ctld_port slurmd_port
     host="$(hostname -s)"
     node="$(slurmd -C | head -n 1)"
+    read -r ctld_port slurmd_port < <(free_ports)
     mkdir -p "$dir/state" "$dir/spool"
     cat >"$dir/slurm.conf" <<CONF
 ClusterName=opefo-test
 SlurmctldHost=$host
+SlurmctldPort=$ctld_port
+SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge

@@ -174,45 +174,86 @@ def _wait_for(predicate, timeout_s: float, what: str) -> None:
 
 def test_usr1_checkpoints_requeues_and_resumes(slurm_conf, tmp_path):
     """The time-limit signal (Slurm's --signal=B:USR1, sent here with scancel --batch) makes the
-    trainer checkpoint and exit, the job requeue itself, and the next attempt resume."""
+    trainer checkpoint and exit, the job requeue itself, and the next attempt resume: in a
+    run.output_dir of the user's own, started with checkpoint.resume=fresh (which the requeued
+    attempt replaces, as it would refuse the directory the first attempt wrote)."""
     env = _job_env(slurm_conf, tmp_path)
+    run_dir = tmp_path / "my-runs" / "opefo"
     command = [
         "timeout", str(SBATCH_TIMEOUT_S), "sbatch", "--wait", "--parsable", "--nodes=1",
         "--gres=none", "--time=20", "--ntasks-per-node=1", "--cpus-per-task=2",
         str(ROOT / "slurm" / "opefo_7b.sbatch"),
         "+preset=tiny_cpu", "trainer.max_steps=5", "checkpoint.every=100",
+        f"run.output_dir={run_dir}", "checkpoint.resume=fresh",
     ]  # fmt: skip
     job = subprocess.Popen(command, cwd=tmp_path, env=env, stdout=subprocess.PIPE, text=True)
     try:
         job_id = job.stdout.readline().strip().split(";")[0]
         assert job_id.isdigit()
-        metrics = tmp_path / "checkpoints" / f"opefo-7b-{job_id}" / "metrics.jsonl"
+        metrics = run_dir / "metrics.jsonl"
         _wait_for(lambda: metrics.is_file() and metrics.read_text().strip(), 600, "step 1")
         scancel = ["scancel", "--signal=USR1", "--batch", job_id]
         subprocess.run(scancel, env=env, check=True)
         log_dir = tmp_path / "logs" / f"opefo-7b-{job_id}"
-        _wait_for(lambda: (log_dir / "attempt-1").exists() or _pending(env, job_id), 300, "requeue")
-        # A requeued job is held for ~2 minutes before it is eligible: release it now.
+        # A requeued job is held for ~2 minutes (Slurm's own guard while the first attempt's
+        # credential is revoked and its node cleaned up). Released only once that clean-up is
+        # over, it starts at once; released earlier, slurmd kills it ("Job credential revoked").
+        _wait_for(lambda: _requeued_and_cleaned_up(env, job_id), 300, "the requeue's clean-up")
+        time.sleep(2)  # credentials carry whole seconds: a new one must be younger than the revoke
         release = ["scontrol", "update", f"jobid={job_id}", "starttime=now"]
-        subprocess.run(release, env=env, check=False)
+        subprocess.run(release, env=env, check=True)
         assert job.wait(timeout=SBATCH_TIMEOUT_S) == 0
     finally:
         if job.poll() is None:
             job.kill()
     out = (tmp_path / f"slurm-opefo-7b-{job_id}.out").read_text()
     assert "USR1: time limit near" in out and f"requeueing job {job_id}" in out
-    assert "attempt 1 resumes from the latest checkpoint" in out
+    assert "attempt 1 continues its run.output_dir from the newest checkpoint" in out
     assert (log_dir / "attempt-1" / "rank-0.log").is_file()
     steps = [json.loads(line)["step"] for line in metrics.read_text().splitlines() if line]
     assert steps == [1, 2, 3, 4, 5], steps
+    assert not (metrics.parent / "metrics.superseded.jsonl").exists()
 
 
-def _pending(env: dict[str, str], job_id: str) -> bool:
-    state = subprocess.run(
-        ["squeue", "--noheader", "--format=%T", f"--jobs={job_id}"],
-        env=env, capture_output=True, text=True,
+def test_eval_sbatch_writes_its_results_under_the_checkpoint_directory(
+    slurm_conf, embedded_model, tmp_path
+):
+    """Without --out, slurm/eval.sbatch's results go to $OPEFO_CKPT_DIR/<job name>-<job id> (the
+    mounted checkpoint directory), not to the task's working directory."""
+    env = _job_env(slurm_conf, tmp_path)
+    bench = tmp_path / "data" / "arith.jsonl"
+    bench.write_text("".join(json.dumps({"problem": f"{a}+{a}=", "answer": str(2 * a)}) + "\n"
+                             for a in (12, 34)))  # fmt: skip
+    options = ["--file", f"arith={bench}", "--verifier", "arithmetic", "--samples", "2"]
+    options += ["--max-new-tokens", "24", "--max-model-len", "256"]
+    status, job_id, out = _sbatch(
+        env, tmp_path, ["--ntasks-per-node=1", "--cpus-per-task=2"],
+        [str(embedded_model), *options], script="eval",
     )  # fmt: skip
-    return state.stdout.strip() == "PENDING"
+    assert status == 0, out
+    results = tmp_path / "checkpoints" / f"opefo-eval-{job_id}"
+    samples = [json.loads(line) for line in (results / "samples.jsonl").read_text().splitlines()]
+    assert len(samples) == 4 and (results / "results.md").is_file()
+    assert not (tmp_path / "outputs").exists()
+
+
+def _requeued_and_cleaned_up(env: dict[str, str], job_id: str) -> bool:
+    """The job is pending again after a restart, Slurm holds it only for its begin time, and
+    the node is idle, no longer completing (the first attempt's epilog and credential
+    revocation done)."""
+    job = subprocess.run(
+        ["scontrol", "--oneliner", "show", "job", job_id], env=env, capture_output=True, text=True
+    ).stdout
+    fields = dict(f.split("=", 1) for f in job.split() if "=" in f)
+    nodes = subprocess.run(
+        ["sinfo", "--noheader", "--Node", "--format=%T"], env=env, capture_output=True, text=True
+    ).stdout
+    return (
+        fields.get("JobState") == "PENDING"
+        and int(fields.get("Restarts", "0")) >= 1
+        and fields.get("Reason") == "BeginTime"
+        and nodes.split() == ["idle"]
+    )
 
 
 def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeypatch):

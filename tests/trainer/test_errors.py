@@ -34,6 +34,15 @@ def tiny(tmp_path_factory):
     return build_tiny_model(tmp_path_factory.mktemp("m") / "tiny", TinyModelSpec(), seed=0)
 
 
+@pytest.fixture(scope="module")
+def preset_data(tmp_path_factory) -> str:
+    """An existing training file for the presets (whose DAPO file lives on a cluster), so that
+    the error a test expects is the first one start-up meets."""
+    path = tmp_path_factory.mktemp("d") / "train.jsonl"
+    path.write_text('{"problem": "3+4=", "answer": "7"}\n')
+    return f"data.train={path}"
+
+
 def test_missing_model_path_is_an_error_naming_it(tmp_path):
     missing = tmp_path / "no_model"
     config, data = compose(["model=local", f"model.path={missing}"])
@@ -41,23 +50,24 @@ def test_missing_model_path_is_an_error_naming_it(tmp_path):
         build_trainer(config, data, tmp_path / "out")
 
 
-def test_the_aligner_engine_stops_with_a_clear_message(tiny, tmp_path):
+def test_the_aligner_engine_stops_with_a_clear_message(tiny, preset_data, tmp_path):
     """engine=aligner on a preset: the NeMo actor needs the NeMo container."""
-    config, data = compose(["+preset=opefo_7b", "engine=aligner", f"model.path={tiny}"])
+    overrides = ["+preset=opefo_7b", "engine=aligner", f"model.path={tiny}", preset_data]
+    config, data = compose(overrides)
     assert config.engine.name == "aligner"
     with pytest.raises(AlignerUnavailableError, match=r"engine\.name=aligner: this environment"):
         build_trainer(config, data, tmp_path / "out")
 
 
-def test_the_megatron_engine_on_cuda_without_a_gpu_says_so(tiny, tmp_path):
+def test_the_megatron_engine_on_cuda_without_a_gpu_says_so(tiny, preset_data, tmp_path):
     """The presets train on GPU ranks: without one the error names engine.device."""
-    config, data = compose(["+preset=opefo_7b", f"model.path={tiny}"])
+    config, data = compose(["+preset=opefo_7b", f"model.path={tiny}", preset_data])
     assert config.engine.name == "megatron" and config.engine.device == "cuda"
     with pytest.raises(DeviceUnavailableError, match=r"engine\.device=cuda but this rank sees no"):
         build_trainer(config, data, tmp_path / "out")
 
 
-def test_torchrun_without_a_gpu_stops_every_rank_with_one_line(tiny, tmp_path):
+def test_torchrun_without_a_gpu_stops_every_rank_with_one_line(tiny, preset_data, tmp_path):
     """``torchrun … opefo-train`` with the presets' ``engine.device=cuda`` on a machine without a
     GPU: each rank prints the one-line start-up error and exits with 2; no frame of the trainer's
     code is printed (torchrun then prints its own summary of the failed ranks)."""
@@ -67,6 +77,7 @@ def test_torchrun_without_a_gpu_stops_every_rank_with_one_line(tiny, tmp_path):
         *(sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node", "2"),
         *("-m", "opefo_nemo.cli.train", "+preset=opefo_7b", f"model.path={tiny}"),
         f"run.output_dir={tmp_path / 'out'}",
+        preset_data,
     ]
     root = Path(__file__).resolve().parents[2]
     env = {

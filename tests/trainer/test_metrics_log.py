@@ -6,18 +6,21 @@ import yaml
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.config.metrics import MetricsConfig, WandbConfig
-from opefo_nemo.trainer.metrics_log import MetricsLogger, read_metrics
+from opefo_nemo.trainer.metrics_log import SUPERSEDED, MetricsLogger, read_metrics
 
 
-def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
-    """A resumed run keeps the records up to its checkpoint, the warm start's step 0 included;
-    a run that starts again at step 0 starts the file afresh (no step logged twice)."""
+def test_metrics_logger_sets_aside_steps_after_the_resumed_checkpoint(tmp_path, caplog):
+    """Steps 6 and 7 were logged after the checkpoint of step 5: the resumed run's metrics.jsonl
+    holds each step once (the warm start's step 0 included), and the two earlier records are kept
+    in metrics.superseded.jsonl; a run that starts again at step 0 moves every record there (it
+    logs step 0 again), so no step appears twice and none is lost."""
     config = MetricsConfig(tensorboard=False, progress=False)
     logger = MetricsLogger(tmp_path, config, "run", 10, 0, {})
     logger.log(0, {"val/pass@1": 0.5})
     for step in range(1, 8):
         logger.log(step, {"reward/mean": step / 10, "grad/norm": float("nan")})
     logger.close()
+    first = (tmp_path / "metrics.jsonl").read_text().splitlines()
     resumed = MetricsLogger(tmp_path, config, "run", 10, 5, {})
     resumed.log(6, {"reward/mean": 0.66})
     resumed.close()
@@ -25,10 +28,18 @@ def test_metrics_logger_drops_steps_after_the_resumed_checkpoint(tmp_path):
     assert [r["step"] for r in records] == [0, 1, 2, 3, 4, 5, 6]
     assert records[-1]["reward/mean"] == 0.66
     assert records[1]["grad/norm"] is None
+    assert (tmp_path / SUPERSEDED).read_text().splitlines() == first[6:]
+    assert "2 record(s) after step 5" in caplog.text
+    # A run that continues at its end moves nothing.
+    MetricsLogger(tmp_path, config, "run", 10, 6, {}).close()
+    kept = (tmp_path / "metrics.jsonl").read_text().splitlines()
+    assert len(kept) == 7
+    assert (tmp_path / SUPERSEDED).read_text().splitlines() == first[6:]
     again = MetricsLogger(tmp_path, config, "run", 10, 0, {})
     again.log(0, {"val/pass@1": 0.25})
     again.close()
     assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "val/pass@1": 0.25}]
+    assert (tmp_path / SUPERSEDED).read_text().splitlines() == first[6:] + kept
 
 
 def test_metrics_logger_logs_to_wandb_in_offline_mode(tmp_path):

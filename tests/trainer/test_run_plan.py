@@ -61,14 +61,14 @@ def test_a_comparison_without_seeds_keeps_one_directory_per_method():
 
 def test_resuming_a_sequence_starts_the_runs_it_had_not_reached(tmp_path):
     """checkpoint.resume=latest after a pre-emption: the run with a checkpoint resumes, the
-    next one (no checkpoint yet) starts from the beginning instead of failing to resume."""
+    next one (no checkpoint yet) starts from the beginning (auto) instead of failing to resume."""
     done = tmp_path / "grpo_strict" / "checkpoints" / "step_000003"
     done.mkdir(parents=True)
     (done / "trainer_state.json").write_text('{"step": 3}')
     user = [f"run.output_dir={tmp_path}", "run.compare=[grpo_strict,opefo]"]
     plans = planned([*user, "checkpoint.resume=latest"])
-    assert [("checkpoint.resume=null" in extra) for _, _, extra in plans] == [False, True]
+    assert [("checkpoint.resume=auto" in extra) for _, _, extra in plans] == [False, True]
     for _, _, extra in plans:
         config, _ = compose([*user, "checkpoint.resume=latest", *extra])
-        expected = "latest" if config.method.name == "grpo_strict" else None
+        expected = "latest" if config.method.name == "grpo_strict" else "auto"
         assert config.checkpoint.resume == expected

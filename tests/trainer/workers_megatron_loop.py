@@ -82,8 +82,7 @@ def _trainer(
     rollout.update_weights(policy.named_weights())
     recording = RecordingRollout(rollout)
     trainer = Trainer(config, config_dict, policy, recording, codec, train, validation, out, ranks)
-    if config.checkpoint.resume is not None:
-        trainer.resume(config.checkpoint.resume)
+    trainer.resume(config.checkpoint.resume)
     return trainer, recording
 
 

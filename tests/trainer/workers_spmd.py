@@ -54,8 +54,7 @@ def _trainer(
     rollout.weights = policy.named_weights
     rollout.update_weights(policy.named_weights())
     trainer = Trainer(config, config_dict, policy, rollout, codec, train, validation, out, ranks)
-    if config.checkpoint.resume is not None:
-        trainer.resume(config.checkpoint.resume)
+    trainer.resume(config.checkpoint.resume)
     return trainer
 
 

@@ -1,0 +1,108 @@
+"""Start-up checks of a run's inputs, shared by ``opefo-train``, ``opefo-probe`` and
+``opefo-preflight``: the model directory the model settings ask for, the data files and the run
+directory (``checkpoint.resume``). Each problem raises an error whose one-line message names the
+key and the fix; nothing is built, loaded or written here.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import yaml
+
+from ..config.data import GENERATED_DATA
+from ..config.train import TrainConfig
+from ..data import DatasetError
+from ..tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
+from ..tasks.warm_start import read_recipe
+from .checkpoint import CHECKPOINTS_SUBDIR, RunDirectoryError, resume_point
+
+ARITHMETIC = "arithmetic"
+#: What :func:`check_inputs` raises: the user's set-up, one line each.
+INPUT_ERRORS = (FileNotFoundError, ModelPathError, DatasetError, RunDirectoryError)
+
+
+def check_embedded_model(config: TrainConfig) -> None:
+    """``model.embedded=true``: ``model.path`` is a default place or already holds a warm start,
+    never a model of the user's own (forgetting ``model=local``), and the task is arithmetic."""
+    target = Path(config.model.path)
+    if (target / "config.json").is_file() and read_recipe(target) is None:
+        raise ModelPathError(
+            f"model.path={target} is a Hugging Face model directory, not the embedded toy model: "
+            "add `model=local` to train it"
+        )
+    if config.data.train != ARITHMETIC:
+        raise ModelPathError(
+            f"the embedded toy model trains on data=arithmetic, not data.train="
+            f"{config.data.train}: add `model=local model.path=<Hugging Face model directory>` "
+            "to train a model of your own on it"
+        )
+    if not target.exists() and not is_embedded_default(target):
+        raise FileNotFoundError(
+            f"model.path={target} does not exist. To train a model of your own, select it with "
+            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
+            f"built only into {' or '.join(map(str, embedded_paths()))} (set OPEFO_CACHE to "
+            "move them)"
+        )
+    if target.exists() and read_recipe(target) is None:
+        raise ModelPathError(
+            f"model.path={target} holds no embedded warm start: point model.path at a new "
+            "directory, or add `model=local` if it is a model of your own"
+        )
+
+
+def check_model(config: TrainConfig) -> None:
+    """The model settings point at a model that exists (a packaged one is converted on use)."""
+    if config.model.embedded:
+        check_embedded_model(config)
+    elif config.model.packaged is None:
+        path = Path(config.model.path)
+        if not (path / "config.json").is_file():
+            raise FileNotFoundError(
+                f"model.path={path} is not a Hugging Face model directory (no config.json)"
+            )
+
+
+def check_data(config: TrainConfig) -> None:
+    """``data.train`` and ``data.validation`` name a built-in task or an existing file."""
+    for key, source in (
+        ("data.train", config.data.train),
+        ("data.validation", config.data.validation),
+    ):
+        if source is None and key == "data.validation":
+            continue
+        if not source:
+            tasks = ", ".join(GENERATED_DATA)
+            raise DatasetError(f"{key} is empty: give a .jsonl / .parquet file or one of {tasks}")
+        if source not in GENERATED_DATA and not Path(source).is_file():
+            raise FileNotFoundError(f"{key}={source}: no such file")
+
+
+#: Settings a continued run must share with the run it continues (others, e.g. the step count,
+#: may change).
+RUN_IDENTITY = (("method", "name"), ("model", "path"), ("data", "train"))
+
+
+def check_run_directory(config: TrainConfig, output_dir: Path) -> None:
+    """``checkpoint.resume`` against ``output_dir`` (:func:`.checkpoint.resume_point`); a run
+    that would continue the directory's own checkpoint must be the same run: the same method,
+    model and training data as the checkpoint's ``config.yaml``."""
+    found = resume_point(config.checkpoint.resume, output_dir)
+    if found is None or found.parent != output_dir / CHECKPOINTS_SUBDIR:
+        return
+    recorded = yaml.safe_load((found / "config.yaml").read_text()) or {}
+    for section, key in RUN_IDENTITY:
+        was = (recorded.get(section) or {}).get(key)
+        now = getattr(getattr(config, section), key)
+        if was is not None and str(was) != str(now):
+            raise RunDirectoryError(
+                f"run.output_dir={output_dir} holds a run with {section}.{key}={was}, not {now}: "
+                "give this run its own run.output_dir"
+            )
+
+
+def check_inputs(config: TrainConfig, output_dir: Path) -> None:
+    """Every check above, then the run directory against ``checkpoint.resume``."""
+    check_model(config)
+    check_data(config)
+    check_run_directory(config, output_dir)

@@ -1,0 +1,130 @@
+"""Every command's start-up errors, run as the user runs them (a subprocess each): exit code 2,
+exactly one line on stderr naming the key and the fix, no traceback; and no message advises
+deleting a directory the product did not create.
+
+The table holds the cases a new user meets first (a Hugging Face directory given as
+``model.path`` without ``model=local``, a data file with the embedded model, a directory that
+already holds a run, ...) and one argument error per command.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
+
+ROOT = Path(__file__).resolve().parents[2]
+pytestmark = pytest.mark.slow  # a Python start (torch imported) per case
+
+
+@pytest.fixture(scope="module")
+def paths(tmp_path_factory) -> dict[str, Path]:
+    """A Hugging Face model directory (the tiny model, built in seconds), a run directory that
+    holds a run, a megatron-style checkpoint (no Hugging Face model inside), an empty directory."""
+    root = tmp_path_factory.mktemp("inputs")
+    run = root / "run"
+    run.mkdir()
+    (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
+    checkpoint = root / "megatron" / "checkpoints" / "step_000002"
+    (checkpoint / "policy").mkdir(parents=True)
+    (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 2}))
+    (root / "empty").mkdir()
+    return {
+        "hf": build_tiny_model(root / "hf", TinyModelSpec(), seed=0),
+        "run": run,
+        "megatron": checkpoint,
+        "empty": root / "empty",
+        "root": root,
+    }
+
+
+OWN_MODEL = ["model=local", "model.path={hf}"]
+# (command, arguments with {hf}/{run}/... placeholders, what the line must say)
+CASES = [
+    ("train", ["model.path={hf}"], "add `model=local`"),
+    ("train", ["data=dapo_math", "data.train={root}/x.parquet"], "add `model=local"),
+    ("train", ["data=dapo_math", "data.train="], "data.train="),
+    ("train", [*OWN_MODEL, "data=dapo_math", "data.train="], "data.train is empty"),
+    ("train", [*OWN_MODEL, "data=dapo_math", "data.train={root}/x.parquet"], "x.parquet: no such"),
+    ("train", [*OWN_MODEL, "data.defective_rows=drop"], "data.defective_rows"),
+    ("train", ["model=local", "model.path={root}/missing"], "model.path="),
+    ("train", ["model.path={root}/Qwen-typo"], "model=local model.path="),
+    ("train", ["model.path={empty}"], "add `model=local`"),
+    ("train", ["run.output_dir={run}", "checkpoint.resume=fresh"], "holds a run"),
+    ("train", ["run.output_dir={empty}", "checkpoint.resume=latest"], "checkpoint.resume=auto"),
+    ("train", ["checkpoint.resume="], "checkpoint.resume must be"),
+    ("train", ["trainer.max_stepz=5"], "unknown key trainer.max_stepz"),
+    ("train", ["method=opefoo"], "method/opefoo"),
+    ("train", ["--cfg", "hydra"], "--cfg job"),
+    ("probe", ["model.path={hf}"], "add `model=local`"),
+    ("probe", ["data=dapo_math", "data.train={root}/x.parquet"], "add `model=local"),
+    ("probe", ["run.compare=[opefo,grpo]"], "drop them"),
+    ("probe", ["--bogus"], "unrecognized arguments: --bogus"),
+    ("preflight", ["--world-size", "x"], "--world-size"),
+    ("eval", ["{megatron}", "--file", "a={root}/a.jsonl"], "opefo-export"),
+    ("eval", ["{root}/missing"], "does not exist"),
+    ("eval", ["{hf}"], "nothing to evaluate"),
+    ("eval", ["{hf}", "--bogus"], "unrecognized arguments"),
+    ("export", ["{root}/missing", "--out", "{root}/out"], "does not exist"),
+    ("export", ["{root}/missing"], "--out"),
+    ("report", ["{root}/missing", "--out", "{root}/out"], "is not a directory"),
+    ("report", [], "required"),
+    ("node_check", ["--gpus", "x"], "--gpus"),
+]  # fmt: skip
+
+
+def run_cli(command: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+    env = {
+        **os.environ,
+        "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
+        "OPEFO_CACHE": str(cwd / "cache"),  # the embedded model's default place: not built here
+        "OMP_NUM_THREADS": "1",
+    }
+    return subprocess.run(
+        [sys.executable, "-m", f"opefo_nemo.cli.{command}", *args],
+        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    ("command", "args", "says"), CASES, ids=[f"{c}:{' '.join(a)}" for c, a, _ in CASES]
+)
+def test_a_start_up_error_is_one_line_and_exit_2(paths, command, args, says):
+    filled = [arg.format(**paths) for arg in args]
+    done = run_cli(command, filled, paths["root"])
+    lines = done.stderr.strip().splitlines()
+    assert done.returncode == 2, done.stderr[-2000:]
+    assert len(lines) == 1, done.stderr[-2000:]
+    assert lines[0].startswith(f"opefo-{command.replace('_', '-')}: error: "), lines[0]
+    assert says in lines[0] and "Traceback" not in done.stderr
+    assert "delete" not in lines[0].lower()
+    assert not (paths["root"] / "cache").exists(), "no embedded model is built for a bad input"
+
+
+def test_preflight_reports_what_training_would_stop_on(paths):
+    """opefo-preflight runs opefo-train's model and data checks: the case that stops training is
+    a problem (exit 1, its report's verdict line), not "preflight: OK"."""
+    done = run_cli("preflight", [f"model.path={paths['hf']}"], paths["root"])
+    assert done.returncode == 1, done.stdout
+    assert "add `model=local`" in done.stdout
+    assert done.stdout.rstrip().endswith("preflight: 1 problem(s)")
+    fine = run_cli("preflight", ["model=local", f"model.path={paths['hf']}"], paths["root"])
+    assert fine.returncode == 0 and fine.stdout.rstrip().endswith("preflight: OK"), fine.stdout
+
+
+def test_cfg_job_prints_the_resolved_config(paths):
+    """Hydra's ``--cfg job``: the resolved config of the overrides, as YAML, nothing trained."""
+    import yaml
+
+    from opefo_nemo.config.compose import compose
+
+    overrides = ["model=local", f"model.path={paths['hf']}", "trainer.max_steps=3"]
+    done = run_cli("train", ["--cfg", "job", *overrides], paths["root"])
+    assert done.returncode == 0, done.stderr
+    assert yaml.safe_load(done.stdout) == compose(overrides)[1]
