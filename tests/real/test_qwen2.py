@@ -42,6 +42,11 @@ FP32_EPS = torch.finfo(torch.float32).eps
 #: allowed 2¹² ε ≈ 4.9e-4 (the SmolLM2 comparison's bound).
 FP32_REL = 4096 * FP32_EPS
 FP32 = {"dtype": "float32", "transformer_engine": False}
+#: Adam's first step moves a weight by lr·g/(|g| + ε): with the default ε = 1e-8 an embedding
+#: row's gradient element near ε (a token seen once) turns its fp32 round-off into a tenth of lr;
+#: at 1e-6 such elements move by a hundredth of lr or less, and every |g| ≫ 1e-6 takes its full
+#: step.
+ADAM_EPS = 1e-6
 #: A 630 M-parameter model built, run and stepped on CPU ranks takes minutes on two cores.
 DEADLINE_S = 1800.0
 
@@ -149,7 +154,7 @@ def test_megatron_engine_stats_export_and_strict_step(qwen2_dir, chat_batch, tp,
     optimizer states and the reference's would not fit a 24 GiB machine together)."""
     from tests.megatron.workers_build import TEMPERATURE
 
-    settings = {**FP32, "tensor_model_parallel_size": tp, "warmup_steps": 1}
+    settings = {**FP32, "tensor_model_parallel_size": tp, "warmup_steps": 1, "adam_eps": ADAM_EPS}
     args = (str(qwen2_dir), settings, tp == 1, chat_batch, str(tmp_path))
     run_world(workers_qwen2.stats_export_and_step, tp, *args, deadline_s=DEADLINE_S)
 
@@ -171,7 +176,7 @@ def test_megatron_engine_stats_export_and_strict_step(qwen2_dir, chat_batch, tp,
         return
 
     metrics, weights = torch.load(tmp_path / "step.pt", mmap=True)
-    engine = EngineConfig(dtype="float32", warmup_steps=1)
+    engine = EngineConfig(dtype="float32", warmup_steps=1, adam_eps=ADAM_EPS)
     reference = HFPolicy(qwen2_dir, engine, lr=workers_qwen2.LR, temperature=TEMPERATURE)
     method = load_method("grpo_strict", [f"lr={workers_qwen2.LR}"])
     want_metrics = update_rollout_batch(
