@@ -84,6 +84,18 @@ def _tensor_parallel_group(tp: int, rank: int):
     return mine
 
 
+def _tp_dp_groups(tp: int, rank: int, world_size: int):
+    """This rank's TP group (:func:`_tensor_parallel_group`) and data-parallel group (ranks
+    ``first, first + tp, ...``: at TP 2 on 4 ranks {0, 2} and {1, 3})."""
+    tp_group = _tensor_parallel_group(tp, rank)
+    dp_group = None
+    for first in range(tp):
+        ranks = list(range(first, world_size, tp))
+        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
+        dp_group = group if rank in ranks else dp_group
+    return tp_group, dp_group
+
+
 def prepare_is_layout_independent(rank: int, world_size: int) -> None:
     """λ*, the global sums, the token count, the weights and the Clip-Cov / KL-Cov selections of
     prepare() from vocab-parallel statistics equal the single-process ones for TP ∈ {1,2,4} and
@@ -208,12 +220,7 @@ def reweighting_metrics_at_tp2_dp2(rank: int, world_size: int) -> None:
     assert margin > 1e-4, "a token at the threshold could flip between layouts"
 
     tp, dp = 2, 2
-    tp_group = _tensor_parallel_group(tp, rank)
-    dp_group = None
-    for first in range(tp):  # data-parallel groups: ranks {0, 2} and {1, 3}
-        ranks = list(range(first, world_size, tp))
-        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
-        dp_group = group if rank in ranks else dp_group
+    tp_group, dp_group = _tp_dp_groups(tp, rank, world_size)
     tp_rank, dp_rank = rank % tp, rank // tp
     width = VOCAB // tp
     shard = batch["logits"][..., tp_rank * width : (tp_rank + 1) * width]
@@ -253,12 +260,7 @@ def steer_weights_at_tp2_dp2(rank: int, world_size: int) -> None:
     full = token_stats(batch["logits"], batch["targets"], sums=VOCAB_SUMS)
     old_logprob = full.logprob + batch["old_noise"]
     tp, dp = 2, 2
-    tp_group = _tensor_parallel_group(tp, rank)
-    dp_group = None
-    for first in range(tp):  # data-parallel groups: ranks {0, 2} and {1, 3}
-        ranks = list(range(first, world_size, tp))
-        group = dist.new_group(ranks, timeout=GROUP_TIMEOUT)
-        dp_group = group if rank in ranks else dp_group
+    tp_group, dp_group = _tp_dp_groups(tp, rank, world_size)
     tp_rank, dp_rank = rank % tp, rank // tp
     width = VOCAB // tp
     shard = batch["logits"][..., tp_rank * width : (tp_rank + 1) * width]

@@ -14,6 +14,8 @@ from tests.parallel.world import run_world
 pytest.importorskip("megatron.core")
 from tests.megatron import workers_build
 
+from .conftest import assert_stats_match, reference_stats
+
 pytestmark = pytest.mark.slow
 FP32_EPS = torch.finfo(torch.float32).eps
 #: fp32 round-off of 30 layers of width ≤ 1536 and a 49,152-way softmax, relative to the largest
@@ -23,29 +25,10 @@ FP32_REL = 4096 * FP32_EPS
 FP32 = {"dtype": "float32", "transformer_engine": False}
 
 
-def _reference(directory, batch):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids).logits[:, :-1].double()
-    logp = torch.log_softmax(logits / workers_build.TEMPERATURE, -1)
-    logprob = logp.gather(-1, batch.targets[..., None])[..., 0]
-    return logprob, -(logp.exp() * logp).sum(-1)
-
-
 @pytest.mark.parametrize("tp", [1, 3])
 def test_megatron_engine_equals_transformers(smollm2_dir, chat_batch, tp, tmp_path):
     case = (str(smollm2_dir), {**FP32, "tensor_model_parallel_size": tp})
     run_world(workers_build.token_stats_of_built_engines, tp, [case], chat_batch, str(tmp_path))
     got = torch.load(tmp_path / "stats_0.pt")
-    want = _reference(smollm2_dir, chat_batch)
-    mask = chat_batch.response_mask
-    width = got[0].shape[1]
-    selected = mask[:, :width]
-    assert int(selected.sum()) == int(mask.sum())
-    scale = float(want[0][:, :width][selected].abs().max())
-    for ours, theirs, name in zip(got, want, ("logprob", "entropy"), strict=True):
-        error = float((ours.double() - theirs[:, :width])[selected].abs().max())
-        # an error δ in the logits moves a logprob or the entropy by at most 2δ
-        assert error <= 2 * FP32_REL * scale, (name, tp, error, scale)
+    want = reference_stats(smollm2_dir, chat_batch, workers_build.TEMPERATURE)
+    assert_stats_match(got, want, chat_batch, FP32_REL)

@@ -20,7 +20,6 @@ from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.data import Problem
-from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.packaged import QWEN2_5_CODER_0_5B_INSTRUCT as QWEN2
 from opefo_nemo.models.packaged import converted_model, join_parts
@@ -32,7 +31,7 @@ from tests.parallel.world import run_world
 from tests.rollout.reference import hf_sampled_logprobs, load_hf_model
 
 from . import workers_qwen2
-from .conftest import ANSWERS, QUESTIONS
+from .conftest import QUESTIONS, assert_stats_match, chat_rows, reference_stats
 from .test_vllm_rollout import _python as rollout_python
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -78,21 +77,10 @@ def tokenizer(qwen2_dir):
 
 
 @pytest.fixture(scope="module")
-def chat_batch(qwen2_dir, tokenizer):
-    """The questions in the chat template with a written answer each, ended by ``<|im_end|>``,
-    twice (6 rows), padded with ``<|endoftext|>``; a row's two copies have advantages that do not
-    cancel, so that strict GRPO's gradient is not zero."""
-    prompts, responses = [], []
-    for question, answer in zip(QUESTIONS * 2, ANSWERS * 2, strict=True):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-        )
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-        responses.append(
-            [*tokenizer.encode(answer, add_special_tokens=False), tokenizer.eos_token_id]
-        )
-    advantages = torch.tensor([1.0, -1.0, 0.5, -0.5, 0.5, -1.0])
-    return build_batch(prompts, responses, advantages, pad_id=tokenizer.pad_token_id)
+def chat_batch(tokenizer):
+    """:func:`chat_rows` ended by ``<|im_end|>``, padded with ``<|endoftext|>``; a row's two
+    copies have advantages that do not cancel, so that strict GRPO's gradient is not zero."""
+    return chat_rows(tokenizer, torch.tensor([1.0, -1.0, 0.5, -0.5, 0.5, -1.0]))
 
 
 def test_shape_tokens_and_chat_template(qwen2_dir, tokenizer):
@@ -137,17 +125,6 @@ def test_logits_equal_those_of_transformers_reading_the_joined_gguf(
     assert torch.equal(got, want)
 
 
-def _reference_stats(directory, batch, temperature):
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids).logits[:, :-1].double()
-    logp = torch.log_softmax(logits / temperature, -1)
-    logprob = logp.gather(-1, batch.targets[..., None])[..., 0]
-    return logprob, -(logp.exp() * logp).sum(-1)
-
-
 @pytest.mark.parametrize("tp", [1, 2])
 def test_megatron_engine_stats_export_and_strict_step(qwen2_dir, chat_batch, tp, tmp_path):
     """At TP 1 and 2: statistics and export; the strict-GRPO step at TP 1 (at TP 2 the two ranks'
@@ -159,15 +136,9 @@ def test_megatron_engine_stats_export_and_strict_step(qwen2_dir, chat_batch, tp,
     run_world(workers_qwen2.stats_export_and_step, tp, *args, deadline_s=DEADLINE_S)
 
     got = torch.load(tmp_path / "stats.pt")
-    want = _reference_stats(qwen2_dir, chat_batch, TEMPERATURE)
-    mask = chat_batch.response_mask
-    width = got[0].shape[1]
-    selected = mask[:, :width]
-    assert int(selected.sum()) == int(mask.sum())
-    scale = float(want[0][:, :width][selected].abs().max())
-    for ours, theirs, name in zip(got, want, ("logprob", "entropy"), strict=True):
-        error = float((ours.double() - theirs[:, :width])[selected].abs().max())
-        assert error <= 2 * FP32_REL * scale, (name, tp, error, scale)  # |δlogit| → ≤ 2|δ|
+    assert_stats_match(
+        got, reference_stats(qwen2_dir, chat_batch, TEMPERATURE), chat_batch, FP32_REL
+    )
 
     exported, stored = torch.load(tmp_path / "export.pt")
     assert sorted(exported) == stored  # every weight, under its Hugging Face name
@@ -186,9 +157,13 @@ def test_megatron_engine_stats_export_and_strict_step(qwen2_dir, chat_batch, tp,
     rel = abs(metrics["grad/norm"] - want_metrics["grad/norm"]) / want_metrics["grad/norm"]
     assert rel <= 1e-3, (metrics["grad/norm"], want_metrics["grad/norm"])
     for name, weight in reference.named_weights():
-        # AdamW's first step moves a weight by lr·g/(|g| + ε): round-off in a tiny g shows as a
-        # fraction of lr, so the steps agree to 1 % of it
-        torch.testing.assert_close(weights[name], weight, rtol=0, atol=0.01 * workers_qwen2.LR)
+        # Adam's first step moves a weight by lr·g/(|g| + ε): a step of about lr wherever
+        # |g| ≫ ε (a wrong mapping shows as differences near 2 lr), while an element whose
+        # gradient is near ε turns the engines' different fp32 reduction orders into a visible
+        # share of lr; so a hundredth of lr on average and a twentieth at most
+        diff = (weights[name] - weight).abs()
+        assert float(diff.max()) <= 0.05 * workers_qwen2.LR, (name, float(diff.max()))
+        assert float(diff.double().mean()) <= 0.01 * workers_qwen2.LR, name
 
 
 @pytest.mark.vllm
