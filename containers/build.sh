@@ -8,6 +8,9 @@
 #   OPEFO_IMAGE_NAME  image name (default: opefo-nemo)
 #   OPEFO_BASE_IMAGE  base image, ideally pinned by digest (default: the Dockerfile's tag)
 #   OPEFO_PUSH        1 to push after building (default), 0 to build only
+#   OPEFO_VLLM_CUDA   12 for nodes whose NVIDIA driver is older than 580 (R535/R550/R570): the
+#                     rollout environment gets vLLM 0.19.1, whose torch 2.10.0 is built for
+#                     CUDA 12.8 (driver >= 525); default 13 (vLLM 0.32.0, driver >= 580)
 # TAG defaults to the short git commit of the repository (plus -dirty for uncommitted changes).
 # Prints the pushed reference on its last line.
 set -euo pipefail
@@ -48,6 +51,15 @@ build_args=()
 if [[ -n "${OPEFO_BASE_IMAGE:-}" ]]; then
     build_args+=(--build-arg "BASE_IMAGE=$OPEFO_BASE_IMAGE")
 fi
+
+case "${OPEFO_VLLM_CUDA:-13}" in
+    13) ;;
+    12) build_args+=(--build-arg VLLM_VERSION=0.19.1 --build-arg VLLM_TORCH_CUDA=12) ;;
+    *)
+        echo "build.sh: OPEFO_VLLM_CUDA must be 12 or 13, not ${OPEFO_VLLM_CUDA}" >&2
+        exit 2
+        ;;
+esac
 
 echo "build.sh: building $image"
 docker build "${build_args[@]}" -f "$root/containers/Dockerfile" -t "$image" "$root"

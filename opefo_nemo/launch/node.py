@@ -98,12 +98,17 @@ def driver_problems(driver: str, cuda_of: dict[str, str | None]) -> list[Problem
         major = parse_version(cuda)[0]
         need = MIN_DRIVER_FOR_CUDA.get(major)
         if need is not None and parse_version(driver)[0] < need:
+            fix = "install a torch built for the CUDA this driver supports"
+            if major == 13 and parse_version(driver)[0] >= MIN_DRIVER_FOR_CUDA[12]:
+                fix = (
+                    "rebuild the image with its CUDA 12 rollout environment (OPEFO_VLLM_CUDA=12 "
+                    "containers/build.sh: vLLM 0.19.1, torch 2.10.0+cu128; docs/cluster.md)"
+                )
             problems.append(
                 Problem(
                     "driver",
                     f"NVIDIA driver {driver} is older than {need}, the minimum for CUDA {cuda} "
-                    f"that {what} was built for: upgrade the node's driver to >= {need}, or "
-                    f"install a torch built for the CUDA this driver supports",
+                    f"that {what} was built for: upgrade the node's driver to >= {need}, or {fix}",
                 )
             )
     return problems

@@ -13,6 +13,11 @@ layer and re-runs each layer's post-load processing (the CPU backend repacks lin
 oneDNN, so a plain ``param.copy_`` would not reach the kernels). The prefix cache is reset
 afterwards, so no KV entry computed with old weights is reused.
 
+Refit tensors are checked by name against the checkpoint the server started from (its
+safetensors headers, plus ``lm_head.weight`` when the embeddings are tied): vLLM 0.32 refuses an
+unknown name, but 0.19 (the CUDA 12 build) skips it without a word, which would leave a stale
+weight in the engine.
+
 The server exits when asked (``shutdown``), when the client's end of the socket closes, or when
 its parent process disappears (a watchdog thread checks every half second).
 """
@@ -20,8 +25,10 @@ its parent process disappears (a watchdog thread checks every half second).
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import socket
+import struct
 import sys
 import threading
 import time
@@ -86,14 +93,40 @@ def _build_llm(args: argparse.Namespace):
     ), on_cpu
 
 
+def checkpoint_names(model_dir: Path) -> frozenset[str] | None:
+    """The tensor names a refit of the model in ``model_dir`` may carry: those of its safetensors
+    files (read from their headers), plus ``lm_head.weight`` when the config ties it to the
+    embeddings. None when the model has no safetensors files (no check is possible)."""
+    files = sorted(model_dir.glob("*.safetensors"))
+    if not files:
+        return None
+    names: set[str] = set()
+    for path in files:
+        with path.open("rb") as f:
+            (header_len,) = struct.unpack("<Q", f.read(8))
+            names.update(k for k in json.loads(f.read(header_len)) if k != "__metadata__")
+    config = model_dir / "config.json"
+    if config.exists() and json.loads(config.read_text()).get("tie_word_embeddings"):
+        names.add("lm_head.weight")
+    return frozenset(names)
+
+
 class RolloutServer:
     """Dispatches protocol requests to the vLLM engine ``llm``."""
 
-    def __init__(self, sock: socket.socket, llm, on_cpu: bool, shm_dir: Path) -> None:
+    def __init__(
+        self,
+        sock: socket.socket,
+        llm,
+        on_cpu: bool,
+        shm_dir: Path,
+        weight_names: frozenset[str] | None = None,
+    ) -> None:
         self.sock = sock
         self.llm = llm
         self.on_cpu = on_cpu
         self.shm_dir = shm_dir
+        self.weight_names = weight_names  # what a refit may carry; None: unchecked
 
     def serve(self) -> None:
         while True:
@@ -194,6 +227,10 @@ class RolloutServer:
                     tensors = read_ipc_chunk(request["ipc"])
                 else:
                     tensors = read_chunk(self.shm_dir, request["segment"], request["tensors"])
+                if self.weight_names is not None:
+                    unknown = sorted(n for n, _ in tensors if n not in self.weight_names)
+                    if unknown:
+                        raise ValueError(f"refit names not in the model's checkpoint: {unknown}")
                 send_message(self.sock, {"ok": True})
                 state["awaiting_reply"] = False
                 state["num_tensors"] += len(tensors)
@@ -242,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         send_message(sock, {"ok": False, "op": "ready", "error": traceback.format_exc()})
         return 1
     try:
-        RolloutServer(sock, llm, on_cpu, Path(args.shm_dir)).serve()
+        names = checkpoint_names(Path(args.model))
+        RolloutServer(sock, llm, on_cpu, Path(args.shm_dir), names).serve()
     except ProtocolError:
         pass
     finally:

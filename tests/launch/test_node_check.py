@@ -45,11 +45,14 @@ def test_driver_older_than_either_environments_cuda(tmp_path):
     (problem,) = driver_problems(query.driver, cuda)
     assert problem.topic == "driver"
     assert "driver 535.104.05 is older than 580, the minimum for CUDA 13.0" in problem.message
+    assert "OPEFO_VLLM_CUDA=12 containers/build.sh" in problem.message  # 535 runs CUDA 12
     assert "rollout environment's torch 2.13.0+cu130" in problem.message
     assert driver_problems("580.65.06", cuda) == []
     assert driver_problems("525.60.13", {"t": "12.8"}) == []
     assert len(driver_problems("470.82.01", {"t": "12.8", "u": "11.8"})) == 1
     assert driver_problems("470.82.01", {"cpu torch": None}) == []
+    (too_old_for_12,) = driver_problems("470.82.01", {"u": "13.0"})  # the CUDA 12 pair no help
+    assert "install a torch built for the CUDA this driver supports" in too_old_for_12.message
 
 
 def test_nvidia_smi_that_fails_or_is_missing_is_one_problem(tmp_path):

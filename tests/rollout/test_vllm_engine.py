@@ -6,11 +6,16 @@ and the close test run last because they change or end it.
 
 from __future__ import annotations
 
+import json
+import subprocess
+from pathlib import Path
+
 import pytest
 import torch
 
 from opefo_nemo.models.tiny import EOS_ID, encode
 from opefo_nemo.rollout import Completion, SamplingConfig, VLLMRolloutEngine
+from opefo_nemo.rollout.environment import rollout_python
 from opefo_nemo.rollout.process import process_group_alive
 from opefo_nemo.rollout.shm import live_segments
 from tests.rollout.reference import hf_greedy, hf_sampled_logprobs, load_hf_model
@@ -51,6 +56,18 @@ def _logprob_error(model, prompts, completions, temperature):
         errors.append((reference - torch.tensor(c.logprobs)).abs().max().item())
         scale = max(scale, reference.abs().max().item())
     return max(errors) / scale
+
+
+def test_servers_run_the_configured_interpreters_torch_and_vllm(engine):
+    """The servers import what ``$OPEFO_VLLM_PYTHON`` (the environment under test) imports."""
+    python = rollout_python(None)
+    probe = "import json, torch, vllm; print(json.dumps([torch.__version__, vllm.__version__]))"
+    expected = json.loads(
+        subprocess.run([python, "-c", probe], capture_output=True, text=True, check=True).stdout
+    )
+    for env in engine.environments:
+        assert [env["torch_version"], env["vllm_version"]] == expected
+        assert Path(env["python"]).resolve() == Path(python).resolve()
 
 
 def test_counts_shapes_and_order_for_n_greater_than_one(engine):
