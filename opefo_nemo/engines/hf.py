@@ -27,8 +27,8 @@ TOKENIZER_SUBDIR = "tokenizer"
 
 class HFPolicy:
     """A causal LM loaded from ``model_dir`` (nothing is downloaded) with AdamW and the learning
-    rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8); gradient
-    clipping by global norm."""
+    rate ``lr ·`` :func:`~.schedule.warmup_factor` at each rollout step; gradient clipping by
+    global norm."""
 
     def __init__(
         self, model_dir: str | Path, config: EngineConfig, *, lr: float, temperature: float

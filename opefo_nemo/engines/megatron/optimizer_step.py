@@ -56,7 +56,7 @@ class MegatronOptimizerStep:
 
     @property
     def lr(self) -> float:
-        """``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``."""
+        """The base learning rate × :func:`~..schedule.warmup_factor` at this rollout step."""
         return self.base_lr * warmup_factor(self.steps, self.config.warmup_steps)
 
     def zero_grad(self) -> None:

@@ -152,7 +152,7 @@ class MegatronPolicy:
 
     @property
     def lr(self) -> float:
-        """``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), as ``hf``'s."""
+        """This rollout step's learning rate (:func:`~..schedule.warmup_factor`), as ``hf``'s."""
         return self.updates.lr
 
     @property
