@@ -1,14 +1,8 @@
 """``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (spec §7).
 
-MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
-``policy/`` directory (a megatron checkpoint is exported first: ``opefo-export``). Benchmarks are
-the spec §7 sets under ``--data-dir`` (``<name>.jsonl``, avg@k with the paper's k) and/or
-``--file NAME=PATH`` files (our JSONL, or verl's parquet). Sampling follows the paper:
-temperature 1.0, top-p 0.7, zero-shot (template ``raw``); generation ends at the model's stop
-ids (``trainer/stop_tokens.py``, listed in the log). The paper-style table, naming the
-``--verifier`` that scored it, is printed and written to ``--out`` as ``results.md`` and
-``results.json``; every response goes to ``samples.jsonl``. Each vLLM server runs on its own
-GPU of those visible, under ``--python`` (default ``$OPEFO_VLLM_PYTHON``, else this one).
+MODEL is a Hugging Face directory, a checkpoint or a checkpoint's ``policy/`` directory. The
+benchmarks, the paper's sampling, the outputs and the servers: docs/training.md, "Validation and
+``opefo-eval``".
 """
 
 from __future__ import annotations

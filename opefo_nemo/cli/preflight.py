@@ -1,20 +1,8 @@
 """``opefo-preflight``: check a training config against the allocation before any GPU work.
 
-    opefo-preflight [--world-size N] [--gpus-per-node K] [--gpu-memory-gib G] [OVERRIDES...]
-
-OVERRIDES are the ones ``opefo-train`` takes (``+preset=opefo_7b method=opefo ...``); the config
-is composed from the same ``conf/`` directory. Prints the layout, the per-GPU memory table and
-every problem found (engine, config validation, layout, batch, vocabulary, paths, memory), then
-exits 1 if there was any, 0 otherwise. Imports neither NeMo nor vLLM, and megatron-core only to
-ask whether it can run tensor parallel above the model's key/value heads when the config asks
-for that (where it does not import, the NeMo 25.02 image's 0.11 is assumed, which cannot:
-docs/megatron.md, "megatron-core versions").
-
-``--world-size`` defaults to ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1. ``--gpus-per-node``
-(ranks per node; it decides where colocated vLLM servers go) defaults to ``$LOCAL_WORLD_SIZE``,
-else ``$SLURM_NTASKS_PER_NODE``, else every rank on one node. ``--gpu-memory-gib``
-defaults to the visible CUDA device's memory, else ``$OPEFO_GPU_MEMORY_GIB``, else 0 (a CPU run:
-no capacity check).
+Composes the config as ``opefo-train`` does and prints the layout, the per-GPU memory table and
+every problem found; imports neither NeMo nor vLLM. Usage, checks and defaults: docs/cluster.md,
+section 7.
 """
 
 from __future__ import annotations
@@ -35,6 +23,7 @@ from .usage import OneLineParser
 
 
 def _default_world_size() -> int:
+    """``--world-size``'s default: ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1."""
     for name in ("WORLD_SIZE", "SLURM_NTASKS"):
         value = os.environ.get(name)
         if value:
@@ -43,6 +32,9 @@ def _default_world_size() -> int:
 
 
 def _default_gpus_per_node() -> int:
+    """``--gpus-per-node``'s default (ranks per node; it decides where colocated vLLM servers
+    go): ``$LOCAL_WORLD_SIZE``, else ``$SLURM_NTASKS_PER_NODE``, else 0 (every rank on one
+    node)."""
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(name)
         if value:
@@ -51,6 +43,8 @@ def _default_gpus_per_node() -> int:
 
 
 def _default_gpu_memory_gib() -> float:
+    """``--gpu-memory-gib``'s default: the visible CUDA device's memory, else
+    ``$OPEFO_GPU_MEMORY_GIB``, else 0 (a CPU run: no capacity check)."""
     try:
         import torch
 

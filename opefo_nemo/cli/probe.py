@@ -1,14 +1,8 @@
 """``opefo-probe [--json PATH] [override ...]``: which regime is this run in? No training.
 
-It composes the configuration exactly as ``opefo-train`` does (same files, same overrides, e.g.
-``+preset=opefo_7b`` or ``+preset=smollm2_cpu``), samples ``trainer.responses_per_prompt``
-responses for each of ``trainer.prompts_per_step`` prompts with the configured rollout engine,
-scores them, runs one token-stats pass and reports, for every ΔH estimator, what ``prepare``
-computes at step 1 (P, N, λ*, the token entropy, ...) beside the reward and the share of groups
-with signal: a table on stdout, a verdict in plain words on how far OPEFO's weights
-``w± = 1 ± λ*`` move the update, and a JSON document (default ``<run.output_dir>/probe.json``).
-The figures are those ``opefo-train`` logs at step 1 on the same batch (trainer/probe.py).
-With no override it probes the embedded default's model and task.
+Samples one rollout batch of the configuration ``opefo-train`` would compose, runs one token-stats
+pass and reports what ``prepare`` computes at step 1 for every ΔH estimator, with a verdict
+(docs/training.md, "Which regime is my run in?"; the figures: trainer/probe.py).
 """
 
 from __future__ import annotations
