@@ -1,15 +1,6 @@
-"""The GRPO / OPEFO training loop, one rollout step at a time (docs/architecture.md).
-
-``Trainer.train_step`` reads top to bottom as the algorithm: sample prompts → generate K responses
-each → score them → group advantages (spec §4) → update (token-stats pass, ``prepare``, optimizer
-step(s); :mod:`opefo_nemo.trainer.update`, the rollout engine asleep) → wake it and push the
-weights (:mod:`.refit`: weights first, the KV cache after the refit) → metrics (spec §6).
-``Trainer.run`` adds checkpoints, validation (also of the warm start, logged as step 0), the NaN
-guard and pre-emption signals.
-
-With a multi-rank engine every rank runs this loop on the same data (SPMD, :mod:`.ranks`): the
-rollout engine returns the full batch on every rank, rank 0 scores it and writes the files, and
-the ranks agree on pre-emption before acting on it.
+"""The GRPO / OPEFO training loop, one rollout step at a time: ``Trainer.train_step`` reads top to
+bottom as the algorithm, ``Trainer.run`` adds checkpoints, validation, the NaN guard and
+pre-emption (docs/training.md, "The loop"; docs/architecture.md).
 """
 
 from __future__ import annotations

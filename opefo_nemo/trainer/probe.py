@@ -1,15 +1,6 @@
-"""One rollout step's entropy-flow statistics without training: what ``opefo-probe`` reports.
-
-The path is step 1 of ``opefo-train`` up to the optimizer: the trainer's own rollout and scoring
-(:meth:`.loop.Trainer.collect`), one token-stats pass over the whole batch with the vocabulary
-sums of every ΔH estimator, and ``prepare`` (phase 2) once per estimator on the same statistics.
-So each estimator's figures are those ``opefo-train`` would log at its first step with that
-estimator, and every metric ``prepare`` returns is reported, without probe-specific math.
-Nothing is trained, saved or logged.
-
-For a method with several updates per rollout, ``prepare`` here covers the whole rollout batch
-under the rollout's weights, while the trainer's figures average its mini-batches, the later ones
-under updated weights; for strict on-policy methods (OPEFO's setting) the two are the same.
+"""One rollout step's entropy-flow statistics without training: what ``opefo-probe`` reports,
+computed by ``opefo-train``'s own step-1 path up to the optimizer, with no probe-specific math
+(docs/training.md, "Which regime is my run in?").
 """
 
 from __future__ import annotations
