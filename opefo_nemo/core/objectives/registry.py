@@ -1,16 +1,6 @@
 """The objective registry: method name → :class:`~.base.Objective` subclass, and the way from
-untyped settings (YAML, overrides) to a validated method.
-
-Adding a method is one module that registers its objective and one ``conf/method/<name>.yaml``::
-
-    @register_objective("my_method")
-    class MyMethod(Objective):
-        config_type = MyMethodConfig
-        def token_loss(self, inputs):
-            return -inputs.weight * inputs.advantages * inputs.logprob
-
-A module outside ``opefo_nemo.core.objectives.methods`` must be imported before the config is
-read (e.g. by the script that starts training).
+untyped settings (YAML, overrides) to a validated method. Adding a method (one module + one YAML):
+docs/core.md, "Adding a method".
 """
 
 from __future__ import annotations
@@ -26,7 +16,9 @@ _REGISTRY: dict[str, type[Objective]] = {}
 
 
 def register_objective(name: str) -> Callable[[ObjectiveClass], ObjectiveClass]:
-    """Class decorator registering an :class:`Objective` subclass under ``name``."""
+    """Class decorator registering an :class:`Objective` subclass under ``name``. A module outside
+    ``opefo_nemo.core.objectives.methods`` must be imported before the config is read (e.g. by
+    the script that starts training)."""
 
     def decorate(cls: ObjectiveClass) -> ObjectiveClass:
         if name in _REGISTRY:
