@@ -1,21 +1,5 @@
-"""``opefo-train [override ...]``: train with NeMo-style Hydra overrides.
-
-With no argument it runs the embedded default: it builds (once) the default model, the tiny model
-warm-started on the arithmetic task whose solutions may be written in several equally correct
-orders (``model=tiny_arithmetic_orders``, docs/training.md), trains ``grpo_strict`` and ``opefo``
-from that same start with that model's run settings, and writes
-``outputs/embedded/report.png`` and ``summary.md`` (the ``opefo-report`` of both runs), and
-``outputs/embedded/targets.md`` (printed too): the demo's figures against its targets.
-
-``run.compare=[m1,m2,...]`` trains each method into ``<run.output_dir>/<method>``;
-``run.seeds=[s1,s2,...]`` trains each run once per seed into ``.../seed_<s>`` (with or without a
-comparison); either way the runs share one rollout engine (with ``rollout=engine`` each run's
-policy generates), start from the same model, and end with the report over all of them under
-``run.output_dir``.
-
-A run directory that holds a run is continued from its newest checkpoint
-(``checkpoint.resume=auto``; ``fresh`` refuses such a directory instead). ``--cfg job`` prints the
-resolved configuration and exits.
+"""``opefo-train [override ...]``: train with NeMo-style Hydra overrides; with no argument, the
+embedded demo (docs/training.md, "The embedded default"). :data:`USAGE` is its ``--help``.
 """
 
 from __future__ import annotations
@@ -41,6 +25,27 @@ from ..trainer.rollout_guard import GuardedRollout
 from ..trainer.setup import build_trainer, model_dir, start_rollout
 from .demo_targets import GRPO, OPEFO, write_targets
 from .usage import cfg_request, config_choices
+
+USAGE = """``opefo-train [override ...]``: train with NeMo-style Hydra overrides.
+
+With no argument it runs the embedded default: it builds (once) the default model, the tiny model
+warm-started on the arithmetic task whose solutions may be written in several equally correct
+orders (``model=tiny_arithmetic_orders``, docs/training.md), trains ``grpo_strict`` and ``opefo``
+from that same start with that model's run settings, and writes
+``outputs/embedded/report.png`` and ``summary.md`` (the ``opefo-report`` of both runs), and
+``outputs/embedded/targets.md`` (printed too): the demo's figures against its targets.
+
+``run.compare=[m1,m2,...]`` trains each method into ``<run.output_dir>/<method>``;
+``run.seeds=[s1,s2,...]`` trains each run once per seed into ``.../seed_<s>`` (with or without a
+comparison); either way the runs share one rollout engine (with ``rollout=engine`` each run's
+policy generates), start from the same model, and end with the report over all of them under
+``run.output_dir``.
+
+A run directory that holds a run is continued from its newest checkpoint
+(``checkpoint.resume=auto``; ``fresh`` refuses such a directory instead). ``--cfg job`` prints the
+resolved configuration and exits.
+"""
+"""What ``opefo-train --help`` prints before the configuration groups."""
 
 EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]")
 """What the bare ``opefo-train`` adds to the configuration's defaults: the comparison only (the
@@ -146,7 +151,7 @@ def compare(overrides: Sequence[str]) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        print(f"{__doc__}\n{config_choices()}\nconfiguration: {conf_dir()}/config.yaml")
+        print(f"{USAGE}\n{config_choices()}\nconfiguration: {conf_dir()}/config.yaml")
         return 0
     args, print_config = cfg_request(args, "opefo-train")
     logging.basicConfig(
