@@ -1,11 +1,7 @@
 """``opefo-export CHECKPOINT --out DIR``: a trained checkpoint → a Hugging Face model directory.
 
-CHECKPOINT is a trainer checkpoint (``.../checkpoints/step_NNNNNN``, either engine), ``latest``
-with ``--checkpoint-dir``, a megatron ``torch_dist`` checkpoint directory (the megatron engines',
-NeMo's ``model_weights/`` or the extracted ``.nemo`` directory holding it), or a directory of
-Hugging Face safetensors. Config and tokenizer are copied from the run's original Hugging Face
-model (``model.path`` of the checkpoint's ``config.yaml``) or from ``--hf-model``. The result
-loads with ``transformers.AutoModelForCausalLM.from_pretrained``, vLLM and ``opefo-eval``.
+The checkpoints it reads, where config and tokenizer come from, and its errors: docs/megatron.md,
+"``opefo-export``".
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""Wiring a run from its validated config: model directory, datasets, policy, rollout, trainer.
-
-The embedded model (``model.embedded``) is built and warm-started once into ``model.path`` and
-reused afterwards (``tasks/embedded_model.py``); every other path must already exist. A run
-launched on several ranks (``WORLD_SIZE > 1``: ``torchrun``, or ``srun`` through
-``slurm/common.sh``) joins the default process group first (:class:`.ranks.LoopRanks`) and
-generates with vLLM servers colocated on its GPUs (:class:`.colocated_rollout.ColocatedRollout`);
-only multi-process engines accept that.
+"""Wiring a run from its validated config: model directory, datasets, policy, rollout, trainer
+(docs/training.md: "The loop", "Several ranks").
 """
 
 from __future__ import annotations
@@ -86,6 +80,9 @@ def embedded_model(config: TrainConfig) -> Path:
 
 
 def model_dir(config: TrainConfig) -> Path:
+    """The run's model directory: the embedded model (``model.embedded``), built and
+    warm-started once into ``model.path`` and reused afterwards; a packaged model, converted on
+    first use; else ``model.path``, which must already exist."""
     if config.model.embedded:
         return embedded_model(config)
     if config.model.packaged is not None:
