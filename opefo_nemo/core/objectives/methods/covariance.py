@@ -1,9 +1,6 @@
-"""What the Clip-Cov and KL-Cov selections share: the covariance and a global top-k (spec §5).
-
-``cov_t = (A_t − Ā)(logprob_t − mean logprob)`` with both means over every valid token of the
-batch (all micro-batches, all ranks). A selection is a top-k under the reducer's total order of
-per-token scores, so it is the same tokens whatever the layout; :func:`token_uniform` gives
-layout-independent randomness, a hash of ``(seed, token id)``.
+"""What the Clip-Cov and KL-Cov selections share (spec §5): the covariance, and a top-k under the
+reducer's total order with layout-independent randomness, so a selection is the same tokens
+whatever the layout.
 """
 
 from __future__ import annotations
@@ -22,7 +19,9 @@ _MULTIPLIERS = (48_271, 69_621, 16_807, 39_373)
 
 
 def covariance(chunk: TokenChunk, adv_mean: float, logprob_mean: float) -> Tensor:
-    """``cov_t`` of spec §5 for every token of ``chunk`` (float64, shape ``[*]``)."""
+    """``cov_t = (A_t − Ā)(logprob_t − mean logprob)`` of spec §5 for every token of ``chunk``
+    (float64, shape ``[*]``), both means over every valid token of the batch (all
+    micro-batches, all ranks: :func:`covariance_means`)."""
     return (chunk.advantages.double() - adv_mean) * (chunk.logprob.double() - logprob_mean)
 
 

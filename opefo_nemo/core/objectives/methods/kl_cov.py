@@ -1,9 +1,5 @@
 """KL-Cov (Cui et al. 2025; spec §5): ``ℓ_t = −A ρ`` plus ``κ |logprob − logprob_old|`` on the
 ``k = max(⌊r_k · N⌋, 1)`` tokens of largest covariance over the whole optimizer-step batch.
-
-No ratio clip, so no ``clip/*`` metrics; ``select/frac`` logs the penalised fraction. With one
-update per rollout (ρ ≡ 1) the penalty is identically zero and only the selection runs (a
-warning says so at start-up).
 """
 
 from __future__ import annotations
@@ -55,6 +51,10 @@ class KLCovConfig(MethodConfig):
 
 @register_objective("kl_cov")
 class KLCov(Objective):
+    """No ratio clip, so no ``clip/*`` metrics; ``select/frac`` logs the penalised fraction. With
+    one update per rollout (ρ ≡ 1) the penalty is identically zero and only the selection runs
+    (a warning says so at start-up)."""
+
     config_type = KLCovConfig
     strict = False
     loss_sum_names = ("selected",)
