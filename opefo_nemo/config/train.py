@@ -1,10 +1,5 @@
-"""The trainer's configuration (``conf/config.yaml`` and its groups) as validated dataclasses.
-
-:func:`TrainConfig.from_mapping` is the only way in: an unknown key, a wrong type, an impossible
-value or a contradiction between sections fails at start-up with an error naming the key. Each
-section is a dataclass of its own module whose fields hold the keys' defaults and meanings and
-whose ``validate`` checks its own keys; :meth:`TrainConfig.validate` adds the checks that span
-sections (docs/training.md, "Configuration").
+"""The trainer's configuration (``conf/config.yaml`` and its groups) as validated dataclasses, one
+section per module (docs/training.md, "Configuration").
 """
 
 from __future__ import annotations
@@ -29,7 +24,10 @@ from .run import CheckpointConfig, RunConfig, TrainerConfig
 @dataclass(frozen=True)
 class TrainConfig:
     """Every section of ``conf/config.yaml``; ``method`` is the settings dataclass of the chosen
-    method (a :class:`MethodConfig` subclass, core.objectives)."""
+    method (a :class:`MethodConfig` subclass, core.objectives). :meth:`from_mapping` is the only
+    way in: an unknown key, a wrong type, an impossible value or a contradiction between sections
+    fails at start-up naming the key. Each section's dataclass holds its keys' defaults and
+    meanings and checks its own keys; :meth:`validate` adds the checks that span sections."""
 
     method: MethodConfig
     run: RunConfig = field(default_factory=RunConfig)

@@ -1,7 +1,7 @@
 """The chunk steps of ``token_stats`` on the Triton kernels of ``opefo_nemo.kernels``: the same
-contract and collectives as the torch steps of ``vocab_stats`` (docs/kernels.md, "``token_stats``
-(kernel=triton)"). Importing this module imports Triton: ``token_stats`` does so only when the
-kernel is chosen.
+contract and collectives as the torch steps of ``vocab_stats`` (docs/kernels.md,
+"``token_stats(kernel="triton")``"). Importing this module imports Triton: ``token_stats`` does
+so only when the kernel is chosen.
 """
 
 from __future__ import annotations

@@ -1,10 +1,6 @@
-"""Whether the NeMo-Aligner actor can be built here, and building it.
-
-The actor (:mod:`.actor`: NeMo's ``MegatronGPTModel`` behind NeMo-Aligner's actor interface,
-driven by :class:`~.policy.MegatronPolicy`) needs NeMo, NeMo-Aligner and megatron-core, which
-live in the NeMo container, not in the CPU environment. :func:`build_actor` checks for them
-without importing them and only then imports :mod:`.actor`, so this package stays importable
-anywhere.
+"""Whether the NeMo-Aligner actor can be built here, and building it: :func:`build_actor` checks for
+NeMo, NeMo-Aligner and megatron-core without importing them and only then imports :mod:`.actor`,
+so this package stays importable anywhere (docs/megatron.md, "The NeMo actor").
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The Hugging Face ↔ Megatron weight mapping (docs/megatron.md, "Weight mapping").
-
-:class:`MegatronLayout` (a model shape + TP, PP and vocabulary padding) decides every Megatron
-weight's name, shape and TP split (:func:`stage_specs`); :func:`hf_to_megatron` cuts Hugging Face
-weights into per-(stage, TP rank) shards; :func:`hf_named_weights` streams them back under Hugging
-Face names one decoder layer at a time (:class:`DistributedFetch` across ranks). Torch only.
+"""The Hugging Face ↔ Megatron weight mapping: names, shapes and TP splits (:func:`stage_specs`),
+shards from Hugging Face weights (:func:`hf_to_megatron`) and the stream back
+(:func:`hf_named_weights`); torch only (docs/megatron.md, "Weight mapping").
 """
 
 from .layout import MegatronLayout
