@@ -9,7 +9,7 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..trainer.metrics_log import read_metrics
+from opefo_nemo.trainer.metrics_log import read_metrics
 
 WINDOW = 10
 """Steps averaged at each end of a run: the means smooth the per-step noise (each step sees other

@@ -17,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..config.reward import VERIFIERS, RewardSettings
-from ..data import (
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.data import (
     BENCHMARK_NAMES,
     TEMPLATES,
     Problem,
@@ -27,15 +28,14 @@ from ..data import (
     load_jsonl,
     load_problems,
 )
-from ..data.benchmarks import PASS_AT_K_VALUES
-from ..eval import score_benchmark, write_report
-from ..launch.placement import device_slices
-from ..rollout import SamplingConfig, VLLMRolloutEngine
-from ..trainer.checkpoint import POLICY_SUBDIR
-from ..trainer.prompts import PromptCodec
-from ..trainer.scoring import score_responses
-from ..trainer.stop_tokens import stop_tokens
-from .usage import OneLineParser
+from opefo_nemo.data.benchmarks import PASS_AT_K_VALUES
+from opefo_nemo.eval import score_benchmark, write_report
+from opefo_nemo.launch.placement import device_slices
+from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
+from opefo_nemo.trainer.checkpoint import POLICY_SUBDIR
+from opefo_nemo.trainer.prompts import PromptCodec
+from opefo_nemo.trainer.scoring import score_responses
+from opefo_nemo.trainer.stop_tokens import stop_tokens
 
 log = logging.getLogger("opefo_nemo.eval")
 

@@ -16,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from ..models.megatron_weights.checkpoint_files import MANIFEST
-from ..models.megatron_weights.export import export_safetensors, export_sharded
-from ..trainer.checkpoint import POLICY_SUBDIR, list_checkpoints
-from .usage import OneLineParser
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.models.megatron_weights.checkpoint_files import MANIFEST
+from opefo_nemo.models.megatron_weights.export import export_safetensors, export_sharded
+from opefo_nemo.trainer.checkpoint import POLICY_SUBDIR, list_checkpoints
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}

@@ -14,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..launch import GIB, ModelShape, Problem
-from ..launch.node import (
+from opefo_nemo.cli.preflight import compose_config
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.launch import GIB, ModelShape, Problem
+from opefo_nemo.launch.node import (
     GpuQuery,
     cache_directories,
     cache_problems,
@@ -25,9 +27,7 @@ from ..launch.node import (
     query_gpus,
     visible_gpu_problems,
 )
-from ..rollout.environment import rollout_python
-from .preflight import compose_config
-from .usage import OneLineParser
+from opefo_nemo.rollout.environment import rollout_python
 
 
 def _int_env(name: str, default: int) -> int:

@@ -13,13 +13,13 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from ..engines.startup import startup_problems
-from ..launch import GIB, Problem, all_problems, plan_memory
-from ..launch.checks import colocated_placement, layout_of
-from ..launch.from_config import plan_from_config
-from ..launch.plan import LaunchPlan
-from ..launch.table import memory_table
-from .usage import OneLineParser
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.engines.startup import startup_problems
+from opefo_nemo.launch import GIB, Problem, all_problems, plan_memory
+from opefo_nemo.launch.checks import colocated_placement, layout_of
+from opefo_nemo.launch.from_config import plan_from_config
+from opefo_nemo.launch.plan import LaunchPlan
+from opefo_nemo.launch.table import memory_table
 
 
 def _default_world_size() -> int:
@@ -72,8 +72,8 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    from ..config.compose import hydra_error_message
-    from ..config.method import conf_dir
+    from opefo_nemo.config.compose import hydra_error_message
+    from opefo_nemo.config.method import conf_dir
 
     try:
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
@@ -91,7 +91,7 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
 def _corrects_update(config: dict[str, Any]) -> bool:
     """Whether ``method.name`` is a method that keeps ``∇θ H̄`` to correct its update (an
     unknown name: no; the validation reports it)."""
-    from ..core.objectives import objective_class
+    from opefo_nemo.core.objectives import objective_class
 
     try:
         return objective_class(str((config.get("method") or {}).get("name"))).corrects_update
@@ -103,7 +103,7 @@ def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Proble
     """The trainer's own start-up validation and start-up rules
     (:func:`~opefo_nemo.engines.startup.startup_problems`, which ``trainer.setup.build_policy``
     raises), as problems instead of exceptions."""
-    from ..config.train import TrainConfig
+    from opefo_nemo.config.train import TrainConfig
 
     try:
         validated = TrainConfig.from_mapping(config)
@@ -115,8 +115,8 @@ def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Proble
 def input_problems(config: dict[str, Any]) -> list[Problem]:
     """The model, data and run-directory checks ``opefo-train`` starts with
     (:func:`~opefo_nemo.trainer.inputs.check_inputs`): its first problem, if any."""
-    from ..config.train import TrainConfig
-    from ..trainer.inputs import INPUT_ERRORS, check_inputs
+    from opefo_nemo.config.train import TrainConfig
+    from opefo_nemo.trainer.inputs import INPUT_ERRORS, check_inputs
 
     try:
         validated = TrainConfig.from_mapping(config)

@@ -14,14 +14,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config.compose import compose
-from ..core.entropy_flow import ESTIMATORS
-from ..trainer.inputs import check_inputs
-from ..trainer.probe import probe
-from ..trainer.setup import build_trainer
-from .probe_report import document, table, verdict
-from .train import START_UP_ERRORS
-from .usage import OneLineParser, config_choices
+from opefo_nemo.cli.probe_report import document, table, verdict
+from opefo_nemo.cli.train import START_UP_ERRORS
+from opefo_nemo.cli.usage import OneLineParser, config_choices
+from opefo_nemo.config.compose import compose
+from opefo_nemo.core.entropy_flow import ESTIMATORS
+from opefo_nemo.trainer.inputs import check_inputs
+from opefo_nemo.trainer.probe import probe
+from opefo_nemo.trainer.setup import build_trainer
 
 STAGES = 3 + len(ESTIMATORS)  # start-up, generation, token statistics, one prepare per estimator
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..trainer.probe import ProbeResult
+from opefo_nemo.trainer.probe import ProbeResult
 
 #: ``|λ*|`` below this: OPEFO's update is strict GRPO's within a few percent per token.
 NEAR_GRPO = 0.05

@@ -10,8 +10,8 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..report import SMOOTH, WINDOW, RunDirectoryError, write_report
-from .usage import OneLineParser
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.report import SMOOTH, WINDOW, RunDirectoryError, write_report
 
 USAGE = """\
 ``opefo-report RUN_DIR [RUN_DIR ...] --out DIR``: the paper's figures and a summary table.

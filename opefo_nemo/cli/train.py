@@ -12,19 +12,19 @@ from pathlib import Path
 
 import yaml
 
-from ..config import conf_dir
-from ..config.compose import compose
-from ..config.train import TrainConfig
-from ..engines.aligner import AlignerUnavailableError
-from ..engines.startup import DeviceUnavailableError
-from ..report import write_report
-from ..trainer.checkpoint import list_checkpoints
-from ..trainer.inputs import INPUT_ERRORS, check_inputs
-from ..trainer.ranks import RankLayoutError
-from ..trainer.rollout_guard import GuardedRollout
-from ..trainer.setup import build_trainer, model_dir, start_rollout
-from .demo_targets import GRPO, OPEFO, write_targets
-from .usage import cfg_request, config_choices
+from opefo_nemo.cli.demo_targets import GRPO, OPEFO, write_targets
+from opefo_nemo.cli.usage import cfg_request, config_choices
+from opefo_nemo.config import conf_dir
+from opefo_nemo.config.compose import compose
+from opefo_nemo.config.train import TrainConfig
+from opefo_nemo.engines.aligner import AlignerUnavailableError
+from opefo_nemo.engines.startup import DeviceUnavailableError
+from opefo_nemo.report import write_report
+from opefo_nemo.trainer.checkpoint import list_checkpoints
+from opefo_nemo.trainer.inputs import INPUT_ERRORS, check_inputs
+from opefo_nemo.trainer.ranks import RankLayoutError
+from opefo_nemo.trainer.rollout_guard import GuardedRollout
+from opefo_nemo.trainer.setup import build_trainer, model_dir, start_rollout
 
 USAGE = """``opefo-train [override ...]``: train with NeMo-style Hydra overrides.
 

@@ -9,16 +9,16 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.objectives import MethodConfig, method_config
-from ..core.schema import build, one_of, require
-from ..models.shape import ModelShape
-from .data import DataConfig
-from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
-from .metrics import MetricsConfig, ValidationConfig
-from .model import ModelConfig
-from .reward import AdvantageConfig, RewardSettings
-from .rollout import RolloutConfig
-from .run import CheckpointConfig, RunConfig, TrainerConfig
+from opefo_nemo.config.data import DataConfig
+from opefo_nemo.config.engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
+from opefo_nemo.config.metrics import MetricsConfig, ValidationConfig
+from opefo_nemo.config.model import ModelConfig
+from opefo_nemo.config.reward import AdvantageConfig, RewardSettings
+from opefo_nemo.config.rollout import RolloutConfig
+from opefo_nemo.config.run import CheckpointConfig, RunConfig, TrainerConfig
+from opefo_nemo.core.objectives import MethodConfig, method_config
+from opefo_nemo.core.schema import build, one_of, require
+from opefo_nemo.models.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -12,7 +12,7 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from ..rollout.types import Completion, FinishReason, SamplingConfig
+from opefo_nemo.rollout.types import Completion, FinishReason, SamplingConfig
 
 
 class HFGenerator:

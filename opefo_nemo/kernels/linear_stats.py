@@ -15,10 +15,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import budgets
-from .partials import SUM_COLUMNS, ShardPartials
-from .select import triton_interpreted
-from .tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
+from opefo_nemo.kernels import budgets
+from opefo_nemo.kernels.partials import SUM_COLUMNS, ShardPartials
+from opefo_nemo.kernels.select import triton_interpreted
+from opefo_nemo.kernels.tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
 
 
 @dataclass(frozen=True)

@@ -10,8 +10,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .partials import SUM_COLUMNS, ShardPartials
-from .tiles import count_bad, grad_tile, launch, merge_tile, store_sums
+from opefo_nemo.kernels.partials import SUM_COLUMNS, ShardPartials
+from opefo_nemo.kernels.tiles import count_bad, grad_tile, launch, merge_tile, store_sums
 
 #: Widest vocabulary tile a program holds (fp32 registers per row).
 MAX_BLOCK_V = 4096

@@ -10,10 +10,10 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..kernels import FUSED_LINEAR
-from ..models.shape import ModelShape
-from .memory import GIB, MemorySettings
-from .plan import LaunchPlan
+from opefo_nemo.kernels import FUSED_LINEAR
+from opefo_nemo.launch.memory import GIB, MemorySettings
+from opefo_nemo.launch.plan import LaunchPlan
+from opefo_nemo.models.shape import ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 RUNTIME_OVERHEAD_BYTES = 2 * GIB

@@ -8,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..kernels.budgets import GRAD_BLOCKS_V, fused_backward_bytes
-from ..models.shape import ModelShape, padded_vocab_size
-from .layout import ParallelLayout
+from opefo_nemo.kernels.budgets import GRAD_BLOCKS_V, fused_backward_bytes
+from opefo_nemo.launch.layout import ParallelLayout
+from opefo_nemo.models.shape import ModelShape, padded_vocab_size
 
 GIB = 1024**3
 

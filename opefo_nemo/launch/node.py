@@ -16,8 +16,8 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rollout.environment import foreign_imports, server_pythonpath, site_directories
-from .checks import Problem
+from opefo_nemo.launch.checks import Problem
+from opefo_nemo.rollout.environment import foreign_imports, server_pythonpath, site_directories
 
 MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
 """Minimum driver major version per CUDA major version: NVIDIA's minor-version compatibility

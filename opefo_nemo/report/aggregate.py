@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .runs import Run
+from opefo_nemo.report.runs import Run
 
 
 def moving_average(values: np.ndarray, width: int) -> np.ndarray:

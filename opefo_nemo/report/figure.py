@@ -8,9 +8,9 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from .aggregate import group_curve
-from .panels import PANELS, STYLES, Panel, shown_runs
-from .runs import Group, Run
+from opefo_nemo.report.aggregate import group_curve
+from opefo_nemo.report.panels import PANELS, STYLES, Panel, shown_runs
+from opefo_nemo.report.runs import Group, Run
 
 COLUMNS = 4
 DPI = 100

@@ -7,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..core.objectives import objective_class
-from .derived import LARGEST_PASS
-from .runs import Run
+from opefo_nemo.core.objectives import objective_class
+from opefo_nemo.report.derived import LARGEST_PASS
+from opefo_nemo.report.runs import Run
 
 
 @dataclass(frozen=True)

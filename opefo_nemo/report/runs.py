@@ -15,8 +15,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..trainer.metrics_log import RUN_CONFIG
-from .derived import DERIVED
+from opefo_nemo.report.derived import DERIVED
+from opefo_nemo.trainer.metrics_log import RUN_CONFIG
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.jsonl"

@@ -10,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .derived import LARGEST_PASS
-from .runs import Group, Run
+from opefo_nemo.report.derived import LARGEST_PASS
+from opefo_nemo.report.runs import Group, Run
 
 #: A run's figure for the table, given the first / last window; ``None`` when it lacks the metric.
 Figure = Callable[[Run, int], float | None]

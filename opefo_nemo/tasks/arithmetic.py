@@ -8,8 +8,8 @@ from __future__ import annotations
 import random
 import re
 
-from ..data.problem import Problem, prompt_id_for
-from ..rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
+from opefo_nemo.data.problem import Problem, prompt_id_for
+from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
 
 SOURCE = "arithmetic"
 _PROMPT = re.compile(r"^(\d+)\+(\d+)=$")

@@ -15,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..core.schema import require
-from ..models.tiny import ALPHABET
-from ..models.transformers_compat import load_causal_lm
+from opefo_nemo.core.schema import require
+from opefo_nemo.models.tiny import ALPHABET
+from opefo_nemo.models.transformers_compat import load_causal_lm
 
 WARM_START_RATES = (
     "swap_rate",

@@ -6,9 +6,9 @@ from __future__ import annotations
 
 import re
 
-from ..data.problem import Problem, prompt_id_for
-from ..rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
-from .arithmetic import operand_pairs
+from opefo_nemo.data.problem import Problem, prompt_id_for
+from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
+from opefo_nemo.tasks.arithmetic import operand_pairs
 
 SOURCE = "word_arithmetic"
 _INTEGER = re.compile(r"-?\d+")

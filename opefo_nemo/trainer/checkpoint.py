@@ -16,8 +16,8 @@ import numpy as np
 import torch
 import yaml
 
-from ..engines.protocols import Policy
-from .ranks import SINGLE_PROCESS, LoopRanks
+from opefo_nemo.engines.protocols import Policy
+from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
 
 _NAME = re.compile(r"^step_(\d{6,})$")
 POLICY_SUBDIR = "policy"

@@ -11,11 +11,11 @@ from typing import cast
 
 from torch import Tensor
 
-from ..launch.placement import ColocatedPlacement
-from ..rollout import Completion, SamplingConfig
-from .protocols import RolloutEngine
-from .ranks import LoopRanks
-from .rollout_guard import TRANSPORT_FAILURES
+from opefo_nemo.launch.placement import ColocatedPlacement
+from opefo_nemo.rollout import Completion, SamplingConfig
+from opefo_nemo.trainer.protocols import RolloutEngine
+from opefo_nemo.trainer.ranks import LoopRanks
+from opefo_nemo.trainer.rollout_guard import TRANSPORT_FAILURES
 
 StartServer = Callable[[ColocatedPlacement, int], RolloutEngine]
 """``start(placement, server_index) -> engine``: starts one server on this leader's GPUs."""

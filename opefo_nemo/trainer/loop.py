@@ -14,29 +14,34 @@ from typing import Any
 
 import torch
 
-from ..config.train import TrainConfig
-from ..core import group_advantages
-from ..core.advantages import signal_fraction
-from ..core.metrics import EntropyDrift, RunningCorrelation, rollout_metrics, rollout_sums
-from ..core.objectives import build_objective
-from ..data import Problem
-from ..engines.batch import TrainBatch, build_batch
-from ..engines.hf_generation import HFGenerator
-from ..engines.protocols import Policy
-from ..eval import sample_metrics
-from ..parallel import NonFiniteLogitsError
-from ..rollout import SamplingConfig
-from .checkpoint import CHECKPOINTS_SUBDIR, load_checkpoint, resume_point, save_checkpoint
-from .colocated_rollout import ColocatedRollout
-from .metrics_log import MetricsLogger
-from .prompts import PromptCodec
-from .ranks import SINGLE_PROCESS, LoopRanks
-from .refit import refit_rollout
-from .rollout_guard import GuardedRollout
-from .sampler import PromptSampler
-from .scoring import overlong_penalties, reason_metrics, score_responses
-from .stop_tokens import stop_tokens
-from .update import UpdateOutcome, realized_entropy_change, update_rollout_batch
+from opefo_nemo.config.train import TrainConfig
+from opefo_nemo.core import group_advantages
+from opefo_nemo.core.advantages import signal_fraction
+from opefo_nemo.core.metrics import EntropyDrift, RunningCorrelation, rollout_metrics, rollout_sums
+from opefo_nemo.core.objectives import build_objective
+from opefo_nemo.data import Problem
+from opefo_nemo.engines.batch import TrainBatch, build_batch
+from opefo_nemo.engines.hf_generation import HFGenerator
+from opefo_nemo.engines.protocols import Policy
+from opefo_nemo.eval import sample_metrics
+from opefo_nemo.parallel import NonFiniteLogitsError
+from opefo_nemo.rollout import SamplingConfig
+from opefo_nemo.trainer.checkpoint import (
+    CHECKPOINTS_SUBDIR,
+    load_checkpoint,
+    resume_point,
+    save_checkpoint,
+)
+from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
+from opefo_nemo.trainer.metrics_log import MetricsLogger
+from opefo_nemo.trainer.prompts import PromptCodec
+from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
+from opefo_nemo.trainer.refit import refit_rollout
+from opefo_nemo.trainer.rollout_guard import GuardedRollout
+from opefo_nemo.trainer.sampler import PromptSampler
+from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score_responses
+from opefo_nemo.trainer.stop_tokens import stop_tokens
+from opefo_nemo.trainer.update import UpdateOutcome, realized_entropy_change, update_rollout_batch
 
 log = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

@@ -13,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ..config.metrics import MetricsConfig
+from opefo_nemo.config.metrics import MetricsConfig
 
 RUN_CONFIG = "config.yaml"
 SUPERSEDED = "metrics.superseded.jsonl"

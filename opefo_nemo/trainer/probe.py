@@ -9,11 +9,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core import SingleProcessReducer
-from ..core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
-from ..core.objectives import build_objective, prepare
-from .loop import Trainer
-from .update import rollout_fidelity, stats_pass, token_chunks
+from opefo_nemo.core import SingleProcessReducer
+from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
+from opefo_nemo.core.objectives import build_objective, prepare
+from opefo_nemo.trainer.loop import Trainer
+from opefo_nemo.trainer.update import rollout_fidelity, stats_pass, token_chunks
 
 #: The vocabulary sums of every estimator, in the order ``token_stats`` names them.
 ALL_SUMS = tuple(dict.fromkeys(name for sums in ESTIMATOR_SUMS.values() for name in sums))

@@ -8,8 +8,8 @@ import gc
 
 import torch
 
-from ..engines.protocols import Policy
-from .protocols import RolloutEngine
+from opefo_nemo.engines.protocols import Policy
+from opefo_nemo.trainer.protocols import RolloutEngine
 
 WEIGHTS = ("weights",)
 KV_CACHE = ("kv_cache",)

@@ -8,11 +8,11 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import cast
 
-from ..config.reward import RewardSettings
-from ..rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
-from ..rewards.result import ERROR, Verifier
-from ..tasks.arithmetic import score_final_answer
-from ..tasks.word_arithmetic import score_last_number
+from opefo_nemo.config.reward import RewardSettings
+from opefo_nemo.rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
+from opefo_nemo.rewards.result import ERROR, Verifier
+from opefo_nemo.tasks.arithmetic import score_final_answer
+from opefo_nemo.tasks.word_arithmetic import score_last_number
 
 #: The verifiers of the built-in tasks (the others are :mod:`opefo_nemo.rewards`').
 TASK_VERIFIERS = {"arithmetic": score_final_answer, "last_number": score_last_number}

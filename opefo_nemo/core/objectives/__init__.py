@@ -4,17 +4,27 @@ a :class:`TokenChunk` per micro-batch, :func:`prepare` the :class:`Coefficients`
 :func:`policy_loss` each micro-batch's loss share.
 """
 
-from .base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
-from .loss import LossOutput, loss_sum_names, policy_loss, step_loss_metrics
-from .prepare import COMMON_SUMS, Prepared, prepare
-from .registry import (
+from opefo_nemo.core.objectives.base import (
+    BatchStatistics,
+    EntropyFlowConfig,
+    MethodConfig,
+    Objective,
+)
+from opefo_nemo.core.objectives.loss import (
+    LossOutput,
+    loss_sum_names,
+    policy_loss,
+    step_loss_metrics,
+)
+from opefo_nemo.core.objectives.prepare import COMMON_SUMS, Prepared, prepare
+from opefo_nemo.core.objectives.registry import (
     build_objective,
     method_config,
     objective_class,
     register_objective,
     registered_objectives,
 )
-from .tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
 
 __all__ = [
     "COMMON_SUMS",

@@ -10,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..validation import as_bool_mask, check_finite, check_same_shape
-from .base import Objective
-from .tokens import Coefficients, LossInputs
+from opefo_nemo.core.objectives.base import Objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs
+from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
 
 
 @dataclass(frozen=True)

@@ -10,18 +10,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..entropy_flow import delta_entropy, flow_sums, lambda_star
-from ..metrics import add_sums, flow_metrics
-from ..reduction import BatchReducer
-from ..reweighting import (
+from opefo_nemo.core.entropy_flow import delta_entropy, flow_sums, lambda_star
+from opefo_nemo.core.metrics import add_sums, flow_metrics
+from opefo_nemo.core.objectives.base import BatchStatistics, Objective
+from opefo_nemo.core.objectives.tokens import Coefficients, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.reweighting import (
     DEFAULT_CONFIDENT_PROB,
     SPLIT_SUMS,
     reweighting_metrics,
     shift_sums,
     split_sums,
 )
-from .base import BatchStatistics, Objective
-from .tokens import Coefficients, TokenChunk
 
 #: The sums every method's phase 2 computes (keys an objective's own sums must not reuse).
 COMMON_SUMS = (

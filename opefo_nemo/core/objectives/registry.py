@@ -8,8 +8,8 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from ..schema import build
-from .base import MethodConfig, Objective
+from opefo_nemo.core.objectives.base import MethodConfig, Objective
+from opefo_nemo.core.schema import build
 
 ObjectiveClass = TypeVar("ObjectiveClass", bound=type[Objective])
 _REGISTRY: dict[str, type[Objective]] = {}
@@ -33,7 +33,7 @@ def register_objective(name: str) -> Callable[[ObjectiveClass], ObjectiveClass]:
 
 def objective_class(name: str) -> type[Objective]:
     """The objective registered as ``name``; the error lists the known names."""
-    from . import methods  # noqa: F401  (registers the built-in methods)
+    from opefo_nemo.core.objectives import methods  # noqa: F401  (registers the built-in methods)
 
     try:
         return _REGISTRY[name]
@@ -45,7 +45,7 @@ def objective_class(name: str) -> type[Objective]:
 
 def registered_objectives() -> list[str]:
     """Names of every registered objective, sorted."""
-    from . import methods  # noqa: F401
+    from opefo_nemo.core.objectives import methods  # noqa: F401
 
     return sorted(_REGISTRY)
 

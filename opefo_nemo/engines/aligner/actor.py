@@ -37,18 +37,18 @@ from nemo_aligner.utils.utils import (  # type: ignore[import-not-found]  # NeMo
 )
 from omegaconf import OmegaConf
 
-from ...config.engines import MegatronEngineConfig
-from ...models.megatron_weights.layout import MegatronLayout
-from ..megatron.build import wrap_for_training
-from ..megatron.policy import MegatronPolicy
-from .availability import AlignerUnavailableError
-from .nemo_config import (
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.aligner.availability import AlignerUnavailableError
+from opefo_nemo.engines.aligner.nemo_config import (
     architecture_mismatches,
     data_parallel_size,
     find_nemo_checkpoint,
     model_overrides,
     trainer_settings,
 )
+from opefo_nemo.engines.megatron.build import wrap_for_training
+from opefo_nemo.engines.megatron.policy import MegatronPolicy
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 
 class OpefoActorModel(MegatronGPTModel, AlignableGenerativeInterface):

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...config.engines import MegatronEngineConfig
-    from ..protocols import Policy
+    from opefo_nemo.config.engines import MegatronEngineConfig
+    from opefo_nemo.engines.protocols import Policy
 
 #: Modules the actor imports (NeMo, NeMo-Aligner; megatron-core comes with NeMo).
 ACTOR_MODULES = ("nemo", "nemo_aligner", "megatron.core")
@@ -50,6 +50,6 @@ def build_actor(
             f"engine.name=aligner: this environment lacks {', '.join(missing)}; the NeMo actor "
             "runs in the NeMo container (docs/cluster.md). Train with engine=hf here."
         )
-    from .actor import build_nemo_actor
+    from opefo_nemo.engines.aligner.actor import build_nemo_actor
 
     return build_nemo_actor(model_dir, engine, lr=lr, temperature=temperature)

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...config.engines import MegatronEngineConfig
+from opefo_nemo.config.engines import MegatronEngineConfig
 
 #: Where the actor looks for the NeMo checkpoint, inside ``model.path`` (first found wins): a
 #: ``.nemo`` tarball (NeMo 1 converters) or a NeMo 2 checkpoint directory (``nemo llm import``).

@@ -13,15 +13,15 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_model import GPTModel
 
-from ...config.engines import MegatronEngineConfig
-from ...models.megatron_weights.hf_loading import load_stage_weights
-from ...models.megatron_weights.layout import MegatronLayout
-from ..startup import DeviceUnavailableError
-from . import compat
-from .cpu_execution import megatron_on_cpu
-from .megatron_optimizer import build_megatron_optimizer, wrap_in_ddp
-from .model_builder import build_gpt_model, uses_transformer_engine
-from .policy import MegatronPolicy
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
+from opefo_nemo.engines.megatron.megatron_optimizer import build_megatron_optimizer, wrap_in_ddp
+from opefo_nemo.engines.megatron.model_builder import build_gpt_model, uses_transformer_engine
+from opefo_nemo.engines.megatron.policy import MegatronPolicy
+from opefo_nemo.engines.startup import DeviceUnavailableError
+from opefo_nemo.models.megatron_weights.hf_loading import load_stage_weights
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 #: Seed of megatron's model-parallel RNG tracker (dropout is 0; the tracker must exist).
 MODEL_PARALLEL_SEED = 1234

@@ -18,7 +18,8 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from megatron.core.transformer.module import MegatronModule
 
-from ...models.megatron_weights.checkpoint_files import (
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.models.megatron_weights.checkpoint_files import (
     FORMAT,
     MANIFEST,
     OPTIMIZER_PREFIX,
@@ -27,7 +28,6 @@ from ...models.megatron_weights.checkpoint_files import (
     replace_directory,
     tensor_metadata,
 )
-from . import compat
 
 #: The manifest's ``optimizer_state`` for a checkpoint of megatron's optimizer.
 MEGATRON_OPTIMIZER = "megatron"

@@ -12,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...parallel import TokenStats
+from opefo_nemo.parallel import TokenStats
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -82,7 +82,7 @@ class FusedOutputStats:
             gather_from_sequence_parallel_region,
         )
 
-        from ...parallel.linear_stats import linear_token_stats
+        from opefo_nemo.parallel.linear_stats import linear_token_stats
 
         if hidden.dim() != 3:
             raise ValueError(f"expected hidden states [s, b, h], got shape {tuple(hidden.shape)}")

@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...config.engines import MegatronEngineConfig
-from ...kernels import FUSED_LINEAR
-from ...parallel import TokenStats, token_stats
-from .fused_output import FusedOutputStats
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.megatron.fused_output import FusedOutputStats
+from opefo_nemo.kernels import FUSED_LINEAR
+from opefo_nemo.parallel import TokenStats, token_stats
 
 LossFunction = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
 """What ``forward_step_func`` returns beside the model output: ``fn(output) -> (loss, reduced)``,

@@ -11,7 +11,7 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 
-from ...config.engines import MegatronEngineConfig
+from opefo_nemo.config.engines import MegatronEngineConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 

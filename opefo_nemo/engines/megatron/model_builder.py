@@ -12,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from ...config.engines import MegatronEngineConfig
-from ...models.megatron_weights.layout import MegatronLayout
-from . import compat
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt.gpt_model import GPTModel

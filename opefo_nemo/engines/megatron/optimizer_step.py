@@ -11,10 +11,10 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 from torch import Tensor
 
-from ...config.engines import MegatronEngineConfig
-from ..entropy_correction import CapturedEntropyGradient
-from ..schedule import warmup_factor
-from . import compat
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.schedule import warmup_factor
 
 
 class MegatronOptimizerStep:

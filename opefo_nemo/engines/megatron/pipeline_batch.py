@@ -14,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...parallel.pipeline import broadcast_from_last_stage, is_last_stage
-from ..batch import TrainBatch
-from . import fused_output
-from .loss_closure import LossFunction
+from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.megatron import fused_output
+from opefo_nemo.engines.megatron.loss_closure import LossFunction
+from opefo_nemo.parallel.pipeline import broadcast_from_last_stage, is_last_stage
 
 FIRST_STAGE_KEYS = ("input_ids", "position_ids")
 """What the first stage's model reads: int64 ``[mbs, T]`` each."""

@@ -11,8 +11,8 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from .loss_closure import LossFunction
-from .pipeline_batch import PipelineMicroBatches, forward_step_func
+from opefo_nemo.engines.megatron.loss_closure import LossFunction
+from opefo_nemo.engines.megatron.pipeline_batch import PipelineMicroBatches, forward_step_func
 
 
 def run_schedule(

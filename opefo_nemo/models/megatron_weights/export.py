@@ -25,16 +25,16 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from .checkpoint_files import (
+from opefo_nemo.models.megatron_weights.checkpoint_files import (
     MANIFEST,
     OPTIMIZER_PREFIX,
     read_manifest,
     replace_directory,
     tensor_metadata,
 )
-from .layout import MegatronLayout
-from .streaming import hf_named_weights
-from .weight_mapping import WeightSpec, unfuse, weight_groups
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.streaming import hf_named_weights
+from opefo_nemo.models.megatron_weights.weight_mapping import WeightSpec, unfuse, weight_groups
 
 log = logging.getLogger("opefo_nemo.export")
 EMBEDDING = "embedding.word_embeddings.weight"

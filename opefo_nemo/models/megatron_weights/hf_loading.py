@@ -12,9 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .layout import MegatronLayout
-from .tensor_parallel import split_for_rank
-from .weight_mapping import fuse, stage_specs
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.tensor_parallel import split_for_rank
+from opefo_nemo.models.megatron_weights.weight_mapping import fuse, stage_specs
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..shape import ModelShape, padded_vocab_size
+from opefo_nemo.models.shape import ModelShape, padded_vocab_size
 
 
 @dataclass(frozen=True)

@@ -11,9 +11,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .layout import MegatronLayout
-from .tensor_parallel import gather_shards, split_for_rank
-from .weight_mapping import Sharding, WeightSpec, fuse, unfuse, weight_groups
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.tensor_parallel import gather_shards, split_for_rank
+from opefo_nemo.models.megatron_weights.weight_mapping import (
+    Sharding,
+    WeightSpec,
+    fuse,
+    unfuse,
+    weight_groups,
+)
 
 Fetch = Callable[[WeightSpec], Tensor]
 """``fetch(spec) -> full`` Megatron tensor of ``spec``: TP-gathered, of shape ``spec.shape``."""

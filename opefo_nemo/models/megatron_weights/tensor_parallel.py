@@ -9,7 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .weight_mapping import Sharding
+from opefo_nemo.models.megatron_weights.weight_mapping import Sharding
 
 
 def _blocks(tensor: Tensor, dim: int, parts: int, what: str) -> tuple[Tensor, ...]:

@@ -13,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 
 class Fusion(enum.Enum):

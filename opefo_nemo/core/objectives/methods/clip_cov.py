@@ -11,13 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer
-from ...schema import require
-from ..base import BatchStatistics, fraction
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs, TokenChunk
-from .clipped import ClippedConfig, ClippedSurrogate
-from .covariance import (
+from opefo_nemo.core.objectives.base import BatchStatistics, fraction
+from opefo_nemo.core.objectives.methods.clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.methods.covariance import (
     covariance,
     covariance_means,
     covariance_sums,
@@ -26,6 +22,10 @@ from .covariance import (
     selection_count,
     token_uniform,
 )
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.schema import require
 
 
 @dataclass(frozen=True)

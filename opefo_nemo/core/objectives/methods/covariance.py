@@ -10,9 +10,9 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer, local_top_k, select
-from ..base import BatchStatistics
-from ..tokens import Coefficients, TokenChunk
+from opefo_nemo.core.objectives.base import BatchStatistics
+from opefo_nemo.core.objectives.tokens import Coefficients, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer, local_top_k, select
 
 _PRIME = 2_147_483_647  # 2**31 − 1: products of two residues stay inside int64
 _MULTIPLIERS = (48_271, 69_621, 16_807, 39_373)

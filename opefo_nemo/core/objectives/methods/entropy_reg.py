@@ -11,13 +11,13 @@ from typing import Any
 
 from torch import Tensor
 
-from ...reduction import BatchReducer
-from ...schema import one_of, require
-from ..base import BatchStatistics, non_negative
-from ..entropy_target import INITIAL, require_target
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs
-from .clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.base import BatchStatistics, non_negative
+from opefo_nemo.core.objectives.entropy_target import INITIAL, require_target
+from opefo_nemo.core.objectives.methods.clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.schema import one_of, require
 
 RULES = ("skywork", "current")
 

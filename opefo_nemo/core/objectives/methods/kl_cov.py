@@ -11,11 +11,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer
-from ..base import BatchStatistics, MethodConfig, Objective, fraction, non_negative
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs, TokenChunk
-from .covariance import (
+from opefo_nemo.core.objectives.base import (
+    BatchStatistics,
+    MethodConfig,
+    Objective,
+    fraction,
+    non_negative,
+)
+from opefo_nemo.core.objectives.methods.covariance import (
     covariance,
     covariance_means,
     covariance_sums,
@@ -23,6 +26,9 @@ from .covariance import (
     selection_coefficients,
     selection_count,
 )
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
 
 
 @dataclass(frozen=True)

@@ -12,12 +12,16 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer, local_top_k
-from ...schema import one_of, require
-from ..base import BatchStatistics
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs, TokenChunk
-from .clipped import ClippedConfig, ClippedSurrogate, surrogate_terms
+from opefo_nemo.core.objectives.base import BatchStatistics
+from opefo_nemo.core.objectives.methods.clipped import (
+    ClippedConfig,
+    ClippedSurrogate,
+    surrogate_terms,
+)
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer, local_top_k
+from opefo_nemo.core.schema import one_of, require
 
 SCOPES = ("micro_batch", "batch")
 MAPPINGS = ("linear", "exponential")
