@@ -45,6 +45,8 @@ def _imports(path: Path) -> list[tuple[str, int]]:
             else:
                 module = node.module or ""
             found.append((module, node.lineno))
+            if module == "opefo_nemo":  # `from opefo_nemo import trainer` names packages
+                found += [(f"{module}.{alias.name}", node.lineno) for alias in node.names]
     return found
 
 

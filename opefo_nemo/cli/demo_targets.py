@@ -1,21 +1,6 @@
-"""The embedded demo's figures: what strict GRPO and OPEFO did, against the demo's targets.
-
-Read from each run's ``metrics.jsonl`` (spec §6) under the comparison's output directory, written
-to ``targets.md`` beside it and printed. Means over ``WINDOW`` steps smooth the per-step noise
-(each step sees other prompts):
-
-- reward and token-mean entropy: mean of the first ``WINDOW`` steps → mean of the last ``WINDOW``;
-- λ*: the mean |λ*| over the first ``EARLY_STEPS`` steps (the regime the run starts in) and the
-  mean advantage shift of the confident tokens (``flow/adv_shift_confident``, spec §6);
-- the demo's targets are properties of the task under strict GRPO (the paper's regime): its
-  reward rises by at least ``REWARD_RISE`` (absolute), its entropy falls by at least
-  ``ENTROPY_FALL`` (relative), and its mean |λ*| over the first ``EARLY_STEPS`` steps is at most
-  ``LAMBDA_REGIME``;
-- the entropy flow: the predicted net flow the update was built from, per step (``flow/net`` =
-  P − N for GRPO; ``flow/net_after_balance`` = (1+λ*)P − (1−λ*)N for OPEFO, zero by construction;
-  both Σ ΔH over the batch without the learning rate, spec §2-§3), beside the realized entropy
-  change of the same batch (``flow/realized``, after − before the update, every
-  ``metrics.realized_every`` steps): its mean and how many steps it was negative.
+"""The embedded demo's figures: what strict GRPO and OPEFO did, against the demo's targets, read
+from each run's ``metrics.jsonl`` (spec §6) and written to ``targets.md`` beside them
+(docs/training.md, "The embedded default").
 """
 
 from __future__ import annotations
@@ -24,15 +9,24 @@ from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from ..trainer.metrics_log import read_metrics
+from opefo_nemo.trainer.metrics_log import read_metrics
 
 WINDOW = 10
+"""Steps averaged at each end of a run: the means smooth the per-step noise (each step sees other
+prompts)."""
 EARLY_STEPS = 20
+"""The steps whose mean |λ*| tells the regime the run starts in."""
+# The demo's targets are properties of the task under strict GRPO (the paper's regime):
 REWARD_RISE = 0.20
+"""The least rise of the reward (absolute), first → last ``WINDOW`` steps."""
 ENTROPY_FALL = 0.40
+"""The least fall of the token-mean entropy (relative), first → last ``WINDOW`` steps."""
 LAMBDA_REGIME = 0.2
+"""The largest mean |λ*| over the first ``EARLY_STEPS`` steps."""
 GRPO, OPEFO = "grpo_strict", "opefo"
 PREDICTED = {GRPO: "flow/net", OPEFO: "flow/net_after_balance"}
+"""The predicted net flow each update was built from, per step (Σ ΔH over the batch without the
+learning rate, spec §2-§3): P − N for GRPO, (1+λ*)P − (1−λ*)N for OPEFO (zero by construction)."""
 
 
 def _values(records: Sequence[Mapping[str, Any]], key: str) -> list[float]:
@@ -44,7 +38,12 @@ def _mean(values: Sequence[float]) -> float:
 
 
 def run_figures(records: Sequence[Mapping[str, Any]], predicted_key: str) -> dict[str, float]:
-    """First/last ``WINDOW``-step means of reward and entropy, and the flow figures of one run."""
+    """First/last ``WINDOW``-step means of reward and entropy, and the flow figures of one run:
+    the mean |λ*| over the first ``EARLY_STEPS`` steps, the mean advantage shift of the confident
+    tokens (``flow/adv_shift_confident``, spec §6), the predicted net flow (``predicted_key``)
+    beside the realized entropy change of the same batch (``flow/realized``, after − before the
+    update, every ``metrics.realized_every`` steps): its mean and how many steps it was
+    negative."""
     reward, entropy = _values(records, "reward/mean"), _values(records, "entropy/mean")
     realized = _values(records, "flow/realized")
     width = min(WINDOW, len(reward))

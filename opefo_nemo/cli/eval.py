@@ -1,14 +1,8 @@
 """``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (spec §7).
 
-MODEL is a Hugging Face directory, a checkpoint (``.../checkpoints/step_000010``) or a checkpoint's
-``policy/`` directory (a megatron checkpoint is exported first: ``opefo-export``). Benchmarks are
-the spec §7 sets under ``--data-dir`` (``<name>.jsonl``, avg@k with the paper's k) and/or
-``--file NAME=PATH`` files (our JSONL, or verl's parquet). Sampling follows the paper:
-temperature 1.0, top-p 0.7, zero-shot (template ``raw``); generation ends at the model's stop
-ids (``trainer/stop_tokens.py``, listed in the log). The paper-style table, naming the
-``--verifier`` that scored it, is printed and written to ``--out`` as ``results.md`` and
-``results.json``; every response goes to ``samples.jsonl``. Each vLLM server runs on its own
-GPU of those visible, under ``--python`` (default ``$OPEFO_VLLM_PYTHON``, else this one).
+MODEL is a Hugging Face directory, a checkpoint or a checkpoint's ``policy/`` directory. The
+benchmarks, the paper's sampling, the outputs and the servers: docs/training.md, "Validation and
+``opefo-eval``".
 """
 
 from __future__ import annotations
@@ -23,8 +17,9 @@ from pathlib import Path
 
 import torch
 
-from ..config.reward import VERIFIERS, RewardSettings
-from ..data import (
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.data import (
     BENCHMARK_NAMES,
     TEMPLATES,
     Problem,
@@ -33,15 +28,14 @@ from ..data import (
     load_jsonl,
     load_problems,
 )
-from ..data.benchmarks import PASS_AT_K_VALUES
-from ..eval import score_benchmark, write_report
-from ..launch.placement import device_slices
-from ..rollout import SamplingConfig, VLLMRolloutEngine
-from ..trainer.checkpoint import POLICY_SUBDIR
-from ..trainer.prompts import PromptCodec
-from ..trainer.scoring import score_responses
-from ..trainer.stop_tokens import stop_tokens
-from .usage import OneLineParser
+from opefo_nemo.data.benchmarks import PASS_AT_K_VALUES
+from opefo_nemo.eval import score_benchmark, write_report
+from opefo_nemo.launch.placement import device_slices
+from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
+from opefo_nemo.trainer.checkpoint import POLICY_SUBDIR
+from opefo_nemo.trainer.prompts import PromptCodec
+from opefo_nemo.trainer.scoring import score_responses
+from opefo_nemo.trainer.stop_tokens import stop_tokens
 
 log = logging.getLogger("opefo_nemo.eval")
 

@@ -1,11 +1,7 @@
 """``opefo-export CHECKPOINT --out DIR``: a trained checkpoint → a Hugging Face model directory.
 
-CHECKPOINT is a trainer checkpoint (``.../checkpoints/step_NNNNNN``, either engine), ``latest``
-with ``--checkpoint-dir``, a megatron ``torch_dist`` checkpoint directory (the megatron engines',
-NeMo's ``model_weights/`` or the extracted ``.nemo`` directory holding it), or a directory of
-Hugging Face safetensors. Config and tokenizer are copied from the run's original Hugging Face
-model (``model.path`` of the checkpoint's ``config.yaml``) or from ``--hf-model``. The result
-loads with ``transformers.AutoModelForCausalLM.from_pretrained``, vLLM and ``opefo-eval``.
+The checkpoints it reads, where config and tokenizer come from, and its errors: docs/megatron.md,
+"``opefo-export``".
 """
 
 from __future__ import annotations
@@ -20,10 +16,10 @@ from pathlib import Path
 
 import yaml
 
-from ..models.megatron_weights.checkpoint_files import MANIFEST
-from ..models.megatron_weights.export import export_safetensors, export_sharded
-from ..trainer.checkpoint import POLICY_SUBDIR, list_checkpoints
-from .usage import OneLineParser
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.models.megatron_weights.checkpoint_files import MANIFEST
+from opefo_nemo.models.megatron_weights.export import export_safetensors, export_sharded
+from opefo_nemo.trainer.checkpoint import POLICY_SUBDIR, list_checkpoints
 
 _SIZE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(B|KB|MB|GB|TB)?\s*$", re.IGNORECASE)
 _UNITS = {"B": 1, "KB": 10**3, "MB": 10**6, "GB": 10**9, "TB": 10**12}

@@ -1,24 +1,7 @@
 """``opefo-node-check``: what this node must offer before a training rank starts on it.
 
-    opefo-node-check [--tasks-per-node N] [--gpus G] [--rollout-python PY] [--disk-path DIR]
-                     [--min-free-gib F] [OVERRIDES...]
-
-``slurm/common.sh`` runs it on the first task of every node (in the container) before the
-training step. Checks (``launch/node.py``): the NVIDIA driver against the CUDA of the trainer's
-torch and of the rollout environment's; the GPUs visible to the task against the node's
-training tasks; the rollout environment imports torch, vLLM and the rollout server, from
-itself; the cache directories of vLLM, Triton and torch compile are writable; free disk where
-checkpoints go. Prints what it found, then every problem on one line each, and exits 1 if there
-was any.
-
-OVERRIDES are ``opefo-train``'s: the config gives ``rollout.python`` and ``run.output_dir``
-unless ``--rollout-python`` / ``--disk-path`` say otherwise, and the free disk needed: the
-model's parameters × 14 bytes (bf16 weights 2, fp32 main weights 4, Adam moments 8) ×
-(``checkpoint.keep`` + 1, a new checkpoint is written before the oldest goes), unless
-``--min-free-gib`` says otherwise (0 when the model's ``config.json`` is not readable).
-``--gpus`` (GPUs expected on the node; default ``$SLURM_GPUS_ON_NODE``, else 0) decides whether
-``nvidia-smi`` must answer; with 0 the driver and GPU checks run only where ``nvidia-smi``
-exists. ``--tasks-per-node`` defaults to ``$SLURM_NTASKS_PER_NODE``, else 1.
+Run by ``slurm/common.sh`` on the first task of every node; the checks are ``launch/node.py``'s.
+Usage, checks and defaults: docs/cluster.md, section 8.
 """
 
 from __future__ import annotations
@@ -31,8 +14,10 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..launch import GIB, ModelShape, Problem
-from ..launch.node import (
+from opefo_nemo.cli.preflight import compose_config
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.launch import GIB, ModelShape, Problem
+from opefo_nemo.launch.node import (
     GpuQuery,
     cache_directories,
     cache_problems,
@@ -42,9 +27,7 @@ from ..launch.node import (
     query_gpus,
     visible_gpu_problems,
 )
-from ..rollout.environment import rollout_python
-from .preflight import compose_config
-from .usage import OneLineParser
+from opefo_nemo.rollout.environment import rollout_python
 
 
 def _int_env(name: str, default: int) -> int:
@@ -69,7 +52,9 @@ class ConfigSettings:
 
 def config_settings(overrides: Sequence[str]) -> tuple[ConfigSettings, list[Problem]]:
     """``rollout.python`` and ``rollout.name``, ``run.output_dir`` and the disk the kept
-    checkpoints need."""
+    checkpoints need: the model's parameters × :data:`CHECKPOINT_BYTES_PER_PARAMETER` ×
+    (``checkpoint.keep`` + 1, a new checkpoint is written before the oldest goes); 0 when the
+    model's ``config.json`` is not readable."""
     config, problems = compose_config(overrides)
     if config is None:
         return ConfigSettings(), problems
@@ -101,7 +86,10 @@ def _gpu_lines(args: argparse.Namespace, cuda_of: dict[str, str | None]) -> tupl
 
 
 def node_check(args: argparse.Namespace) -> list[str]:
-    """The report's lines; the last one is the verdict. Problems are lines starting with ``[``."""
+    """The report's lines: what it found, then every problem on one line each; the last one is the
+    verdict. Problems are lines starting with ``[``. ``--gpus`` (GPUs expected on the node)
+    decides whether ``nvidia-smi`` must answer; with 0 the driver and GPU checks run only where
+    ``nvidia-smi`` exists."""
     import torch
 
     settings, problems = config_settings(args.overrides)

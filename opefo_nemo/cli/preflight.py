@@ -1,20 +1,8 @@
 """``opefo-preflight``: check a training config against the allocation before any GPU work.
 
-    opefo-preflight [--world-size N] [--gpus-per-node K] [--gpu-memory-gib G] [OVERRIDES...]
-
-OVERRIDES are the ones ``opefo-train`` takes (``+preset=opefo_7b method=opefo ...``); the config
-is composed from the same ``conf/`` directory. Prints the layout, the per-GPU memory table and
-every problem found (engine, config validation, layout, batch, vocabulary, paths, memory), then
-exits 1 if there was any, 0 otherwise. Imports neither NeMo nor vLLM, and megatron-core only to
-ask whether it can run tensor parallel above the model's key/value heads when the config asks
-for that (where it does not import, the NeMo 25.02 image's 0.11 is assumed, which cannot:
-docs/megatron.md, "megatron-core versions").
-
-``--world-size`` defaults to ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1. ``--gpus-per-node``
-(ranks per node; it decides where colocated vLLM servers go) defaults to ``$LOCAL_WORLD_SIZE``,
-else ``$SLURM_NTASKS_PER_NODE``, else every rank on one node. ``--gpu-memory-gib``
-defaults to the visible CUDA device's memory, else ``$OPEFO_GPU_MEMORY_GIB``, else 0 (a CPU run:
-no capacity check).
+Composes the config as ``opefo-train`` does and prints the layout, the per-GPU memory table and
+every problem found; imports neither NeMo nor vLLM. Usage, checks and defaults: docs/cluster.md,
+section 7.
 """
 
 from __future__ import annotations
@@ -25,16 +13,17 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any, cast
 
-from ..engines.startup import startup_problems
-from ..launch import GIB, Problem, all_problems, plan_memory
-from ..launch.checks import colocated_placement, layout_of
-from ..launch.from_config import plan_from_config
-from ..launch.plan import LaunchPlan
-from ..launch.table import memory_table
-from .usage import OneLineParser
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.engines.startup import startup_problems
+from opefo_nemo.launch import GIB, Problem, all_problems, plan_memory
+from opefo_nemo.launch.checks import colocated_placement, layout_of
+from opefo_nemo.launch.from_config import plan_from_config
+from opefo_nemo.launch.plan import LaunchPlan
+from opefo_nemo.launch.table import memory_table
 
 
 def _default_world_size() -> int:
+    """``--world-size``'s default: ``$WORLD_SIZE``, else ``$SLURM_NTASKS``, else 1."""
     for name in ("WORLD_SIZE", "SLURM_NTASKS"):
         value = os.environ.get(name)
         if value:
@@ -43,6 +32,9 @@ def _default_world_size() -> int:
 
 
 def _default_gpus_per_node() -> int:
+    """``--gpus-per-node``'s default (ranks per node; it decides where colocated vLLM servers
+    go): ``$LOCAL_WORLD_SIZE``, else ``$SLURM_NTASKS_PER_NODE``, else 0 (every rank on one
+    node)."""
     for name in ("LOCAL_WORLD_SIZE", "SLURM_NTASKS_PER_NODE"):
         value = os.environ.get(name)
         if value:
@@ -51,6 +43,8 @@ def _default_gpus_per_node() -> int:
 
 
 def _default_gpu_memory_gib() -> float:
+    """``--gpu-memory-gib``'s default: the visible CUDA device's memory, else
+    ``$OPEFO_GPU_MEMORY_GIB``, else 0 (a CPU run: no capacity check)."""
     try:
         import torch
 
@@ -78,8 +72,8 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
     from hydra.errors import HydraException
     from omegaconf import OmegaConf
 
-    from ..config.compose import hydra_error_message
-    from ..config.method import conf_dir
+    from opefo_nemo.config.compose import hydra_error_message
+    from opefo_nemo.config.method import conf_dir
 
     try:
         with initialize_config_dir(str(conf_dir()), version_base="1.3"):
@@ -97,7 +91,7 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
 def _corrects_update(config: dict[str, Any]) -> bool:
     """Whether ``method.name`` is a method that keeps ``∇θ H̄`` to correct its update (an
     unknown name: no; the validation reports it)."""
-    from ..core.objectives import objective_class
+    from opefo_nemo.core.objectives import objective_class
 
     try:
         return objective_class(str((config.get("method") or {}).get("name"))).corrects_update
@@ -109,7 +103,7 @@ def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Proble
     """The trainer's own start-up validation and start-up rules
     (:func:`~opefo_nemo.engines.startup.startup_problems`, which ``trainer.setup.build_policy``
     raises), as problems instead of exceptions."""
-    from ..config.train import TrainConfig
+    from opefo_nemo.config.train import TrainConfig
 
     try:
         validated = TrainConfig.from_mapping(config)
@@ -121,8 +115,8 @@ def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Proble
 def input_problems(config: dict[str, Any]) -> list[Problem]:
     """The model, data and run-directory checks ``opefo-train`` starts with
     (:func:`~opefo_nemo.trainer.inputs.check_inputs`): its first problem, if any."""
-    from ..config.train import TrainConfig
-    from ..trainer.inputs import INPUT_ERRORS, check_inputs
+    from opefo_nemo.config.train import TrainConfig
+    from opefo_nemo.trainer.inputs import INPUT_ERRORS, check_inputs
 
     try:
         validated = TrainConfig.from_mapping(config)

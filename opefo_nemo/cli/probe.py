@@ -1,14 +1,8 @@
 """``opefo-probe [--json PATH] [override ...]``: which regime is this run in? No training.
 
-It composes the configuration exactly as ``opefo-train`` does (same files, same overrides, e.g.
-``+preset=opefo_7b`` or ``+preset=smollm2_cpu``), samples ``trainer.responses_per_prompt``
-responses for each of ``trainer.prompts_per_step`` prompts with the configured rollout engine,
-scores them, runs one token-stats pass and reports, for every ΔH estimator, what ``prepare``
-computes at step 1 (P, N, λ*, the token entropy, ...) beside the reward and the share of groups
-with signal: a table on stdout, a verdict in plain words on how far OPEFO's weights
-``w± = 1 ± λ*`` move the update, and a JSON document (default ``<run.output_dir>/probe.json``).
-The figures are those ``opefo-train`` logs at step 1 on the same batch (trainer/probe.py).
-With no override it probes the embedded default's model and task.
+Samples one rollout batch of the configuration ``opefo-train`` would compose, runs one token-stats
+pass and reports what ``prepare`` computes at step 1 for every ΔH estimator, with a verdict
+(docs/training.md, "Which regime is my run in?"; the figures: trainer/probe.py).
 """
 
 from __future__ import annotations
@@ -20,14 +14,14 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..config.compose import compose
-from ..core.entropy_flow import ESTIMATORS
-from ..trainer.inputs import check_inputs
-from ..trainer.probe import probe
-from ..trainer.setup import build_trainer
-from .probe_report import document, table, verdict
-from .train import START_UP_ERRORS
-from .usage import OneLineParser, config_choices
+from opefo_nemo.cli.probe_report import document, table, verdict
+from opefo_nemo.cli.train import START_UP_ERRORS
+from opefo_nemo.cli.usage import OneLineParser, config_choices
+from opefo_nemo.config.compose import compose
+from opefo_nemo.core.entropy_flow import ESTIMATORS
+from opefo_nemo.trainer.inputs import check_inputs
+from opefo_nemo.trainer.probe import probe
+from opefo_nemo.trainer.setup import build_trainer
 
 STAGES = 3 + len(ESTIMATORS)  # start-up, generation, token statistics, one prepare per estimator
 

@@ -1,9 +1,5 @@
-"""``opefo-probe``'s output: the table, the verdict in plain words, and the JSON document.
-
-The verdict reads λ* of the configured estimator: OPEFO multiplies the policy-gradient term of
-every entropy-raising token (ΔH > 0) by ``w₊ = 1 + λ*`` and of every entropy-lowering one by
-``w₋ = 1 − λ*`` (spec §3), so ``|λ*|`` is how far, relatively, OPEFO moves any token's term away
-from strict GRPO's. The bands are those of docs/training.md ("Which regime is my run in?").
+"""``opefo-probe``'s output: the table, the verdict in plain words, and the JSON document (the
+bands: docs/training.md, "Which regime is my run in?").
 """
 
 from __future__ import annotations
@@ -11,7 +7,7 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from ..trainer.probe import ProbeResult
+from opefo_nemo.trainer.probe import ProbeResult
 
 #: ``|λ*|`` below this: OPEFO's update is strict GRPO's within a few percent per token.
 NEAR_GRPO = 0.05
@@ -59,7 +55,10 @@ def table(result: ProbeResult) -> str:
 
 
 def verdict(result: ProbeResult) -> str:
-    """How far OPEFO's weights move the update, in words, from the configured estimator's λ*."""
+    """How far OPEFO's weights move the update, in words, from the configured estimator's λ*.
+    OPEFO multiplies the policy-gradient term of every entropy-raising token (ΔH > 0) by
+    ``w₊ = 1 + λ*`` and of every entropy-lowering one by ``w₋ = 1 − λ*`` (spec §3), so ``|λ*|``
+    is how far, relatively, OPEFO moves any token's term away from strict GRPO's."""
     metrics = result.estimators[result.configured]
     lam = metrics["flow/lambda"]
     pos, neg = metrics["flow/pos"], metrics["flow/neg"]

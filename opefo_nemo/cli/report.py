@@ -1,10 +1,5 @@
-"""``opefo-report RUN_DIR [RUN_DIR ...] --out DIR``: the paper's figures and a summary table.
-
-Reads each run directory's ``metrics.jsonl`` and ``config.yaml`` (written by ``opefo-train``),
-draws runs of one method and equal settings as one group (mean and min–max band over seeds) and
-writes ``DIR/report.png`` and ``DIR/summary.md`` (docs/training.md, "Comparing methods").
-A run missing a metric is left out of that panel and named in ``summary.md``; a directory without
-``metrics.jsonl`` is an error naming it (exit status 2).
+"""``opefo-report RUN_DIR [RUN_DIR ...] --out DIR``: the paper's figures and a summary table
+(docs/training.md, "Comparing methods and seeds"); :data:`USAGE` is its ``--help``.
 """
 
 from __future__ import annotations
@@ -15,8 +10,19 @@ import sys
 from collections.abc import Sequence
 from pathlib import Path
 
-from ..report import SMOOTH, WINDOW, RunDirectoryError, write_report
-from .usage import OneLineParser
+from opefo_nemo.cli.usage import OneLineParser
+from opefo_nemo.report import SMOOTH, WINDOW, RunDirectoryError, write_report
+
+USAGE = """\
+``opefo-report RUN_DIR [RUN_DIR ...] --out DIR``: the paper's figures and a summary table.
+
+Reads each run directory's ``metrics.jsonl`` and ``config.yaml`` (written by ``opefo-train``),
+draws runs of one method and equal settings as one group (mean and min–max band over seeds) and
+writes ``DIR/report.png`` and ``DIR/summary.md`` (docs/training.md, "Comparing methods").
+A run missing a metric is left out of that panel and named in ``summary.md``; a directory without
+``metrics.jsonl`` is an error naming it (exit status 2).
+"""
+"""What ``opefo-report --help`` prints above its options."""
 
 
 def _positive(text: str) -> int:
@@ -28,7 +34,7 @@ def _positive(text: str) -> int:
 
 def parser() -> argparse.ArgumentParser:
     p = OneLineParser(
-        prog="opefo-report", description=__doc__, formatter_class=argparse.RawTextHelpFormatter
+        prog="opefo-report", description=USAGE, formatter_class=argparse.RawTextHelpFormatter
     )
     p.add_argument("runs", nargs="+", type=Path, metavar="RUN_DIR", help="run directories")
     p.add_argument("--out", type=Path, required=True, help="where report.png and summary.md go")

@@ -1,4 +1,32 @@
-"""``opefo-train [override ...]``: train with NeMo-style Hydra overrides.
+"""``opefo-train [override ...]``: train with NeMo-style Hydra overrides; with no argument, the
+embedded demo (docs/training.md, "The embedded default"). :data:`USAGE` is its ``--help``.
+"""
+
+from __future__ import annotations
+
+import logging
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+from pathlib import Path
+
+import yaml
+
+from opefo_nemo.cli.demo_targets import GRPO, OPEFO, write_targets
+from opefo_nemo.cli.usage import cfg_request, config_choices
+from opefo_nemo.config import conf_dir
+from opefo_nemo.config.compose import compose
+from opefo_nemo.config.train import TrainConfig
+from opefo_nemo.engines.aligner import AlignerUnavailableError
+from opefo_nemo.engines.startup import DeviceUnavailableError
+from opefo_nemo.report import write_report
+from opefo_nemo.trainer.checkpoint import list_checkpoints
+from opefo_nemo.trainer.inputs import INPUT_ERRORS, check_inputs
+from opefo_nemo.trainer.ranks import RankLayoutError
+from opefo_nemo.trainer.rollout_guard import GuardedRollout
+from opefo_nemo.trainer.setup import build_trainer, model_dir, start_rollout
+
+USAGE = """``opefo-train [override ...]``: train with NeMo-style Hydra overrides.
 
 With no argument it runs the embedded default: it builds (once) the default model, the tiny model
 warm-started on the arithmetic task whose solutions may be written in several equally correct
@@ -17,30 +45,7 @@ A run directory that holds a run is continued from its newest checkpoint
 (``checkpoint.resume=auto``; ``fresh`` refuses such a directory instead). ``--cfg job`` prints the
 resolved configuration and exits.
 """
-
-from __future__ import annotations
-
-import logging
-import sys
-from collections.abc import Sequence
-from dataclasses import dataclass
-from pathlib import Path
-
-import yaml
-
-from ..config import conf_dir
-from ..config.compose import compose
-from ..config.train import TrainConfig
-from ..engines.aligner import AlignerUnavailableError
-from ..engines.startup import DeviceUnavailableError
-from ..report import write_report
-from ..trainer.checkpoint import list_checkpoints
-from ..trainer.inputs import INPUT_ERRORS, check_inputs
-from ..trainer.ranks import RankLayoutError
-from ..trainer.rollout_guard import GuardedRollout
-from ..trainer.setup import build_trainer, model_dir, start_rollout
-from .demo_targets import GRPO, OPEFO, write_targets
-from .usage import cfg_request, config_choices
+"""What ``opefo-train --help`` prints before the configuration groups."""
 
 EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]")
 """What the bare ``opefo-train`` adds to the configuration's defaults: the comparison only (the
@@ -146,7 +151,7 @@ def compare(overrides: Sequence[str]) -> Path:
 def main(argv: Sequence[str] | None = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
     if args and args[0] in ("-h", "--help"):
-        print(f"{__doc__}\n{config_choices()}\nconfiguration: {conf_dir()}/config.yaml")
+        print(f"{USAGE}\n{config_choices()}\nconfiguration: {conf_dir()}/config.yaml")
         return 0
     args, print_config = cfg_request(args, "opefo-train")
     logging.basicConfig(

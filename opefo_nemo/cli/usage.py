@@ -10,7 +10,7 @@ import sys
 from collections.abc import Sequence
 from typing import NoReturn
 
-from ..config import conf_dir
+from opefo_nemo.config import conf_dir
 
 #: The config groups a run selects from, in the order ``--help`` lists them.
 GROUPS = ("model", "data", "method", "engine", "rollout", "preset")

@@ -14,8 +14,8 @@ from typing import Any, cast
 from omegaconf import OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from .method import conf_dir
-from .train import TrainConfig
+from opefo_nemo.config.method import conf_dir
+from opefo_nemo.config.train import TrainConfig
 
 
 def compose(overrides: Sequence[str] = ()) -> tuple[TrainConfig, dict[str, Any]]:

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.schema import one_of, require
+from opefo_nemo.core.schema import one_of, require
 
 GENERATED_DATA = ("arithmetic", "word_arithmetic")
 """``data.train`` / ``data.validation`` values that name a built-in task instead of a file."""

@@ -8,9 +8,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.schema import one_of, require
-from ..kernels import ENGINE_STATS_KERNELS, FUSED_LINEAR
-from ..models.shape import ModelShape
+from opefo_nemo.core.schema import one_of, require
+from opefo_nemo.kernels import ENGINE_STATS_KERNELS, FUSED_LINEAR
+from opefo_nemo.models.shape import ModelShape
 
 DTYPES = ("float32", "bfloat16")
 MEGATRON_DEVICES = ("cuda", "cpu")

@@ -15,7 +15,7 @@ from typing import Any, cast
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import MissingMandatoryValue
 
-from ..core.objectives import MethodConfig, method_config
+from opefo_nemo.core.objectives import MethodConfig, method_config
 
 DEFAULTS_FILE = "_defaults.yaml"
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.schema import one_of, require
+from opefo_nemo.core.schema import one_of, require
 
 
 @dataclass(frozen=True)

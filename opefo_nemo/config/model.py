@@ -6,9 +6,9 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..core.schema import one_of, require
-from ..models.packaged import PACKAGED_MODELS
-from ..tasks.warm_start import WarmStartConfig
+from opefo_nemo.core.schema import one_of, require
+from opefo_nemo.models.packaged import PACKAGED_MODELS
+from opefo_nemo.tasks.warm_start import WarmStartConfig
 
 
 @dataclass(frozen=True)

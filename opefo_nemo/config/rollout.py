@@ -5,7 +5,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.schema import one_of, require
+from opefo_nemo.core.schema import one_of, require
 
 ROLLOUT_BACKENDS = ("vllm", "engine")
 """``rollout.name``: vLLM servers, or the training engine sampling with its own weights."""

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..core.schema import require
+from opefo_nemo.core.schema import require
 
 
 @dataclass(frozen=True)

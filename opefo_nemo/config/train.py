@@ -1,10 +1,5 @@
-"""The trainer's configuration (``conf/config.yaml`` and its groups) as validated dataclasses.
-
-:func:`TrainConfig.from_mapping` is the only way in: an unknown key, a wrong type, an impossible
-value or a contradiction between sections fails at start-up with an error naming the key. Each
-section is a dataclass of its own module whose fields hold the keys' defaults and meanings and
-whose ``validate`` checks its own keys; :meth:`TrainConfig.validate` adds the checks that span
-sections (docs/training.md, "Configuration").
+"""The trainer's configuration (``conf/config.yaml`` and its groups) as validated dataclasses, one
+section per module (docs/training.md, "Configuration").
 """
 
 from __future__ import annotations
@@ -14,22 +9,25 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from ..core.objectives import MethodConfig, method_config
-from ..core.schema import build, one_of, require
-from ..models.shape import ModelShape
-from .data import DataConfig
-from .engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
-from .metrics import MetricsConfig, ValidationConfig
-from .model import ModelConfig
-from .reward import AdvantageConfig, RewardSettings
-from .rollout import RolloutConfig
-from .run import CheckpointConfig, RunConfig, TrainerConfig
+from opefo_nemo.config.data import DataConfig
+from opefo_nemo.config.engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
+from opefo_nemo.config.metrics import MetricsConfig, ValidationConfig
+from opefo_nemo.config.model import ModelConfig
+from opefo_nemo.config.reward import AdvantageConfig, RewardSettings
+from opefo_nemo.config.rollout import RolloutConfig
+from opefo_nemo.config.run import CheckpointConfig, RunConfig, TrainerConfig
+from opefo_nemo.core.objectives import MethodConfig, method_config
+from opefo_nemo.core.schema import build, one_of, require
+from opefo_nemo.models.shape import ModelShape
 
 
 @dataclass(frozen=True)
 class TrainConfig:
     """Every section of ``conf/config.yaml``; ``method`` is the settings dataclass of the chosen
-    method (a :class:`MethodConfig` subclass, core.objectives)."""
+    method (a :class:`MethodConfig` subclass, core.objectives). :meth:`from_mapping` is the only
+    way in: an unknown key, a wrong type, an impossible value or a contradiction between sections
+    fails at start-up naming the key. Each section's dataclass holds its keys' defaults and
+    meanings and checks its own keys; :meth:`validate` adds the checks that span sections."""
 
     method: MethodConfig
     run: RunConfig = field(default_factory=RunConfig)

@@ -4,9 +4,9 @@ Nothing in this package communicates; see :mod:`opefo_nemo.core.reduction` for t
 the layer that does.
 """
 
-from . import advantages, entropy_flow, metrics, objectives, reduction
-from .advantages import group_advantages
-from .reduction import BatchReducer, SingleProcessReducer, Threshold
+from opefo_nemo.core import advantages, entropy_flow, metrics, objectives, reduction
+from opefo_nemo.core.advantages import group_advantages
+from opefo_nemo.core.reduction import BatchReducer, SingleProcessReducer, Threshold
 
 __all__ = [
     "BatchReducer",

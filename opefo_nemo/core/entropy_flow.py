@@ -1,9 +1,6 @@
 """Per-token entropy change ΔH_t, entropy-flow sums and the balancing coefficient λ* (spec §2–§3).
-
-All functions work on per-token tensors of any shape ``[*]`` (typically ``[batch, seq]`` or flat
-``[tokens]``); ``mask`` selects response tokens. Nothing here communicates: :func:`flow_sums` gives
-*local* sums that the caller adds over micro-batches and ranks, and :func:`balance` takes the
-*global* sums. ΔH and λ* are statistics, never differentiated.
+Nothing here communicates: :func:`flow_sums` gives *local* sums, :func:`balance` takes *global*
+ones; ΔH and λ* are statistics, never differentiated.
 """
 
 from __future__ import annotations
@@ -11,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from .validation import as_bool_mask, check_finite, check_same_shape
+from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
 
 #: The vocabulary sums (``TokenStats`` field names) each ΔH estimator needs from ``token_stats``.
 ESTIMATOR_SUMS: dict[str, tuple[str, ...]] = {

@@ -1,20 +1,6 @@
 """On-policy fidelity (spec §6): how far the trainer's log-probabilities of the sampled tokens are
-from the rollout engine's, which sampled them with its own kernels and precision.
-
-With ``Δ_t = log π_train(y_t) − log π_rollout(y_t)`` over the batch's response tokens (both of the
-temperature-scaled policy, the trainer's under the weights that generated the rollout):
-
-* ``fidelity/abs_logprob_diff``: mean ``|Δ_t|``;
-* ``fidelity/kl``: mean ``e^{Δ_t} − 1 − Δ_t``, an unbiased, non-negative estimate of
-  ``KL(π_rollout ‖ π_train)`` from tokens sampled by the rollout engine;
-* ``fidelity/mult_prob_error``: mean ``e^{|Δ_t|}``, the token-weighted multiplicative error of
-  the probability (1 when both agree exactly);
-* ``fidelity/frac_beyond``: fraction of tokens with ``|Δ_t| > threshold``.
-
-The truncated importance-sampling weight ``min(π_train/π_rollout, cap) = min(e^{Δ_t}, cap)``
-(:func:`truncated_is_weight`) corrects the strict methods' gradient for the mismatch when asked.
-Sums are float64 and add over chunks and ranks (:func:`fidelity_sums`, then
-:func:`fidelity_metrics`).
+from the rollout engine's, which sampled them with its own kernels and precision; the definitions
+of the ``fidelity/*`` metrics are spec §6's. Sums are float64 and add over chunks and ranks.
 """
 
 from __future__ import annotations
@@ -24,7 +10,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from .validation import as_bool_mask, check_finite, check_same_shape
+from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
 
 DEFAULT_THRESHOLD = 0.2
 
@@ -33,7 +19,11 @@ DEFAULT_THRESHOLD = 0.2
 def fidelity_sums(
     train_logprob: Tensor, rollout_logprob: Tensor, mask: Tensor, threshold: float
 ) -> dict[str, Tensor]:
-    """Local sums over ``mask`` of ``[*]`` tensors (0-d float64 each; module docstring)."""
+    """Local sums over ``mask`` of ``[*]`` tensors (0-d float64 each) of
+    ``Δ_t = log π_train(y_t) − log π_rollout(y_t)``: token count, ``|Δ_t|``, ``e^{Δ_t} − 1 − Δ_t``
+    (an unbiased, non-negative estimate of ``KL(π_rollout ‖ π_train)`` from the rollout's
+    samples), ``e^{|Δ_t|}`` and the tokens with ``|Δ_t| > threshold``; add them over chunks and
+    ranks, then :func:`fidelity_metrics`."""
     check_same_shape("train_logprob", train_logprob, rollout_logprob=rollout_logprob, mask=mask)
     valid = as_bool_mask(mask)
     delta = train_logprob.double() - rollout_logprob.double()
@@ -64,7 +54,8 @@ def fidelity_metrics(sums: Mapping[str, Tensor | float]) -> dict[str, float]:
 
 @torch.no_grad()
 def truncated_is_weight(train_logprob: Tensor, rollout_logprob: Tensor, cap: float) -> Tensor:
-    """``min(π_train / π_rollout, cap)`` per token, fp32 ``[*]``, without gradient."""
+    """``min(π_train / π_rollout, cap) = min(e^{Δ_t}, cap)`` per token, fp32 ``[*]``, without
+    gradient: corrects the strict methods' gradient for the mismatch when asked."""
     check_same_shape("train_logprob", train_logprob, rollout_logprob=rollout_logprob)
     delta = train_logprob.double() - rollout_logprob.double()
     return delta.exp().clamp(max=cap).float()

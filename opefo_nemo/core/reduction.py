@@ -1,17 +1,6 @@
 """How batch-level statistics are reduced: the contract between core/ and whoever communicates.
-
-An objective's coefficients (λ*, the Clip-Cov / KL-Cov selections) are statistics of the whole
-optimizer-step batch (spec §3, §5), spread over micro-batches and data-parallel ranks. core/ never
-communicates; it asks a :class:`BatchReducer` for the two global operations it needs:
-
-* ``sum``: add named 0-d float64 sums over every rank (one packed all-reduce in ``parallel/``);
-* ``top_k``: the k-th element of the union of every rank's candidates under a fixed total order,
-  so a top-k selection is the same tokens whatever the layout.
-
-The order used by ``top_k`` is: higher score first; among equal scores, the smaller key first. Keys
-are unique global token ids (int64), which makes the order total and layout-independent.
-
-:class:`SingleProcessReducer` is the reducer for a batch that lives entirely in this process.
+core/ never communicates; it asks a :class:`BatchReducer` for the two global operations an
+objective's coefficients (λ*, the Clip-Cov / KL-Cov selections; spec §3, §5) need.
 """
 
 from __future__ import annotations
@@ -37,11 +26,14 @@ class BatchReducer(Protocol):
     """The global operations an objective needs; every method is collective over the ranks."""
 
     def sum(self, sums: Mapping[str, Tensor]) -> dict[str, Tensor]:
-        """Sum each named 0-d float64 tensor over all ranks; same keys, same order on every rank."""
+        """Sum each named 0-d float64 tensor over all ranks (one packed all-reduce in
+        ``parallel/``); same keys, same order on every rank."""
         ...
 
     def top_k(self, scores: Tensor, keys: Tensor, k: int) -> Threshold | None:
         """k-th (score, key) of the union of all ranks' candidates; ``None`` if there are none.
+        The order is total and layout-independent, so a top-k selection is the same tokens
+        whatever the layout: higher score first; among equal scores, the smaller key first.
 
         ``scores`` float64 ``[n]``, ``keys`` int64 ``[n]`` (unique global token ids). If the union
         holds fewer than ``k`` candidates, the last one is returned (all are selected).

@@ -1,10 +1,6 @@
 """What a reweighting does to a batch (spec §6): the flows P and N split by the sign of the
-advantage, the advantage shift of the applied weights, and the confident tokens' share.
-
-Like :func:`~opefo_nemo.core.entropy_flow.flow_sums`, the functions here return *local* 0-d
-float64 sums over the masked tokens of a chunk; callers add them over chunks and ranks, and only
-:func:`reweighting_metrics` turns the global sums into figures. A token is *confident* when
-``π(y_t) = exp(logprob_t) > confident_prob``.
+advantage, the advantage shift of the applied weights, and the confident tokens' share. The
+functions return *local* 0-d float64 sums; only :func:`reweighting_metrics` reads global ones.
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from .validation import as_bool_mask, check_same_shape
+from opefo_nemo.core.validation import as_bool_mask, check_same_shape
 
 DEFAULT_CONFIDENT_PROB = 0.9
 #: The sums of :func:`split_sums` (computed with the flow sums, before any weight exists).

@@ -1,10 +1,6 @@
-"""Plain mappings (composed Hydra config) → frozen dataclasses, rejecting unknown keys.
-
-The one validator of every configuration section, the trainer's and each method's
-(``core.objectives``). :func:`build` walks a dataclass's fields: nested dataclasses recurse,
-scalars are type-checked (``int`` refuses floats and bools; ``float`` accepts ints), ``X | None``
-accepts ``None``, ``float | str`` tries the types in order, and ``list[str]`` / ``list[int]``
-become tuples. Every error names the full key (``trainer.max_steps``). Pure Python.
+"""Plain mappings (composed Hydra config) → frozen dataclasses, rejecting unknown keys: the one
+validator of every configuration section, the trainer's and each method's. Every error names the
+full key (``trainer.max_steps``). Pure Python.
 """
 
 from __future__ import annotations
@@ -22,7 +18,10 @@ T = TypeVar("T", bound="DataclassInstance")
 
 
 def build(cls: type[T], data: Any, prefix: str) -> T:
-    """An instance of dataclass ``cls`` from ``data`` (a mapping); missing keys keep defaults."""
+    """An instance of dataclass ``cls`` from ``data`` (a mapping); missing keys keep defaults.
+    Nested dataclasses recurse, scalars are type-checked (``int`` refuses floats and bools;
+    ``float`` accepts ints), ``X | None`` accepts ``None``, ``float | str`` tries the types in
+    order, and ``list[str]`` / ``list[int]`` become tuples."""
     if not isinstance(data, Mapping):
         raise ValueError(f"{prefix} must be a mapping, got {type(data).__name__}")
     hints = typing.get_type_hints(cls)

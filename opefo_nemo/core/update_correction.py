@@ -1,14 +1,6 @@
 """The entropy-neutral correction of an applied update (spec §3, "Exact first order"), as
-arithmetic on the sums an engine reduces.
-
-With ``g = ∇θ H̄`` (the gradient of the batch's token-mean entropy at the weights before the
-optimizer step) and ``Δθ`` the update the optimizer applied, the first-order change of ``H̄`` is
-``⟨g, Δθ⟩``. The correction moves the update along ``g``:
-
-    Δθ' = Δθ + α g,   α = (c − ⟨g, Δθ⟩) / ⟨g, g⟩,   so that ⟨g, Δθ'⟩ = c
-
-for the wanted change ``c`` (0: entropy-neutral; ``α = 0`` when ``g = 0``). An engine holds its
-parameters in shards; each sum is the sum of its shards' local sums (:func:`dot64`).
+arithmetic on the sums an engine reduces: ``Δθ' = Δθ + α g`` along ``g = ∇θ H̄`` (docs/core.md,
+"The entropy-neutral update").
 """
 
 from __future__ import annotations
@@ -39,7 +31,10 @@ def dot64(a: Tensor, b: Tensor) -> Tensor:
 
 
 def correction_size(target: float, flow: float, grad_sq: float) -> float:
-    """``α = (target − flow) / grad_sq`` (module docstring); 0 when ``grad_sq`` is 0."""
+    """``α = (c − ⟨g, Δθ⟩) / ⟨g, g⟩`` = ``(target − flow) / grad_sq``, so that the corrected
+    update ``Δθ' = Δθ + α g`` has ``⟨g, Δθ'⟩ = c`` (0: entropy-neutral); 0 when ``grad_sq`` is 0.
+    ``g = ∇θ H̄`` at the weights before the optimizer step, ``Δθ`` the update it applied; each
+    sum is the sum of the parameter shards' local sums (:func:`dot64`)."""
     if grad_sq < 0 or not math.isfinite(grad_sq):
         raise ValueError(f"⟨g, g⟩ must be finite and >= 0, got {grad_sq}")
     return 0.0 if grad_sq == 0 else (target - flow) / grad_sq

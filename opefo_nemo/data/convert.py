@@ -1,16 +1,6 @@
 """Convert locally downloaded dataset files into our JSONL schema (see `loaders.py`).
 
-Run where the Hugging Face files are available; this never downloads anything:
-
-    python -m opefo_nemo.data.convert --input dapo-math-17k.parquet --output data/dapo.jsonl
-    python -m opefo_nemo.data.convert --input aime24.parquet --output data/eval/aime24.jsonl \\
-        --source aime24 --answer-field answer
-
-A verl-layout parquet (`prompt` + `reward_model` columns) is read with `load_dapo_parquet`
-(one copy of each problem). Any other parquet / JSONL / JSON-list file is read record by record:
-the problem comes from `--problem-field` (default: the first of problem, question, Problem) and
-the answer from `--answer-field` (default: the first of answer, final_answer, Answer); a list
-answer with one element is unwrapped, surrounding `$` are removed.
+Never downloads anything; usage and the fields read: docs/rewards_data_eval.md, "Converter".
 """
 
 from __future__ import annotations

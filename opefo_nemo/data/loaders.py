@@ -1,14 +1,5 @@
-"""Load problems from local files: DAPO-Math-17k parquet, our JSONL, the spec §7 eval sets.
-
-Our JSONL schema (one JSON object per line, blank lines ignored):
-    {"problem": str, "answer": str | int | float, "id": str (optional), "source": str (optional)}
-The parquet layout is verl's: `prompt` is a list of chat messages ({"role", "content"}) and the
-answer is `reward_model.ground_truth`. Nothing is downloaded: see `convert.py` for turning the
-Hugging Face files into ours.
-
-A defective row (not JSON, a missing or empty problem or answer) refuses the whole file by default
-(`defective="error"`); with `defective="skip"` the other rows are read and the defective ones are
-counted and listed in a warning. A file without the expected columns is always refused.
+"""Load problems from local files: DAPO-Math-17k parquet (verl's layout), our JSONL, the spec §7
+eval sets; nothing is downloaded (docs/rewards_data_eval.md: "Our JSONL schema", "Loaders").
 """
 
 from __future__ import annotations
@@ -101,9 +92,12 @@ def _finish(problems: Iterable[Problem], path: Path, dedup: bool) -> list[Proble
 def load_jsonl(
     path: str | Path, source: str | None = None, dedup: bool = True, defective: str = "error"
 ) -> list[Problem]:
-    """Problems from our JSONL schema (module docstring). `source` defaults to each line's
-    "source" field, else the file stem. `dedup` drops repeated (problem, answer) pairs;
-    `defective`: see the module docstring."""
+    """Problems from our JSONL schema, one object per line (blank lines ignored):
+    `{"problem": str, "answer": str | int | float, "id": str (optional), "source": str
+    (optional)}`. `source` defaults to each line's "source" field, else the file stem. `dedup`
+    drops repeated (problem, answer) pairs. A defective row (not JSON, a missing or empty problem
+    or answer) refuses the whole file with `defective="error"` (the default); with `"skip"` the
+    other rows are read and the defective ones counted and listed in a warning."""
     path = existing_file(path)
     with path.open(encoding="utf-8") as handle:
         lines = [(number, line) for number, line in enumerate(handle, start=1) if line.strip()]

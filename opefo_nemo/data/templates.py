@@ -1,10 +1,6 @@
-"""Prompt templates: DAPO's "Answer:" instruction and the `\\boxed{}` instruction.
-
-`render_prompt` builds the user message for a problem and, given a tokenizer with
-`apply_chat_template` (e.g. a Hugging Face tokenizer), wraps it in the model's chat template.
-The "dapo" template pairs with the dapo (or answer) verifier; "boxed" pairs with math_verify or
-with the answer verifier in strict-box mode; "raw" is the bare problem (the paper's zero-shot
-evaluation, spec §7); "messages" uses the chat messages stored with the problem verbatim.
+"""Prompt templates: DAPO's "Answer:" instruction, the `\\boxed{}` instruction, the bare problem
+and stored chat messages; which verifier each pairs with: docs/rewards_data_eval.md, "Prompt
+templates".
 """
 
 from __future__ import annotations

@@ -1,9 +1,6 @@
-"""The rollout batch as padded tensors, phases 1 and 3's input (docs/architecture.md).
-
-Each row is one response with its prompt, ``prompt + response`` right-padded to ``T``. Position
-``t`` of the per-token tensors (``[B, T − 1]``) is the prediction of ``input_ids[:, t + 1]`` from
-the prefix ``input_ids[:, : t + 1]``; it is a response token when ``response_mask[:, t]`` is set.
-Advantages are per response, broadcast to its response tokens (spec §4).
+"""The rollout batch as padded tensors, phases 1 and 3's input (docs/architecture.md): one response
+with its prompt per row, right-padded; per-token tensors ``[B, T − 1]`` predict
+``input_ids[:, 1:]``.
 """
 
 from __future__ import annotations
@@ -91,7 +88,8 @@ def build_batch(
     pad_id: int,
     rollout_logprobs: Sequence[Sequence[float]] | None = None,
 ) -> TrainBatch:
-    """Pack ``B`` (prompt, response) token lists and per-response advantages ``[B]``.
+    """Pack ``B`` (prompt, response) token lists and per-response advantages ``[B]``, each
+    broadcast to its response's tokens (spec §4).
 
     Every prompt needs at least one token and every response at least one (an empty response
     has nothing to learn from: the caller drops it before). ``rollout_logprobs``: the rollout

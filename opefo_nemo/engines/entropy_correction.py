@@ -10,7 +10,7 @@ from collections.abc import Callable, Sequence
 import torch
 from torch import Tensor
 
-from ..core.update_correction import dot64
+from opefo_nemo.core.update_correction import dot64
 
 AllReduce = Callable[[Tensor], Tensor]
 """Sums a float64 vector over the ranks whose counted tensors together make the whole model."""

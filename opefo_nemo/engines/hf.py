@@ -11,13 +11,13 @@ from pathlib import Path
 import torch
 from torch import Tensor
 
-from ..config.engines import EngineConfig
-from ..models.transformers_compat import load_causal_lm
-from ..parallel import NonFiniteLogitsError, TokenStats, token_stats
-from .batch import TrainBatch
-from .entropy_correction import CapturedEntropyGradient, on_one_device
-from .protocols import LossFn, UpdateResult
-from .schedule import warmup_factor
+from opefo_nemo.config.engines import EngineConfig
+from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
+from opefo_nemo.engines.protocols import LossFn, UpdateResult
+from opefo_nemo.engines.schedule import warmup_factor
+from opefo_nemo.models.transformers_compat import load_causal_lm
+from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, token_stats
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATE_FILE = "engine_state.pt"
@@ -27,8 +27,8 @@ TOKENIZER_SUBDIR = "tokenizer"
 
 class HFPolicy:
     """A causal LM loaded from ``model_dir`` (nothing is downloaded) with AdamW and the learning
-    rate ``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8); gradient
-    clipping by global norm."""
+    rate ``lr ·`` :func:`~.schedule.warmup_factor` at each rollout step; gradient clipping by
+    global norm."""
 
     def __init__(
         self, model_dir: str | Path, config: EngineConfig, *, lr: float, temperature: float

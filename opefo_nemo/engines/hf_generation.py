@@ -1,22 +1,6 @@
-"""Sampling with the training engine's own model (``rollout=engine``): no server, no refit.
-
-:class:`HFGenerator` is a rollout engine (``trainer.protocols.RolloutEngine``) over the causal LM
-an :class:`~.hf.HFPolicy` trains, so every step samples from exactly the weights being trained.
-It follows the vLLM path's contract (``rollout.types.SamplingConfig``, docs/rollout.md):
-
-- the distribution of a step is ``log_softmax(z / T)`` of the fp32 logits ``z`` (spec §1), cut to
-  the ``top_k`` largest and then to the smallest set of ``top_p`` mass and renormalised when those
-  are on; each token's logprob is its log-probability under that distribution; ``T = 0`` is greedy
-  with the unscaled log-softmax;
-- a completion ends after one of ``stop_token_ids`` (included, finish reason ``"stop"``) or after
-  ``max_new_tokens`` (``"length"``); the model's EOS is not implicit;
-- sample ``j`` of prompt ``i`` draws its uniforms from a CPU ``torch.Generator`` seeded with
-  ``seed + i·n + j`` and takes the token at that point of the cumulative distribution (inverse
-  CDF), so it does not depend on how rows are batched, up to the logits' fp32 rounding.
-
-Rows are generated ``batch_rows`` at a time: prompts left-padded, positions counted from each
-prompt's first token (the trainer's right-padded rows see the same positions), one forward per
-new token over the KV cache.
+"""Sampling with the training engine's own model (``rollout=engine``): no server, no refit, every
+step samples from exactly the weights being trained, under the vLLM path's contract
+(docs/rollout.md, "Generation by the training engine").
 """
 
 from __future__ import annotations
@@ -28,11 +12,17 @@ from collections.abc import Iterable, Sequence
 import torch
 from torch import Tensor
 
-from ..rollout.types import Completion, FinishReason, SamplingConfig
+from opefo_nemo.rollout.types import Completion, FinishReason, SamplingConfig
 
 
 class HFGenerator:
-    """Generates with ``model`` (a Hugging Face causal LM on ``device``) in the caller's process."""
+    """Generates with ``model`` (a Hugging Face causal LM on ``device``) in the caller's process: a
+    rollout engine (``trainer.protocols.RolloutEngine``) over the model an
+    :class:`~.hf.HFPolicy` trains. Rows go ``batch_rows`` at a time: prompts left-padded,
+    positions counted from each prompt's first token (the trainer's right-padded rows see the
+    same positions), one forward per new token over the KV cache. A completion ends after one of
+    ``stop_token_ids`` (included, ``"stop"``) or after ``max_new_tokens`` (``"length"``); the
+    model's EOS is not implicit."""
 
     restarts = 0
     """Rollout restarts the trainer's checkpoint records: in-process generation has none."""
@@ -120,7 +110,11 @@ class HFGenerator:
 
 def pick(logits: Tensor, sampling: SamplingConfig, uniform: Tensor) -> tuple[Tensor, Tensor]:
     """``(token [B], logprob [B] fp32)`` of one step from the last position's ``logits [B, V]``
-    and one uniform in [0, 1) per row (float64): see the module docstring."""
+    and one uniform in [0, 1) per row (float64). The distribution is ``log_softmax(z / T)`` of
+    the fp32 logits ``z`` (spec §1), cut to the ``top_k`` largest and then to the smallest set
+    of ``top_p`` mass and renormalised when those are on; the token is the one at the uniform's
+    point of the cumulative distribution (inverse CDF). ``T = 0`` is greedy with the unscaled
+    log-softmax."""
     z = logits.float()
     if sampling.temperature == 0:
         token = z.argmax(dim=-1)
@@ -176,7 +170,9 @@ def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
 
 
 def _row_seed(seed: int | None, index: int) -> int:
-    """The generator seed of the call's ``index``-th row; fresh randomness without a ``seed``."""
+    """The generator seed of the call's ``index``-th row (``seed + i·n + j`` for sample ``j`` of
+    prompt ``i``, so a sample does not depend on how rows are batched); fresh randomness without
+    a ``seed``."""
     return secrets.randbits(62) if seed is None else seed + index
 
 

@@ -11,9 +11,9 @@ from typing import Protocol, runtime_checkable
 import torch
 from torch import Tensor
 
-from ..core.objectives import LossOutput
-from ..parallel import TokenStats
-from .batch import TrainBatch
+from opefo_nemo.core.objectives import LossOutput
+from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.parallel import TokenStats
 
 LossFn = Callable[[int, TokenStats], LossOutput]
 """``loss_fn(micro_index, stats_with_grad) -> LossOutput``: the 0-d loss share of one

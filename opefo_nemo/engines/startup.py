@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import importlib.util
 
-from ..config.engines import EngineConfig, MegatronEngineConfig
-from ..models.shape import ModelShape
-from .megatron import compat
+from opefo_nemo.config.engines import EngineConfig, MegatronEngineConfig
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.models.shape import ModelShape
 
 
 class DeviceUnavailableError(RuntimeError):

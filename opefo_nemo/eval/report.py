@@ -1,10 +1,6 @@
-"""The paper-style results table: one row per model, the spec §7 benchmarks as columns.
-
-`benchmark_scores` turns per-benchmark correctness matrices into avg@k (and pass@k) values;
-`write_report` prints the table and saves it as markdown and JSON. Values are percentages
-with one decimal, like the paper; "Avg." is the unweighted mean over the benchmarks present.
-Given the verifier that scored the responses, every table names it (its scores are not
-comparable across verifiers: `dapo`, `answer` and `math_verify` accept different spellings).
+"""The paper-style results table: one row per model, the spec §7 benchmarks as columns, avg@k (and
+pass@k) as percentages with one decimal; "Avg." is the unweighted mean over the benchmarks
+present (docs/training.md, "Validation and ``opefo-eval``").
 """
 
 from __future__ import annotations
@@ -114,7 +110,8 @@ def write_report(
     verifier: str | None = None,
 ) -> tuple[Path, Path]:
     """Print the markdown table and save `<out_dir>/<stem>.md` and `<stem>.json`; `verifier`
-    (the one that scored the responses) is named in both."""
+    (the one that scored the responses) is named in both: its scores are not comparable across
+    verifiers (`dapo`, `answer` and `math_verify` accept different spellings)."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     markdown = render_markdown(rows, verifier)

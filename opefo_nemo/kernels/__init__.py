@@ -1,15 +1,7 @@
-"""Triton kernels for the per-token statistics of a vocabulary shard (spec §1), docs/kernels.md.
-
-- ``logits_stats``: forward partial sums and backward of one shard of logits ``[tokens, V/TP]``.
-- ``linear_stats``: the same straight from hidden states ``[tokens, h]`` and the output weight
-  shard ``[V/TP, h]``, tile by tile, without the logits in memory (gradients to both).
-- ``partials``: the shard's sums and their shift to the global row max (plain torch).
-- ``select``: ``engine.stats_kernel`` (``auto``/``torch``/``triton``, and ``fused_linear`` for the
-  megatron-core engines) resolved for a device.
-
-The Triton modules import ``triton`` at import; this package and ``partials``/``select`` do not,
-so callers import them only once a Triton kernel is chosen. Communication is the caller's
-(``opefo_nemo.parallel``): these kernels see one shard.
+"""Triton kernels for the per-token statistics of a vocabulary shard (spec §1; docs/kernels.md):
+``logits_stats`` over logits, ``linear_stats`` straight from hidden states and the output weight,
+``partials`` and ``select`` in plain torch. The Triton modules import ``triton`` at import; this
+package, ``partials`` and ``select`` do not. Communication is the caller's (``parallel/``).
 """
 
 from opefo_nemo.kernels.select import (

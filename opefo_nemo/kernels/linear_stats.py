@@ -1,27 +1,7 @@
-"""Triton kernels for the token statistics straight from hidden states and the output weight.
-
-The logits of one vocabulary shard are ``z = X Wᵀ`` with hidden states ``X`` ``[tokens, h]`` and
-the weight shard ``W`` ``[width, h]`` (megatron's vocab-parallel output layer: rank ``r`` holds
-rows ``[r·width, (r+1)·width)`` of the padded vocabulary). Each tile
-``z[BLOCK_N rows, BLOCK_V columns]`` is accumulated in fp32 registers over ``h`` in steps of
-``BLOCK_K`` and used at once; the ``[tokens, width]`` logits never reach memory.
-
-- :func:`linear_partials` (forward): programs over row blocks sweep the shard's real columns,
-  folding each tile into the running max and sums of :mod:`.partials` and picking the target's
-  logit; one matmul's worth of work.
-- :func:`linear_grads` (backward), per chunk of vocabulary columns whose ``∂L/∂z`` fits
-  ``budgets.GRAD_CHUNK_BYTES``: one kernel rebuilds the logit tiles of the chunk and writes
-  ``∂L/∂z`` (``kernels.tiles.grad_tile``, from the global row statistics) in the inputs' dtype,
-  tile by tile over (row blocks, column blocks); then ``∂L/∂X += (∂L/∂z) W_chunk`` and
-  ``∂L/∂W_chunk = (∂L/∂z)ᵀ X`` are two library matmuls with fp32 accumulation. About four matmuls
-  of ``[tokens, h] × [h, width]`` in all against the unfused path's three, with at most one
-  chunk of ``∂L/∂z`` in memory instead of the logits and their gradient; deterministic (no
-  atomics); padded weight rows get 0.
-
-Precision: products in the input dtype (bf16/fp16 on tensor cores, fp32 as IEEE fp32: never
-TF32 in the kernels; the backward's library matmuls follow torch's fp32 matmul setting, IEEE by
-default), accumulation in fp32. ``∂L/∂z`` is rounded to the input dtype before its two matmuls,
-as the unfused path's gradient of bf16 logits is.
+"""Triton kernels for the token statistics straight from hidden states and the output weight: each
+logit tile is accumulated in fp32 registers and used at once, so the ``[tokens, width]`` logits
+never reach memory (docs/kernels.md, "``linear_token_stats``": the math, the backward's chunks and
+the precision).
 """
 
 from __future__ import annotations
@@ -35,10 +15,10 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from . import budgets
-from .partials import SUM_COLUMNS, ShardPartials
-from .select import triton_interpreted
-from .tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
+from opefo_nemo.kernels import budgets
+from opefo_nemo.kernels.partials import SUM_COLUMNS, ShardPartials
+from opefo_nemo.kernels.select import triton_interpreted
+from opefo_nemo.kernels.tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
 
 
 @dataclass(frozen=True)

@@ -1,14 +1,6 @@
-"""Triton kernels for the token statistics of one vocabulary shard of logits ``[tokens, width]``.
-
-Forward (:func:`shard_partials`): one program per ``block_n`` token rows reads the shard's real
-columns once, tile by tile, into the running max and sums of :mod:`.partials` (bf16/fp16/fp32
-in, fp32 out); the target's raw logit is loaded on the rank that owns it. Nothing of size
-``[tokens, width]`` is written.
-
-Backward (:func:`shard_logits_grad`): one more read of the shard gives the gradient
-``(g_l onehot(y) − p (g_l + g_H (log p + H))) / T`` with ``p`` rebuilt from the global row max,
-``log S0`` and ``H``, written once in the logits' dtype (padded columns 0). No fp32 copy of the
-shard exists at any point.
+"""Triton kernels for the token statistics of one vocabulary shard of logits ``[tokens, width]``:
+one read forward, one read and one write backward, no fp32 copy of the shard at any point
+(docs/kernels.md, "``token_stats(kernel="triton")``").
 """
 
 from __future__ import annotations
@@ -18,8 +10,8 @@ import triton
 import triton.language as tl
 from torch import Tensor
 
-from .partials import SUM_COLUMNS, ShardPartials
-from .tiles import count_bad, grad_tile, launch, merge_tile, store_sums
+from opefo_nemo.kernels.partials import SUM_COLUMNS, ShardPartials
+from opefo_nemo.kernels.tiles import count_bad, grad_tile, launch, merge_tile, store_sums
 
 #: Widest vocabulary tile a program holds (fp32 registers per row).
 MAX_BLOCK_V = 4096

@@ -1,22 +1,6 @@
 """A shard's softmax partial sums relative to its own row max, their shift to the global max, and
-which of them a request for vocabulary sums needs.
-
-The kernels read a vocabulary shard once and keep, per token row, the running max ``m_r`` of the
-raw logits ``z`` and, with ``d = (z − m_r)/T`` and ``e = exp(d)``, the sums of powers
-``k = 1, 2, 3``: ``S_{2k−2} = Σ e^k`` and ``S_{2k−1} = Σ e^k·d``, that is
-``[S0, S1, S2, S3, S4, S5] = [Σ e, Σ e·d, Σ e², Σ e²·d, Σ e³, Σ e³·d]``. ``S0``, ``S1`` are always
-computed (``logprob``, ``H``); the pairs of power 2 and 3 only when a vocabulary sum that needs
-them is requested (:data:`POWER_SUMS`), else they stay 0. Online, whenever a tile raises the max
-from ``m`` to ``m'``, the sums so far are rescaled by :func:`shift` with ``δ = (m − m')/T``.
-
-After the all-reduce MAX gives the global max ``m ≥ m_r``, the same :func:`shift` with
-``δ = (m_r − m)/T ≤ 0`` turns them into sums relative to ``m``, ready for the all-reduce SUM. With
-``α = exp(δ)`` each term changes as ``e ↦ α e``, ``d ↦ d + δ``, so for each power ``k``
-
-    Σ e^k ↦ α^k Σ e^k,   Σ e^k·d ↦ α^k (Σ e^k·d + δ Σ e^k).
-
-Every term of ``Σ e^k·d + δ Σ e^k`` is ≤ 0: no cancellation. A row with no finite logit in this
-shard (``m_r = −inf``) has all sums 0 and stays 0.
+which of them a request for vocabulary sums needs (the math: docs/kernels.md, "The math, per token
+row").
 """
 
 from __future__ import annotations
@@ -57,6 +41,9 @@ def powers_of(sums: Sequence[str]) -> tuple[int, ...]:
 @dataclass(frozen=True)
 class ShardPartials:
     """What one read of a shard gives per token, all ``[tokens]`` fp32 unless said otherwise.
+    With ``d = (z − local_max)/T`` and ``e = exp(d)``, ``[S0, …, S5] = [Σ e, Σ e·d, Σ e², Σ e²·d,
+    Σ e³, Σ e³·d]``: ``S0``, ``S1`` always (``logprob``, ``H``), the pairs of power 2 and 3 only
+    when a vocabulary sum needs them (:data:`POWER_SUMS`).
 
     ``local_max``: max of this shard's real columns (raw logits, ``−inf`` when it has none).
     ``sums``: ``[tokens, 6]`` ``[S0, …, S5]`` relative to ``local_max`` (the pairs of powers 2 and
@@ -72,7 +59,11 @@ class ShardPartials:
 
 def shift(sums: Tensor, delta: Tensor) -> Tensor:
     """The sums ``[tokens, 6]`` after every ``d`` moves by ``delta`` ``[tokens]`` (≤ 0, or
-    ``−inf``: the sums were empty), as a new tensor; see the module docstring."""
+    ``−inf``: the sums were empty), as a new tensor. With ``α = exp(δ)`` each term changes as
+    ``e ↦ α e``, ``d ↦ d + δ``, so for each power ``k``: ``Σ e^k ↦ α^k Σ e^k`` and
+    ``Σ e^k·d ↦ α^k (Σ e^k·d + δ Σ e^k)``; every term of the latter is ≤ 0, so no cancellation.
+    The kernels apply it online when a tile raises the running max (``δ = (m − m')/T``) and
+    :func:`to_global_max` after the all-reduce MAX."""
     alpha = torch.exp(delta)
     delta = torch.where(torch.isneginf(delta), 0.0, delta)
     columns, alpha_k = [], alpha

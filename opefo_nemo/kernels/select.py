@@ -1,12 +1,5 @@
-"""Which implementation computes the per-token statistics: ``engine.stats_kernel``.
-
-``torch``: the chunked plain-torch path (``parallel/vocab_stats.py``), any device.
-``triton``: the Triton kernels of this package over the logits shard; CUDA tensors, or CPU
-tensors under Triton's interpreter (``TRITON_INTERPRET=1``, what the CPU tests use).
-``auto``: ``triton`` for CUDA tensors when Triton imports, else ``torch``.
-``fused_linear`` (``engine=megatron`` / ``aligner`` only): the statistics from the final hidden
-states and the output weight (``parallel/linear_stats.py``), the logits never stored; the same
-devices as ``triton``.
+"""Which implementation computes the per-token statistics: ``engine.stats_kernel``
+(docs/kernels.md, "Choosing the kernel").
 """
 
 from __future__ import annotations
@@ -16,9 +9,15 @@ import importlib.util
 import os
 
 STATS_KERNELS = ("auto", "torch", "triton")
-"""The values of ``token_stats(kernel=...)`` (and of ``engine.stats_kernel`` for every engine)."""
+"""The values of ``token_stats(kernel=...)`` (and of ``engine.stats_kernel`` for every engine):
+``torch``, the chunked plain-torch path (``parallel/vocab_stats.py``), any device; ``triton``, the
+Triton kernels over the logits shard, on CUDA tensors or CPU tensors under Triton's interpreter
+(``TRITON_INTERPRET=1``, what the CPU tests use); ``auto``, ``triton`` for CUDA tensors when
+Triton imports, else ``torch``."""
 FUSED_LINEAR = "fused_linear"
-"""The ``engine.stats_kernel`` of the megatron-core engines that fuses the output layer."""
+"""The ``engine.stats_kernel`` of the megatron-core engines (``megatron`` / ``aligner`` only) that
+fuses the output layer: the statistics from the final hidden states and the output weight
+(``parallel/linear_stats.py``), the logits never stored; the same devices as ``triton``."""
 ENGINE_STATS_KERNELS = (*STATS_KERNELS, FUSED_LINEAR)
 """Every value of ``engine.stats_kernel``."""
 

@@ -1,9 +1,6 @@
-"""Triton device functions shared by the logits and the fused-linear kernels.
-
-A tile is ``z`` ``[BLOCK_N, BLOCK_V]`` fp32 raw logits of ``BLOCK_N`` token rows and ``BLOCK_V``
-vocabulary columns, ``−inf`` in the columns that are not real vocabulary (past the shard's
-``valid`` columns). Per row the running state is the max ``m`` and the sums
-``S0..S5`` of :mod:`opefo_nemo.kernels.partials`, each ``[BLOCK_N]`` fp32.
+"""Triton device functions shared by the logits and the fused-linear kernels: a tile is ``z``
+``[BLOCK_N, BLOCK_V]`` fp32 raw logits, ``−inf`` past the shard's ``valid`` columns; per row the
+running max ``m`` and the sums ``S0..S5`` of :mod:`opefo_nemo.kernels.partials`, ``[BLOCK_N]`` fp32.
 """
 
 from __future__ import annotations

@@ -5,11 +5,11 @@ vLLM, so ``opefo-preflight`` runs on a login node before any GPU work. ``node.py
 (``opefo-node-check``) runs on the nodes themselves and probes the environments there.
 """
 
-from ..models.shape import ModelShape
-from .checks import Problem, all_problems, plan_memory
-from .layout import ParallelLayout
-from .memory import GIB, MemoryEstimate, MemorySettings, estimate_memory
-from .plan import LaunchPlan
+from opefo_nemo.launch.checks import Problem, all_problems, plan_memory
+from opefo_nemo.launch.layout import ParallelLayout
+from opefo_nemo.launch.memory import GIB, MemoryEstimate, MemorySettings, estimate_memory
+from opefo_nemo.launch.plan import LaunchPlan
+from opefo_nemo.models.shape import ModelShape
 
 __all__ = [
     "GIB",

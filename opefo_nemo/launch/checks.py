@@ -7,10 +7,14 @@ import os
 from dataclasses import dataclass
 from pathlib import Path
 
-from .layout import ParallelLayout
-from .memory import GIB, MemoryEstimate, estimate_memory
-from .placement import ColocatedPlacement, PlacementError, vllm_tensor_parallel_problems
-from .plan import LaunchPlan
+from opefo_nemo.launch.layout import ParallelLayout
+from opefo_nemo.launch.memory import GIB, MemoryEstimate, estimate_memory
+from opefo_nemo.launch.placement import (
+    ColocatedPlacement,
+    PlacementError,
+    vllm_tensor_parallel_problems,
+)
+from opefo_nemo.launch.plan import LaunchPlan
 
 
 @dataclass(frozen=True)

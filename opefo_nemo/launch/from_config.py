@@ -1,23 +1,6 @@
-"""A composed trainer config (``conf/config.yaml`` + groups + overrides) → a :class:`LaunchPlan`.
-
-Keys read (absent ones take the default shown; the ``hf`` engine has no parallel layout):
-
-    engine.name, engine.micro_batch_size, engine.dtype [bfloat16]
-    engine.tensor_model_parallel_size [1], engine.pipeline_model_parallel_size [1]
-    engine.sequence_parallel [false], engine.use_distributed_optimizer [false]
-    engine.recompute_activations [false], engine.make_vocab_size_divisible_by [128; 1 for hf]
-    engine.rollout_tp_size [1], engine.stats_kernel [auto; fused_linear drops the logits' memory]
-    rollout.max_new_tokens, rollout.gpu_memory_utilization [0: vLLM not on the training GPUs]
-    data.max_prompt_tokens, data.train, data.validation
-    trainer.prompts_per_step, trainer.responses_per_prompt, method.updates_per_rollout
-    model.path, model.embedded [false], model.packaged [null] (either: the model is made at
-    start-up, its path is not checked), run.output_dir, checkpoint.resume
-
-Precision: the ``hf`` engine keeps weights, gradients and both AdamW moments in ``engine.dtype``;
-every other engine is Megatron mixed precision (``dtype`` weights, fp32 main gradients, fp32 master
-weights and moments: 12 bytes per parameter). On a GPU the estimate adds
-:data:`RUNTIME_OVERHEAD_BYTES` (CUDA context, NCCL buffers, allocator slack) and, when vLLM shares
-the GPU, :data:`VLLM_ASLEEP_BYTES` for a sleeping vLLM (weights offloaded, KV cache freed).
+"""A composed trainer config (``conf/config.yaml`` + groups + overrides) → a :class:`LaunchPlan`,
+for ``opefo-preflight`` (docs/cluster.md, section 7): the layout, the memory settings and the paths
+to check.
 """
 
 from __future__ import annotations
@@ -27,14 +10,16 @@ from dataclasses import replace
 from pathlib import Path
 from typing import Any
 
-from ..kernels import FUSED_LINEAR
-from ..models.shape import ModelShape
-from .memory import GIB, MemorySettings
-from .plan import LaunchPlan
+from opefo_nemo.kernels import FUSED_LINEAR
+from opefo_nemo.launch.memory import GIB, MemorySettings
+from opefo_nemo.launch.plan import LaunchPlan
+from opefo_nemo.models.shape import ModelShape
 
 DTYPE_BYTES = {"float32": 4, "bfloat16": 2, "float16": 2}
 RUNTIME_OVERHEAD_BYTES = 2 * GIB
+"""Added on a GPU: CUDA context, NCCL buffers, allocator slack."""
 VLLM_ASLEEP_BYTES = 1 * GIB
+"""Added on a GPU that vLLM shares: a sleeping vLLM (weights offloaded, KV cache freed)."""
 SYNTHETIC_DATA = ("arithmetic", "word_arithmetic")
 """``data.train`` values that name a built-in task instead of a file."""
 
@@ -65,9 +50,19 @@ def _model_shape(model: Mapping[str, Any]) -> ModelShape | None:
 def memory_settings(
     config: Mapping[str, Any], gpu: bool, corrects_update: bool = False
 ) -> MemorySettings:
-    """The memory-relevant settings of ``config`` (module docstring); ``gpu``: a GPU run;
-    ``corrects_update``: the method corrects its update along ``∇θ H̄`` (its objective's
-    ``corrects_update``, which the caller looks up: this package does not import torch)."""
+    """The memory-relevant settings of ``config``; ``gpu``: a GPU run; ``corrects_update``: the
+    method corrects its update along ``∇θ H̄`` (its objective's ``corrects_update``, which the
+    caller looks up: this package does not import torch).
+
+    Keys read (absent ones take the default shown): ``engine.name``, ``engine.micro_batch_size``,
+    ``engine.dtype`` [bfloat16], ``engine.use_distributed_optimizer`` [false],
+    ``engine.recompute_activations`` [false], ``engine.make_vocab_size_divisible_by`` [128; 1 for
+    hf], ``engine.stats_kernel`` [auto; fused_linear drops the logits' memory],
+    ``rollout.max_new_tokens``, ``rollout.gpu_memory_utilization`` [0: vLLM not on the training
+    GPUs], ``data.max_prompt_tokens``. Precision: the ``hf`` engine keeps weights, gradients and
+    both AdamW moments in ``engine.dtype``; every other engine is Megatron mixed precision
+    (``dtype`` weights, fp32 main gradients, fp32 master weights and moments: 12 bytes per
+    parameter)."""
     engine = _section(config, "engine")
     rollout = _section(config, "rollout")
     data = _section(config, "data")
@@ -108,7 +103,13 @@ def plan_from_config(
 ) -> LaunchPlan:
     """The launch plan of a composed config (a plain mapping) on ``world_size`` ranks,
     ``gpus_per_node`` per node (0: all on one node); ``corrects_update``: as for
-    :func:`memory_settings`."""
+    :func:`memory_settings`. Reads, beside its keys: ``engine.tensor_model_parallel_size`` [1],
+    ``engine.pipeline_model_parallel_size`` [1], ``engine.sequence_parallel`` [false],
+    ``engine.rollout_tp_size`` [1], ``data.train``, ``data.validation``,
+    ``trainer.prompts_per_step``, ``trainer.responses_per_prompt``,
+    ``method.updates_per_rollout`` [1], ``model.path``, ``model.embedded`` [false],
+    ``model.packaged`` [null] (either: the model is made at start-up, its path is not checked),
+    ``run.output_dir``, ``checkpoint.resume``; the ``hf`` engine has no parallel layout."""
     engine = _section(config, "engine")
     trainer = _section(config, "trainer")
     model = _section(config, "model")

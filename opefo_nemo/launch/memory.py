@@ -1,41 +1,6 @@
-"""Per-GPU memory estimate of one training rank (Megatron layout) and of its colocated vLLM.
-
-All figures are bytes on the most loaded pipeline stage of one rank. With ``P`` the parameters
-that rank holds (its 1/TP slice of the split matrices, the whole norms, the embedding on the
-first stage, the output layer on the last; the vocabulary padded to a multiple of
-``make_vocab_size_divisible_by × TP``):
-
-    weights     = P · param_bytes
-    gradients   = P · grad_bytes                   (Megatron keeps fp32 main grads)
-    optimizer   = P · optimizer_bytes              (12: Adam m, v and the fp32 master copy of
-                  / DP with the distributed optimizer   mixed precision; 2·param_bytes without)
-    activations = tokens · layers_per_stage · in_flight · per_token_layer
-    logits      = tokens · V_pad / TP · (activation_bytes + 4)    (last stage; fp32 for the stats)
-                  with ``engine.stats_kernel=fused_linear`` no logits, only the fused
-                  backward's buffers (``kernels.budgets.fused_backward_bytes``): fp32
-                  ``[tokens, h]`` accumulators, one vocabulary chunk's gradient (at most 64 MiB)
-                  and the output weight shard's gradient in ``activation_bytes``
-    entropy gradient = P · grad_bytes              (a method that corrects its update,
-                  / DP with the distributed optimizer   entropy_neutral: ∇θ H̄ kept in the
-                                                   optimizer's layout during the update)
-
-``tokens = micro_batch_size · sequence_length``; ``in_flight`` is the number of micro-batches whose
-activations the first stage holds under the 1F1B schedule, ``min(PP, micro-batches)``.
-``per_token_layer`` counts what one layer saves for backward per token, ``a = activation_bytes``:
-
-    no recomputation: a · (4h / s + (2·H·d + 2·G·d + 3f) / TP) + 4 · H / TP
-        4h: the inputs of both norms and of the QKV and MLP input projections (``s = TP`` with
-        sequence parallel, else 1); Q, K, V and the attention output; the gated MLP's two
-        input projections (2f) and its down projection's input (f); fp32 softmax statistics
-        (flash attention keeps no s×s matrix).
-    full recomputation: a · h / s (only each layer's input).
-
-The rollout engine colocated on the same GPU uses ``vllm_memory_fraction`` of the GPU while it
-generates and ``vllm_asleep_bytes`` while the actor trains. The peak is the larger of
-
-    training   = weights + gradients + optimizer + activations + logits + entropy gradient
-                 + vLLM asleep + overhead
-    generation = weights + gradients + optimizer + vLLM share + overhead
+"""Per-GPU memory estimate of one training rank (Megatron layout) and of its colocated vLLM, in
+bytes on the most loaded pipeline stage; each formula sits at the function computing it
+(:func:`estimate_memory`). How ``opefo-preflight`` reports it: docs/cluster.md, section 7.
 """
 
 from __future__ import annotations
@@ -43,9 +8,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from ..kernels.budgets import GRAD_BLOCKS_V, fused_backward_bytes
-from ..models.shape import ModelShape, padded_vocab_size
-from .layout import ParallelLayout
+from opefo_nemo.kernels.budgets import GRAD_BLOCKS_V, fused_backward_bytes
+from opefo_nemo.launch.layout import ParallelLayout
+from opefo_nemo.models.shape import ModelShape, padded_vocab_size
 
 GIB = 1024**3
 
@@ -95,7 +60,9 @@ class MemorySettings:
 
 
 def parameters_per_rank(shape: ModelShape, layout: ParallelLayout, divisible_by: int) -> int:
-    """Parameters held by one rank of the most loaded pipeline stage (see the module docstring).
+    """``P``, the parameters held by one rank of the most loaded pipeline stage: its 1/TP slice of
+    the split matrices, the whole norms, the embedding on the first stage, the output layer on
+    the last; the vocabulary padded to a multiple of ``make_vocab_size_divisible_by × TP``.
 
     With PP > 1 the first stage holds the embedding and the last the output layer (a copy of the
     embedding when tied); with PP = 1 one stage holds both (one matrix when tied).
@@ -119,7 +86,14 @@ def parameters_per_rank(shape: ModelShape, layout: ParallelLayout, divisible_by:
 def activation_bytes_per_token_layer(
     shape: ModelShape, layout: ParallelLayout, settings: MemorySettings
 ) -> float:
-    """Bytes one decoder layer keeps for backward per token on one rank (module docstring)."""
+    """Bytes one decoder layer keeps for backward per token on one rank, ``a = activation_bytes``,
+    ``s = TP`` with sequence parallel, else 1:
+
+    - no recomputation: ``a · (4h / s + (2·H·d + 2·G·d + 3f) / TP) + 4 · H / TP``; 4h: the inputs
+      of both norms and of the QKV and MLP input projections; Q, K, V and the attention output;
+      the gated MLP's two input projections (2f) and its down projection's input (f); fp32
+      softmax statistics (flash attention keeps no s×s matrix);
+    - full recomputation: ``a · h / s`` (only each layer's input)."""
     tp = layout.tensor
     split = tp if layout.sequence_parallel else 1
     a = settings.activation_bytes
@@ -160,7 +134,7 @@ class MemoryEstimate:
     @property
     def training(self) -> int:
         """The training phase's total: resident + activations + logits + the entropy gradient
-        + asleep vLLM."""
+        + asleep vLLM + overhead."""
         return (
             self.resident
             + self.activations
@@ -172,7 +146,7 @@ class MemoryEstimate:
 
     @property
     def generation(self) -> int:
-        """The rollout phase's total: resident + vLLM's share of the GPU."""
+        """The rollout phase's total: resident + vLLM's share of the GPU + overhead."""
         return self.resident + self.vllm_share + self.overhead
 
     @property
@@ -187,7 +161,24 @@ def estimate_memory(
     settings: MemorySettings,
     gpu_memory_bytes: int = 0,
 ) -> MemoryEstimate:
-    """The estimate of the module docstring; ``gpu_memory_bytes`` sizes vLLM's share (0: none)."""
+    """The per-GPU estimate; ``gpu_memory_bytes`` sizes vLLM's share (0: none). With ``P`` =
+    :func:`parameters_per_rank`::
+
+        weights     = P · param_bytes
+        gradients   = P · grad_bytes            (Megatron keeps fp32 main grads)
+        optimizer   = P · optimizer_bytes       (12: Adam m, v and the fp32 master copy of mixed
+                      [/ DP, distributed optimizer]   precision; 2·param_bytes without)
+        activations = tokens · layers_per_stage · in_flight · per_token_layer
+        logits      = output_layer_bytes(...)   (last stage)
+        entropy gradient = P · grad_bytes       (a method that corrects its update,
+                      [/ DP, distributed optimizer]   entropy_neutral: ∇θ H̄ kept in the
+                                                optimizer's layout during the update)
+
+    ``tokens = micro_batch_size · sequence_length``; ``in_flight`` = ``min(PP, micro-batches)``,
+    the micro-batches whose activations the first stage holds under the 1F1B schedule;
+    ``per_token_layer`` = :func:`activation_bytes_per_token_layer`. The colocated rollout engine
+    uses ``vllm_memory_fraction`` of the GPU while it generates and ``vllm_asleep_bytes`` while
+    the actor trains; the peak is the larger phase (:class:`MemoryEstimate`)."""
     params = parameters_per_rank(shape, layout, settings.make_vocab_size_divisible_by)
     optimizer = params * settings.optimizer_bytes
     tokens = settings.micro_batch_size * settings.sequence_length
@@ -220,9 +211,12 @@ def estimate_memory(
 def output_layer_bytes(
     shape: ModelShape, layout: ParallelLayout, settings: MemorySettings, tokens: int, vocab: int
 ) -> int:
-    """The last stage's statistics memory beyond the activations (module docstring, ``logits``):
-    the ``[tokens, V_pad/TP]`` logits and their fp32 copy, or, with the output layer fused into
-    the statistics, what its backward allocates (``kernels.budgets.fused_backward_bytes``)."""
+    """The last stage's statistics memory beyond the activations: the ``[tokens, V_pad/TP]`` logits
+    and their fp32 copy, ``tokens · V_pad / TP · (activation_bytes + 4)``, or, with the output
+    layer fused into the statistics, what its backward allocates
+    (``kernels.budgets.fused_backward_bytes``: fp32 ``[tokens, h]`` accumulators, one vocabulary
+    chunk's gradient, at most 64 MiB, and the output weight shard's gradient in
+    ``activation_bytes``)."""
     shard = vocab // layout.tensor
     if settings.fused_output_layer:
         return fused_backward_bytes(

@@ -1,17 +1,7 @@
-"""What one node must offer before any training rank starts on it (``opefo-node-check``).
-
-Each check returns :class:`~opefo_nemo.launch.checks.Problem` s (one line each), never raises:
-
-* ``driver``: the NVIDIA driver against the CUDA that each environment's torch was built for.
-  NVIDIA's minor-version compatibility (docs.nvidia.com/deploy/cuda-compatibility,
-  "Minor Version Compatibility", table 1) needs driver >= 450 for CUDA 11.x, >= 525 for 12.x,
-  >= 580 for 13.x; vLLM 0.32's registry wheel pins torch 2.13 built for CUDA 13.
-* ``gpus``: the GPUs this task sees (``nvidia-smi``, then ``CUDA_VISIBLE_DEVICES``) cover the
-  node's training tasks, one each.
-* ``rollout``: the rollout environment's interpreter imports torch, vLLM and the rollout server,
-  and not from the trainer's site-packages (``rollout/environment.py``).
-* ``cache``: the cache directories vLLM, Triton and torch compile write are writable.
-* ``disk``: free space where checkpoints go.
+"""What one node must offer before any training rank starts on it (``opefo-node-check``): driver,
+GPUs, rollout environment, caches, disk. Each check returns
+:class:`~opefo_nemo.launch.checks.Problem` s (one line each), never raises (docs/cluster.md,
+section 8).
 """
 
 from __future__ import annotations
@@ -26,11 +16,13 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from ..rollout.environment import foreign_imports, server_pythonpath, site_directories
-from .checks import Problem
+from opefo_nemo.launch.checks import Problem
+from opefo_nemo.rollout.environment import foreign_imports, server_pythonpath, site_directories
 
 MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
-"""Minimum driver major version per CUDA major version (minor-version compatibility)."""
+"""Minimum driver major version per CUDA major version: NVIDIA's minor-version compatibility
+(docs.nvidia.com/deploy/cuda-compatibility, "Minor Version Compatibility", table 1). vLLM 0.32's
+registry wheel pins torch 2.13 built for CUDA 13."""
 
 CACHE_DIRECTORIES = {
     "VLLM_CACHE_ROOT": "~/.cache/vllm",
@@ -117,7 +109,8 @@ def driver_problems(driver: str, cuda_of: dict[str, str | None]) -> list[Problem
 def visible_gpu_problems(
     uuids: tuple[str, ...], visible: str | None, tasks_per_node: int
 ) -> list[Problem]:
-    """Whether the GPUs this task sees (``visible``: ``CUDA_VISIBLE_DEVICES``) number at least
+    """Whether the GPUs this task sees (``nvidia-smi``'s ``uuids``, then ``visible``:
+    ``CUDA_VISIBLE_DEVICES``) number at least
     ``tasks_per_node``: every training rank of the node needs its own."""
     count = len(uuids)
     if visible is not None:
@@ -136,7 +129,8 @@ def visible_gpu_problems(
 
 def probe_environment(python: str) -> tuple[dict | None, list[Problem]]:
     """Run ``python`` as the rollout servers run it (their ``PYTHONPATH``) and report what it
-    imports; problems when it cannot run or cannot import torch, vLLM or the rollout server."""
+    imports; problems when it cannot run or cannot import torch, vLLM or the rollout server, or
+    imports them from the trainer's site-packages (``rollout/environment.py``)."""
     sites = site_directories()
     package_root = str(Path(__file__).resolve().parents[2])
     env = {
@@ -179,7 +173,8 @@ def cache_directories(environ: dict[str, str]) -> dict[str, Path]:
 
 
 def cache_problems(environ: dict[str, str]) -> list[Problem]:
-    """Every cache directory can be created and written (a file is written and removed)."""
+    """Every cache directory vLLM, Triton and torch compile write can be created and written (a
+    file is written and removed)."""
     problems = []
     for name, path in cache_directories(environ).items():
         try:

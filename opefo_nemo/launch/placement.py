@@ -1,24 +1,6 @@
-"""Where the colocated vLLM servers run on a training allocation, and which ranks feed them.
-
-With the megatron engines the rollout servers share the training GPUs (docs/architecture.md, "Where
-things run"): each node's ``gpus_per_node`` GPUs are cut into consecutive groups of
-``rollout_tp_size`` GPUs, and each group hosts one vLLM server whose tensor-parallel size is
-``rollout_tp_size``. Ranks are numbered node-major, as Slurm and ``torchrun`` do: global rank
-``r`` runs on node ``r // gpus_per_node`` with local GPU ``r % gpus_per_node``. So
-
-    servers           = world_size / rollout_tp_size
-    server of rank r  = r // rollout_tp_size
-    its GPUs          = local ranks [k · rollout_tp_size, (k + 1) · rollout_tp_size) of its node
-    its leader        = the group's lowest rank: it starts the server with those GPUs visible,
-                        sends it the weights through CUDA IPC (same node) and asks for its share
-                        of the prompts.
-
-A group never spans two nodes (CUDA IPC needs one node), which is why ``rollout_tp_size`` must
-divide ``gpus_per_node``. The prompts of a step are split over the servers in contiguous,
-nearly equal shares (the first ``P mod S`` servers get one more), so their completions
-concatenated in server order are the prompt-major batch one server would return.
-
-Pure Python: this module imports neither torch nor vLLM.
+"""Where the colocated vLLM servers run on a training allocation, and which ranks feed them: one
+server per ``rollout_tp_size`` consecutive GPUs of a node (docs/cluster.md, "The engines on the
+cluster"). Pure Python: this module imports neither torch nor vLLM.
 """
 
 from __future__ import annotations
@@ -34,7 +16,8 @@ class PlacementError(ValueError):
 class ServerPlacement:
     """One colocated vLLM server: its ``index``, the ``node`` it runs on, the node-local GPU
     indices it uses (``CUDA_VISIBLE_DEVICES``) and the global training ranks on those GPUs
-    (the first one, ``leader``, drives it)."""
+    (the first one, ``leader``, drives it: it starts the server with those GPUs visible, sends it
+    the weights through CUDA IPC and asks for its share of the prompts)."""
 
     index: int
     node: int
@@ -63,7 +46,14 @@ class ServerPlacement:
 
 @dataclass(frozen=True)
 class ColocatedPlacement:
-    """The servers of a ``world_size``-rank allocation with ``gpus_per_node`` ranks per node."""
+    """The servers of a ``world_size``-rank allocation with ``gpus_per_node`` ranks per node.
+
+    Ranks are numbered node-major, as Slurm and ``torchrun`` do: global rank ``r`` runs on node
+    ``r // gpus_per_node`` with local GPU ``r % gpus_per_node``. Each node's GPUs are cut into
+    consecutive groups of ``rollout_tp_size``, each hosting one vLLM server of that
+    tensor-parallel size, so there are ``world_size / rollout_tp_size`` servers and rank ``r``
+    feeds server ``r // rollout_tp_size``. A group never spans two nodes (CUDA IPC needs one
+    node): ``rollout_tp_size`` must divide ``gpus_per_node``."""
 
     world_size: int
     gpus_per_node: int
@@ -110,7 +100,9 @@ class ColocatedPlacement:
         return self.server(rank // self.rollout_tp_size)
 
     def prompt_shares(self, num_prompts: int) -> tuple[range, ...]:
-        """The prompt indices each server generates for, contiguous and in server order."""
+        """The prompt indices each server generates for, contiguous, nearly equal (the first
+        ``P mod S`` servers get one more) and in server order, so the completions concatenated in
+        server order are the prompt-major batch one server would return."""
         if num_prompts < 0:
             raise PlacementError(f"num_prompts must be >= 0, got {num_prompts}")
         base, extra = divmod(num_prompts, self.num_servers)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from ..models.shape import ModelShape
-from .memory import MemorySettings
+from opefo_nemo.launch.memory import MemorySettings
+from opefo_nemo.models.shape import ModelShape
 
 
 @dataclass(frozen=True)

@@ -2,8 +2,8 @@
 
 from __future__ import annotations
 
-from .layout import ParallelLayout
-from .memory import GIB, MemoryEstimate
+from opefo_nemo.launch.layout import ParallelLayout
+from opefo_nemo.launch.memory import GIB, MemoryEstimate
 
 MIB = 1024**2
 

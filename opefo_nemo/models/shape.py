@@ -1,14 +1,5 @@
-"""The shape of a decoder-only transformer (Qwen2, Qwen3, Llama families) and its parameter counts.
-
-Read from a Hugging Face ``config.json``. Per decoder layer, with hidden size ``h``, ``H`` query
-heads and ``G`` key/value heads of size ``d``, MLP width ``f`` (gated: gate, up, down):
-
-    attention = h·H·d (Q) + 2·h·G·d (K, V) + H·d·h (O)  [+ H·d + 2·G·d biases, Qwen2]
-                [+ 2·d for per-head Q/K RMSNorm, Qwen3]
-    mlp       = 3·h·f
-    norms     = 2·h
-
-plus the embedding ``V·h``, the output layer ``V·h`` unless tied, and the final norm ``h``.
+"""The shape of a decoder-only transformer (Qwen2, Qwen3, Llama families), read from a Hugging Face
+``config.json``, and its parameter counts (each count at the method computing it).
 """
 
 from __future__ import annotations
@@ -104,7 +95,8 @@ class ModelShape:
         return self.num_key_value_heads * self.head_dim
 
     def attention_parameters(self) -> int:
-        """Weights (and biases) of Q, K, V and O in one layer; all split across tensor parallel."""
+        """Weights (and biases) of Q, K, V and O in one layer; all split across tensor parallel:
+        ``h·H·d (Q) + 2·h·G·d (K, V) + H·d·h (O)``, plus ``H·d + 2·G·d`` biases (Qwen2)."""
         h, q, kv = self.hidden_size, self.query_width, self.key_value_width
         count = h * q + 2 * h * kv + q * h
         if self.qkv_bias:
@@ -112,11 +104,13 @@ class ModelShape:
         return count
 
     def mlp_parameters(self) -> int:
-        """Gate, up and down projections of one layer; all split across tensor parallel."""
+        """Gate, up and down projections of one layer (``3·h·f``); all split across tensor
+        parallel."""
         return 3 * self.hidden_size * self.intermediate_size
 
     def replicated_layer_parameters(self) -> int:
-        """Parameters of one layer that every tensor-parallel rank holds whole (the norms)."""
+        """Parameters of one layer that every tensor-parallel rank holds whole (the norms):
+        ``2·h``, plus ``2·d`` for per-head Q/K RMSNorm (Qwen3)."""
         return 2 * self.hidden_size + (2 * self.head_dim if self.qk_norm else 0)
 
     def layer_parameters(self) -> int:
@@ -130,7 +124,9 @@ class ModelShape:
         return (vocab_size or self.vocab_size) * self.hidden_size
 
     def total_parameters(self) -> int:
-        """Every parameter of the unpadded model, as the Hugging Face checkpoint stores it."""
+        """Every parameter of the unpadded model, as the Hugging Face checkpoint stores it: the
+        layers, the embedding ``V·h``, the output layer ``V·h`` unless tied, the final norm
+        ``h``."""
         output = 0 if self.tie_word_embeddings else self.embedding_parameters()
         return (
             self.num_layers * self.layer_parameters()

@@ -1,12 +1,7 @@
-"""A tiny Qwen2-architecture causal LM with a character-level tokenizer, built locally.
-
-Nothing is downloaded: the weights are a seeded random initialisation of
-``transformers.Qwen2ForCausalLM`` and the tokenizer is a ``tokenizers`` word-level model over a
-fixed character alphabet, so encoding is exactly one token id per character. The directory it
-writes is a normal Hugging Face model directory that both ``transformers`` and vLLM (CPU build)
-load. vLLM's CPU attention needs ``head_dim`` 64 (16 is rejected), hence the default spec.
-
-The trainer's embedded default (a synthetic arithmetic task) reuses :data:`ALPHABET`.
+"""A tiny Qwen2-architecture causal LM with a character-level tokenizer (one token id per
+character), built locally from a seeded random initialisation: nothing is downloaded. The
+directory it writes loads in ``transformers`` and vLLM's CPU build (docs/rollout.md, "The tiny
+model").
 """
 
 from __future__ import annotations
@@ -44,6 +39,7 @@ would silently replace ours if ``AutoTokenizer`` saw the model's config."""
 class TinyModelSpec:
     """Shape of the tiny Qwen2 model (``hidden_size = num_attention_heads * head_dim`` is not
     required by Qwen2, but ``num_attention_heads`` must be a multiple of ``num_key_value_heads``).
+    vLLM's CPU attention needs ``head_dim`` 64 (16 is rejected), hence the default.
 
     ``initializer_range`` is the std of the random normal initialisation; the Hugging Face default
     0.02 gives nearly uniform next-token distributions, larger values give peakier ones.

@@ -1,11 +1,5 @@
-"""Loading a Hugging Face causal LM in a given dtype on every transformers this project meets.
-
-transformers renamed ``from_pretrained``'s ``torch_dtype`` keyword to ``dtype`` together with the
-configuration attribute of the same name. The NeMo 25.02 image ships transformers 4.48, which
-knows only ``torch_dtype``; there ``dtype=`` is not a loading option but becomes a config
-attribute, and the config then fails to serialise (``TypeError: Object of type dtype is not JSON
-serializable``). So the keyword is chosen by what the installed release has (a fresh
-``PretrainedConfig`` carries ``dtype``), never by comparing version strings.
+"""Loading a Hugging Face causal LM in a given dtype on every transformers this project meets
+(4.48 in the NeMo 25.02 image, and later releases that renamed ``torch_dtype`` to ``dtype``).
 """
 
 from __future__ import annotations
@@ -16,7 +10,11 @@ import torch
 
 
 def dtype_keyword() -> str:
-    """``"dtype"`` where the installed transformers takes it, else ``"torch_dtype"``."""
+    """``"dtype"`` where the installed transformers takes it, else ``"torch_dtype"``. On 4.48,
+    which knows only ``torch_dtype``, ``dtype=`` becomes a config attribute and the config then
+    fails to serialise (``TypeError: Object of type dtype is not JSON serializable``). Decided by
+    what the installed release has (a fresh ``PretrainedConfig`` carries ``dtype``), never by
+    comparing version strings."""
     from transformers import PretrainedConfig
 
     return "dtype" if "dtype" in vars(PretrainedConfig()) else "torch_dtype"

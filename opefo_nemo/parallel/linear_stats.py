@@ -1,13 +1,6 @@
 """``linear_token_stats``: the token statistics from hidden states and the output weight shard,
-fused with the vocabulary projection (spec §1; docs/kernels.md).
-
-The same statistics, collectives and errors as :func:`~opefo_nemo.parallel.token_stats` of
-``logits = hidden @ weightᵀ``, but the Triton kernels of ``opefo_nemo.kernels.linear_stats`` form
-the logits tile by tile in registers and never store them: memory is ``O(tokens)`` fp32 vectors
-beside the inputs (and, in backward, fp32 gradient buffers of the inputs' sizes). No chunking is
-needed. Per call: one all-reduce MAX and one all-reduce SUM in forward, none in backward.
-
-Importing this module imports Triton.
+fused with the vocabulary projection so the logits are never stored (spec §1; docs/kernels.md,
+"``linear_token_stats``"). Importing this module imports Triton.
 """
 
 from __future__ import annotations
@@ -94,7 +87,10 @@ def linear_token_stats(
     blocks: LinearBlocks | None = None,
 ) -> TokenStats:
     """Per-token statistics of ``softmax(hidden @ weightᵀ / T)`` over the (vocab-parallel)
-    vocabulary, without forming the logits.
+    vocabulary, without forming the logits: the same statistics, collectives and errors as
+    :func:`~opefo_nemo.parallel.token_stats` of ``logits = hidden @ weightᵀ``, with memory
+    ``O(tokens)`` fp32 vectors beside the inputs (backward: fp32 gradient buffers of the inputs'
+    sizes) and no chunking. Per call: one all-reduce MAX and one SUM in forward, none in backward.
 
     Args:
         hidden: final hidden states ``[tokens, h]`` or ``[d0, d1, h]`` (any two leading dims, e.g.

@@ -1,9 +1,6 @@
-"""``token_stats``: fused, chunked, vocab-parallel per-token statistics with autograd (spec §1).
-
-The public entry point the trainer, the engines and outside checks call. The chunk math lives in
-``vocab_stats`` (torch) and ``triton_stats`` (the Triton kernels, ``kernel="triton"``); this module
-checks the input, picks the implementation, loops over token chunks, wires autograd and turns
-non-finite results into errors.
+"""``token_stats``: fused, chunked, vocab-parallel per-token statistics with autograd (spec §1;
+docs/parallel.md). This module checks the input, picks the implementation (``vocab_stats`` or
+``triton_stats``), loops over token chunks, wires autograd and turns non-finite results into errors.
 """
 
 from __future__ import annotations

@@ -1,15 +1,7 @@
-"""The chunk steps of ``token_stats`` on the Triton kernels of ``opefo_nemo.kernels``.
-
-Same contract and collectives as the torch steps of ``vocab_stats``: per chunk one read of the
-shard (:func:`~opefo_nemo.kernels.logits_stats.shard_partials`: row max and sums relative to it,
-the target's logit, a NaN/+inf flag), one all-reduce MAX of the row maxima (with the shard-width
-check on the first chunk), the local sums moved to the global max
-(:func:`~opefo_nemo.kernels.partials.to_global_max`), one all-reduce SUM of the packed
-``[S0, Σ e·d, d_y, (Σ e^k, Σ e^k·d for each requested power k)]``. A row whose real columns
-hold NaN or ``+inf`` on some rank contributes NaN there, so every rank of the group sees it.
-Backward: one kernel per chunk writes the gradient in the logits' dtype, no communication.
-
-Importing this module imports Triton: ``token_stats`` does so only when the kernel is chosen.
+"""The chunk steps of ``token_stats`` on the Triton kernels of ``opefo_nemo.kernels``: the same
+contract and collectives as the torch steps of ``vocab_stats`` (docs/kernels.md,
+"``token_stats(kernel="triton")``"). Importing this module imports Triton: ``token_stats`` does
+so only when the kernel is chosen.
 """
 
 from __future__ import annotations
@@ -44,7 +36,11 @@ def finish_partials(
     powers: tuple[int, ...],
     check_widths: bool,
 ) -> ChunkStats:
-    """The two collectives and the statistics from one shard's :class:`ShardPartials`;
+    """The two collectives and the statistics from one shard's :class:`ShardPartials`: one
+    all-reduce MAX of the row maxima (with the shard-width check on the first chunk), the local
+    sums moved to the global max (:func:`~opefo_nemo.kernels.partials.to_global_max`), one
+    all-reduce SUM of the packed ``[S0, Σ e·d, d_y, (Σ e^k, Σ e^k·d)…]``; a row whose real
+    columns hold NaN or ``+inf`` on some rank contributes NaN there, so every rank sees it.
     ``owned`` ``[c]`` bool: this shard holds the target; ``powers``: the pairs of sums
     (``kernels.partials``) that go into the packet beside ``S0``, ``S1`` and ``d_y``."""
     row_max = global_row_max(partials.local_max, shard, group, check_widths)

@@ -1,33 +1,7 @@
 """Chunk kernels of the vocab-parallel token statistics (spec §1), in plain torch, and the
 collective steps every implementation shares (:func:`global_row_max`, :func:`reduce_and_finish`;
-the Triton one is ``triton_stats.py``).
-
-Notation for one token row: ``z`` the raw logits of the whole vocabulary, ``T`` the temperature,
-``m = max_a z_a``, ``d_a = (z_a - m) / T`` (so ``max_a d_a = 0``), ``e_a = exp(d_a)``,
-``S0 = Σ_a e_a``. Every global sum is a sum of per-shard partial sums, so one all-reduce MAX
-(of ``m``) and one all-reduce SUM of the packed partials
-``[S0, Σ e·d, d_y, (Σ e^k, Σ e^k·d for each requested power k)]`` (``d_y`` contributed only by
-the rank owning the target) give, with ``p = e / S0``:
-
-- ``logprob = d_y - log S0``
-- ``entropy = log S0 - Σ e·d / S0``                       (= logsumexp - Σ p z/T)
-- ``sum_pk = Σ e^k / S0^k``                                (= Σ p^k; k = 2, 3)
-- ``sum_pk_logp = Σ e^k·d / S0^k - log S0 · sum_pk``      (= Σ p^k log p)
-
-The powers ``k`` are those of the vocabulary sums requested (``kernels.partials.POWER_SUMS``);
-without a request the packet is ``[c, 3]``, with power 2 ``[c, 5]``, with 2 and 3 ``[c, 7]``.
-
-Backward needs only the global row statistics ``m``, ``log S0`` and ``H``:
-``∂logprob/∂z = (onehot(y) - p) / T`` and ``∂H/∂z = -p (log p + H) / T``, so the local shard's
-gradient is ``(g_l onehot(y) - p (g_l + g_H (log p + H))) / T``; no communication.
-
-Products ``e·d`` are taken as ``xlogy(e, e)`` so that masked logits (``-inf``, ``e = 0``)
-contribute 0 instead of ``0 · -inf``. Padded columns (global index ``>= vocab_size``) are sliced
-off before any arithmetic, which is the same as giving them logit ``-inf``.
-
-Working memory per chunk of ``c`` tokens: one fp32 ``[c, width]`` buffer for ``logprob``/``entropy``
-(forward) and for the ``logprob``-only gradient; two when vocabulary sums or the entropy gradient
-are requested.
+the Triton one is ``triton_stats.py``). The math per token row, the packed partial sums, autograd
+and working memory: docs/parallel.md, "``token_stats``".
 """
 
 from __future__ import annotations
@@ -125,7 +99,8 @@ def reduce_and_finish(
 ) -> ChunkStats:
     """One all-reduce SUM of the packed partial sums ``[S0, Σ e·d, d_y, (Σ e^k, Σ e^k·d)…]``
     (each ``[c]`` fp32, relative to the global ``row_max``, one pair per power in ``powers``),
-    then the statistics of the module docstring."""
+    then, with ``p = e / S0``: ``logprob = d_y − log S0``, ``entropy = log S0 − Σ e·d / S0``,
+    ``Σ p^k = Σ e^k / S0^k`` and ``Σ p^k log p = Σ e^k·d / S0^k − log S0 · Σ p^k``."""
     sums = torch.stack(partial, dim=1)
     _all_reduce(sums, dist.ReduceOp.SUM, group)
     s0, s_ed, d_y = sums[:, 0], sums[:, 1], sums[:, 2]
@@ -149,7 +124,9 @@ def reduce_and_finish(
 
 def _power_partials(d: Tensor, powers: tuple[int, ...]) -> list[Tensor]:
     """``[Σ e, Σ e·d, (Σ e^k, Σ e^k·d for k in powers)…]`` (each ``[c]``) of the shifted logits
-    ``d`` ``[c, valid]`` fp32, which this overwrites; at most one more fp32 buffer of its size."""
+    ``d`` ``[c, valid]`` fp32, which this overwrites; at most one more fp32 buffer of its size.
+    ``e·d`` is taken as ``xlogy(e, e)``, so masked logits (``−inf``, ``e = 0``) add 0, not
+    ``0 · −inf``."""
     if not powers:
         e = d.exp_()
         return [e.sum(1), e.xlogy_(e).sum(1)]

@@ -12,11 +12,11 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
-from .aggregate import Curve, group_curve, moving_average
-from .figure import write_figure
-from .panels import PANELS, missing_metrics
-from .runs import Group, Run, RunDirectoryError, group_runs, load_run
-from .summary import write_summary
+from opefo_nemo.report.aggregate import Curve, group_curve, moving_average
+from opefo_nemo.report.figure import write_figure
+from opefo_nemo.report.panels import PANELS, missing_metrics
+from opefo_nemo.report.runs import Group, Run, RunDirectoryError, group_runs, load_run
+from opefo_nemo.report.summary import write_summary
 
 log = logging.getLogger(__name__)
 SMOOTH = 10

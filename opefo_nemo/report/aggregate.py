@@ -1,9 +1,5 @@
-"""Per-step curves of a group of runs: each run smoothed, then mean and min–max band over seeds.
-
-Each step sees different prompts, so single steps are noisy: every run's series is first replaced
-by its trailing moving average over ``width`` logged values; then, at each step, the group's
-curve is the mean over the runs that logged that step and its band spans their minimum to maximum.
-A run that did not log a step (a shorter run, a non-finite value) is left out of that step only.
+"""Per-step curves of a group of runs: each run smoothed, then mean and min–max band over seeds
+(each step sees different prompts, so single steps are noisy).
 """
 
 from __future__ import annotations
@@ -13,7 +9,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .runs import Run
+from opefo_nemo.report.runs import Run
 
 
 def moving_average(values: np.ndarray, width: int) -> np.ndarray:
@@ -41,7 +37,11 @@ class Curve:
 
 
 def group_curve(runs: Sequence[Run], key: str, width: int) -> Curve | None:
-    """The :class:`Curve` of ``key`` over the runs that logged it; ``None`` if none did."""
+    """The :class:`Curve` of ``key`` over the runs that logged it; ``None`` if none did. Every
+    run's series is first its :func:`moving_average` over ``width`` logged values; then, at each
+    step, the mean over the runs that logged that step and the band from their minimum to
+    maximum. A run that did not log a step (a shorter run, a non-finite value) is left out of
+    that step only."""
     series = [run.series(key) for run in runs]
     series = [(steps, values) for steps, values in series if len(steps)]
     if not series:

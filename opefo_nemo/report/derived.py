@@ -1,13 +1,5 @@
-"""Series the report computes from a run's records instead of reading one logged key.
-
-- ``cumulative/realized``, ``cumulative/drift``, ``cumulative/entropy_change``: over the steps
-  ``s`` that logged ``flow/drift`` (those after a step that measured ``flow/realized``, spec §6),
-  the running sums of ``R_{s−1}`` (``flow/realized`` of the step before), of ``D_s``
-  (``flow/drift``) and of ``H_s − H_{s−1}`` (the change of ``entropy/mean``), drawn at ``s``. The
-  last is the sum of the first two up to rounding: the sampled entropy's change split into what
-  the updates did to their own batches and what no batch saw. With ``metrics.realized_every=1``
-  it is ``H_s − H_1``; with ``N > 1`` it covers one transition in ``N``.
-- ``val/pass@largest``: ``val/pass@k`` at the largest k the run logged.
+"""Series the report computes from a run's records instead of reading one logged key: the
+cumulative realized change, drift and entropy change, and ``val/pass@largest``.
 """
 
 from __future__ import annotations
@@ -23,7 +15,9 @@ LARGEST_PASS = "val/pass@largest"
 
 
 def _transitions(records: Records) -> list[tuple[int, float, float, float]]:
-    """``(s, R_{s−1}, D_s, H_s − H_{s−1})`` for each step ``s`` whose drift is logged."""
+    """``(s, R_{s−1}, D_s, H_s − H_{s−1})`` for each step ``s`` whose drift is logged (those
+    after a step that measured ``flow/realized``, spec §6): ``R`` is ``flow/realized``, ``D``
+    ``flow/drift``, ``H`` ``entropy/mean``."""
     by_step = {r["step"]: r for r in records}
     found = []
     for record in records:
@@ -37,6 +31,12 @@ def _transitions(records: Records) -> list[tuple[int, float, float, float]]:
 
 
 def _cumulative(index: int) -> Callable[[Records], Points]:
+    """``cumulative/realized``, ``…/drift``, ``…/entropy_change``: the running sums, drawn at
+    ``s``, of ``R_{s−1}``, ``D_s`` or ``H_s − H_{s−1}`` over :func:`_transitions`. The last is
+    the sum of the first two up to rounding: the sampled entropy's change split into what the
+    updates did to their own batches and what no batch saw. With ``metrics.realized_every=1`` it
+    is ``H_s − H_1``; with ``N > 1`` it covers one transition in ``N``."""
+
     def series(records: Records) -> Points:
         points, total = [], 0.0
         for transition in _transitions(records):

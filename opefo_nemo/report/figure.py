@@ -1,11 +1,5 @@
-"""``report.png``: the panels of :mod:`.panels`, one colour per group (x: rollout step).
-
-Per group and metric: a faint line of the per-step values (mean over seeds), a thick line of the
-mean over seeds of each run's ``smooth``-step trailing moving average, and, for several seeds, a
-band from their minimum to their maximum (:mod:`.aggregate`). Panels with two metrics draw the
-second dashed, a third dotted; validation and running sums are drawn unsmoothed. A panel no run
-can show says so instead of staying blank; runs that never logged a metric are named under the
-panels.
+"""``report.png``: the panels of :mod:`.panels`, one colour per group (x: rollout step;
+docs/training.md, "Comparing methods and seeds").
 """
 
 from __future__ import annotations
@@ -14,9 +8,9 @@ import textwrap
 from collections.abc import Sequence
 from pathlib import Path
 
-from .aggregate import group_curve
-from .panels import PANELS, STYLES, Panel, shown_runs
-from .runs import Group, Run
+from opefo_nemo.report.aggregate import group_curve
+from opefo_nemo.report.panels import PANELS, STYLES, Panel, shown_runs
+from opefo_nemo.report.runs import Group, Run
 
 COLUMNS = 4
 DPI = 100
@@ -82,7 +76,11 @@ def _draw_panel(ax, panel: Panel, groups: Sequence[Group], colors: Sequence[str]
 
 def draw_report(groups: Sequence[Group], missing: dict[Run, list[str]], smooth: int):
     """The report's matplotlib ``Figure``: every panel for ``groups``; the runs of ``missing``
-    (run → metrics it never logged) are named under the panels."""
+    (run → metrics it never logged) are named under the panels. Per group and metric: a faint
+    line of the per-step values (mean over seeds), a thick line of the mean over seeds of each
+    run's ``smooth``-step trailing moving average, and, for several seeds, a band from their
+    minimum to their maximum (:mod:`.aggregate`). A panel's second metric is dashed, a third
+    dotted; validation and running sums are unsmoothed; a panel no run can show says so."""
     import matplotlib
 
     matplotlib.use("Agg")

@@ -1,10 +1,5 @@
-"""The report's panels (the paper's figures, spec §6 keys) and which runs each one can show.
-
-The clipped-token panel (``clip/dh_upper``, ``clip/dh_lower``) shows only methods whose loss clips
-the ratio (their objective reports the clipped tokens' ΔH, spec §5, §6): the others log no
-``clip/*`` key. A run of a method this package does not know is shown if it logged them. The
-held-out pass@k and the cumulative entropy-change panels draw series of :mod:`.derived` and are
-drawn unsmoothed (validation is sparse; a running sum is already smooth).
+"""The report's panels (the paper's figures, spec §6 keys) and which runs each one can show
+(docs/training.md, "Comparing methods and seeds").
 """
 
 from __future__ import annotations
@@ -12,9 +7,9 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from ..core.objectives import objective_class
-from .derived import LARGEST_PASS
-from .runs import Run
+from opefo_nemo.core.objectives import objective_class
+from opefo_nemo.report.derived import LARGEST_PASS
+from opefo_nemo.report.runs import Run
 
 
 @dataclass(frozen=True)
@@ -115,7 +110,8 @@ PANELS = (
 
 
 def ratio_clipped(method: str | None) -> bool | None:
-    """Whether ``method``'s loss clips the ratio; ``None`` when the method is not known here."""
+    """Whether ``method``'s loss clips the ratio (its objective reports the clipped tokens' ΔH,
+    spec §5, §6; the others log no ``clip/*`` key); ``None`` when the method is not known here."""
     if method is None:
         return None
     try:
@@ -125,7 +121,8 @@ def ratio_clipped(method: str | None) -> bool | None:
 
 
 def shown_runs(panel: Panel, runs: Sequence[Run]) -> list[Run]:
-    """The runs ``panel`` is meant to show (for the clipped panel: the ratio-clipped ones)."""
+    """The runs ``panel`` is meant to show (for the clipped panel: the ratio-clipped ones, and a
+    run of a method this package does not know if it logged the keys)."""
     if not panel.clipped_only:
         return list(runs)
     shown = []

@@ -1,13 +1,5 @@
-"""Run directories as the trainer leaves them, and runs grouped by everything but their seed.
-
-A run directory holds ``metrics.jsonl`` (one object per rollout step, spec §6 keys) and
-``config.yaml`` (the composed configuration: method, seed, settings; ``trainer/metrics_log.py``).
-Runs written before the run directory recorded its configuration are read from their newest
-checkpoint's ``config.yaml``; a run with neither is drawn on its own, named by its directory.
-
-Two runs belong to one :class:`Group` when their configurations agree on every key except those of
-:data:`NOT_SETTINGS` (the seed, names, paths, logging, checkpointing, validation and process
-settings that do not change what is trained).
+"""Run directories as the trainer leaves them (``metrics.jsonl`` and ``config.yaml``), and runs
+grouped by everything but their seed (docs/training.md, "Comparing methods and seeds").
 """
 
 from __future__ import annotations
@@ -23,8 +15,8 @@ from typing import Any
 import numpy as np
 import yaml
 
-from ..trainer.metrics_log import RUN_CONFIG
-from .derived import DERIVED
+from opefo_nemo.report.derived import DERIVED
+from opefo_nemo.trainer.metrics_log import RUN_CONFIG
 
 log = logging.getLogger(__name__)
 METRICS = "metrics.jsonl"
@@ -90,7 +82,10 @@ class Run:
 
 
 def load_run(path: Path) -> Run:
-    """Read the run in directory ``path``; :class:`RunDirectoryError` names what is missing."""
+    """Read the run in directory ``path``; :class:`RunDirectoryError` names what is missing. The
+    configuration is ``config.yaml`` beside ``metrics.jsonl``, else (runs written before the run
+    directory recorded it) the newest checkpoint's; a run with neither is drawn on its own, named
+    by its directory."""
     metrics = path / METRICS
     if not path.is_dir():
         raise RunDirectoryError(f"{path} is not a directory")

@@ -1,16 +1,6 @@
-"""``summary.md``: one table row per group, the runs read, and the metrics some runs lacked.
-
-Per run, over its logged values: the means of the first and of the last ``window`` values
-(entropy, reward, response length), the relative entropy change ``(last − first) / first``, the
-reward's rise ``last − first``, the mean |λ*| over the run and over its first ``EARLY_STEPS``
-logged steps (before a collapse changes the regime), the mean advantage shift over all and over
-the confident tokens, the mean net flow ``P − N`` and the mean of ``flow/realized`` (the entropy
-change an update realized, where it was measured); held-out pass@1 and pass@k at the largest k
-logged, first (with validation from the start: the warm start's) and last; the sums of
-``flow/realized`` and ``flow/drift`` over the transitions ``flow/drift`` closes (:mod:`.derived`).
-Per group, each figure is
-the mean over its runs, followed by ``± s`` (the sample standard deviation over seeds) when
-several runs have it; ``–`` where no run logged the metric.
+"""``summary.md``: one table row per group, the runs read, and the metrics some runs lacked; each
+column's figure of one run is in :data:`COLUMNS` (docs/training.md, "Comparing methods and
+seeds").
 """
 
 from __future__ import annotations
@@ -20,8 +10,8 @@ from pathlib import Path
 
 import numpy as np
 
-from .derived import LARGEST_PASS
-from .runs import Group, Run
+from opefo_nemo.report.derived import LARGEST_PASS
+from opefo_nemo.report.runs import Group, Run
 
 #: A run's figure for the table, given the first / last window; ``None`` when it lacks the metric.
 Figure = Callable[[Run, int], float | None]
@@ -86,6 +76,11 @@ def _mean_abs(values: np.ndarray) -> float:
 
 
 #: ``(column, figure of one run, format of the mean)``; deviations get two significant digits.
+#: "first"/"last" are the means of the first and last ``window`` logged values (pass@k: the first
+#: and last validation, the first being the warm start's with validation from the start; pass@k
+#: at the largest k logged); the λ*, shift and flow figures are means over the run, |λ*| also
+#: over its first ``EARLY_STEPS`` logged steps (before a collapse changes the regime); Σ realized
+#: and Σ drift sum over the transitions ``flow/drift`` closes (:mod:`.derived`).
 COLUMNS: tuple[tuple[str, Figure, str], ...] = (
     ("H first", _first("entropy/mean"), "{:.3f}"),
     ("H last", _last("entropy/mean"), "{:.3f}"),

@@ -1,10 +1,6 @@
-"""Verifiable math rewards with per-item time limits: the DAPO rule (`dapo`), the same
-extraction with a lenient normalisation (`answer`), and symbolic equivalence (`math_verify`).
-
-Public API: `score(response, ground_truth, verifier="dapo")` -> `RewardResult` (`score`,
-`answer`, `reason`); `score_batch(responses, ground_truths, ...)`; `RewardPool` for a long-lived
-set of worker processes; `RewardConfig` for the scores, time limit and verifier options;
-`overlong_penalty` for DAPO's optional length shaping. See docs/rewards_data_eval.md.
+"""Verifiable math rewards with per-item time limits: the DAPO rule (`dapo`), the same extraction
+with a lenient normalisation (`answer`), and symbolic equivalence (`math_verify`); `score`,
+`score_batch`, `RewardPool`, `RewardConfig` (docs/rewards_data_eval.md, "Rewards").
 """
 
 from opefo_nemo.rewards.overlong import overlong_penalty

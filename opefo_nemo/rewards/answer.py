@@ -1,23 +1,6 @@
-"""The `answer` verifier: the DAPO rule's extraction with a more lenient normalisation.
-
-It reads what the `dapo` verifier reads (the last `Answer: …` line in the final `tail_chars`
-characters, or in strict-box mode the last `\\boxed{…}` near the end) and compares normalised
-strings exactly, but its normalisation maps more spellings of the same answer to one string:
-
-- on the answer line, the first math span (`$…$`, `$$…$$`, `\\(…\\)`, `\\[…\\]`) is the answer
-  and the prose around it is dropped; markdown emphasis (`**42**`) and a leading article go;
-- the inside of a `\\boxed{}` is taken, and only the right-hand side of the last `=`;
-- `\\left`/`\\right`, LaTeX spacing (`\\,` `\\;` `\\!` `\\quad` `~`), degree and percent signs,
-  `\\ldots`, ordinal `\\mathrm{th}`, double quotes and a trailing full stop are dropped;
-- `\\dfrac`/`\\tfrac` become `\\frac`, and `\\frac12`, `\\frac1{2}`, `\\sqrt2` get their braces;
-- unit words at the end (`cm`, `square units`, `dollars`, …) are removed and `\\text{…}`,
-  `\\textbf{…}`, `\\mathrm{…}`, `\\mathbf{…}`, `\\mbox{…}` are unwrapped; `\\text{and}` is a comma;
-- all whitespace is removed, and the thousands separators of a number (`1,000`, `-1{,}000.5`)
-  are removed.
-
-Every departure from the DAPO rule is listed, with an example, in docs/rewards_data_eval.md.
-Two answers are equal when their normalised strings are identical (so `0.5` and `\\frac{1}{2}`
-differ: the `math_verify` verifier handles such equivalences).
+"""The `answer` verifier: the DAPO rule's extraction with a more lenient normalisation, compared as
+exact strings (so `0.5` and `\\frac{1}{2}` differ). Every departure from the DAPO rule, with an
+example: docs/rewards_data_eval.md, "`answer` next to `dapo`".
 """
 
 from __future__ import annotations
@@ -142,7 +125,10 @@ def plain_answer(answer: str) -> str:
 
 
 def normalize_answer(answer: str) -> str:
-    """The canonical string of a final answer under the `answer` verifier (module docstring)."""
+    """The canonical string of a final answer under the `answer` verifier: the inside of a
+    `\\boxed{}`, the right-hand side of the last `=`, `plain_answer`, no `$`, `\\dfrac`/`\\tfrac`
+    as `\\frac`, no percent signs, no whitespace, no thousands separators (`1,000`,
+    `-1{,}000.5`)."""
     text = clean_answer_text(answer)
     boxed = last_boxed(text)
     if boxed is not None:

@@ -1,15 +1,6 @@
-"""The DAPO reward rule, exactly as DAPO-Math-17k was trained with.
-
-1. Only the last `DAPO_TAIL_CHARS` (300) characters of the response are read.
-2. The answer is the rest of the LAST line there matching `Answer\\s*:\\s*(.+)`
-   (case-insensitive); without such a line the response has no answer.
-3. The answer and the ground truth both go through Minerva's `normalize_final_answer`
-   (`minerva.py`); the response is correct when the two strings are identical.
-
-The rule scores +1 for correct and −1 otherwise (a missing answer included); `RewardConfig`
-applies that scale for `verifier="dapo"` unless told otherwise. An answer that normalises to
-the empty string is compared like any other (so it is wrong unless the ground truth also
-normalises to empty).
+"""The DAPO reward rule, exactly as DAPO-Math-17k was trained with: the last `Answer:` line in the
+response's final 300 characters, normalised by Minerva's rule on both sides, compared as strings;
++1 / −1 (docs/rewards_data_eval.md, "`dapo`: the rule, step by step").
 """
 
 from __future__ import annotations
@@ -32,5 +23,7 @@ def dapo_answer(response: str, tail_chars: int | None = DAPO_TAIL_CHARS) -> str 
 
 
 def dapo_correct(answer: str, ground_truth: str) -> bool:
-    """Whether a normalised answer from `dapo_answer` matches the ground truth under the rule."""
+    """Whether a normalised answer from `dapo_answer` matches the ground truth under the rule: the
+    strings are identical after Minerva's normalisation (an answer normalising to the empty string
+    too, so it is wrong unless the ground truth also normalises to empty)."""
     return answer == normalize_final_answer(ground_truth)

@@ -1,21 +1,6 @@
 """Minerva's `normalize_final_answer` (Lewkowycz et al. 2022), the normalisation of the DAPO rule.
-
-Every step is literal, and the steps run in this order; the quirks that follow from them are
-part of the rule (see docs/rewards_data_eval.md):
-
-(a) keep the text after the last `=`;
-(b) literal substitutions, in order (`SUBSTITUTIONS`): articles and all spaces go, `mbox`
-    becomes `text`, `\\text{and}` becomes a comma, `\\text{m}` becomes `\\text{}`;
-(c) literal deletions, in order (`REMOVED_EXPRESSIONS`): unit and filler words anywhere in the
-    string (`ways` inside `always` too), empty `\\text{}`, degree signs, some spacing macros;
-(d) the first `$…$` span replaces the whole string (kept with its `$` signs);
-(e) `\\text{…}`, `\\textbf{…}`, `\\overline{…}` are unwrapped (each up to the first `}`), and
-    `\\boxed{…}` (up to the last `}`);
-(f) `frac` followed by a non-brace character X and one more character Y becomes `frac{X}{Y}`;
-    `sqrt` followed by a non-brace character X becomes `sqrt{X}`;
-(g) every `$` is deleted;
-(h) if deleting the commas leaves only digits, the commas are deleted;
-(i) surrounding whitespace is stripped.
+Every step is literal and runs in order; the quirks that follow are part of the rule
+(docs/rewards_data_eval.md, "`dapo`: the rule, step by step").
 """
 
 from __future__ import annotations
@@ -93,18 +78,18 @@ _SQRT_SHORTHAND = re.compile(r"sqrt([^{])")
 
 
 def normalize_final_answer(answer: str) -> str:
-    """`answer` normalised by steps (a)–(i) of the module docstring."""
-    text = answer.split("=")[-1]
-    for old, new in SUBSTITUTIONS:
+    """`answer` normalised by Minerva's steps (a)–(i), literally and in order."""
+    text = answer.split("=")[-1]  # (a) the text after the last `=`
+    for old, new in SUBSTITUTIONS:  # (b) articles and all spaces go, `mbox` → `text`, ...
         text = text.replace(old, new)
-    for removed in REMOVED_EXPRESSIONS:
+    for removed in REMOVED_EXPRESSIONS:  # (c) anywhere in the string (`ways` inside `always` too)
         text = text.replace(removed, "")
-    text = _FIRST_DOLLAR_SPAN.sub(r"$\2$", text)
-    for wrapper in _UNWRAPS:
+    text = _FIRST_DOLLAR_SPAN.sub(r"$\2$", text)  # (d) the first `$…$` span, `$` signs kept
+    for wrapper in _UNWRAPS:  # (e) each up to the first `}`; `\boxed{…}` up to the last
         text = wrapper.sub(r"\1", text)
-    text = _FRAC_SHORTHAND.sub(r"frac{\1}{\2}", text)
-    text = _SQRT_SHORTHAND.sub(r"sqrt{\1}", text)
-    text = text.replace("$", "")
-    if text.replace(",", "").isdigit():
+    text = _FRAC_SHORTHAND.sub(r"frac{\1}{\2}", text)  # (f) `fracXY` → `frac{X}{Y}`
+    text = _SQRT_SHORTHAND.sub(r"sqrt{\1}", text)  # (f) `sqrtX` → `sqrt{X}`
+    text = text.replace("$", "")  # (g)
+    if text.replace(",", "").isdigit():  # (h) commas deleted when only digits remain
         text = text.replace(",", "")
-    return text.strip()
+    return text.strip()  # (i)

@@ -1,14 +1,5 @@
-"""A pool of worker processes that score responses with a hard per-item time limit.
-
-Each worker holds one item at a time. Inside the worker the soft limit (`time_limit.py`)
-interrupts Python code after `config.timeout_s`; if the worker is still busy
-`hard_grace_s` later (a long C call, e.g. a huge integer power in sympy), the parent kills it,
-scores the item as a timeout and starts a replacement. Items are independent, so the results,
-returned in input order, do not depend on the number of workers or on scheduling (except that a
-verification running close to the time limit may land on either side of it).
-
-Workers come from the `forkserver` start method by default: safe in a parent that runs torch
-or vLLM threads, and cheap to restart because the server has the verifiers imported already.
+"""A pool of worker processes that score responses with a hard per-item time limit; results in
+input order, independent of the number of workers (docs/rewards_data_eval.md, "Time limits").
 """
 
 from __future__ import annotations
@@ -67,7 +58,13 @@ class _Worker:
 
 class RewardPool:
     """`workers` scoring processes sharing one `RewardConfig`; use as a context manager or call
-    `close()`. Keep one alive across training steps to pay the start-up cost once."""
+    `close()`. Keep one alive across training steps to pay the start-up cost once.
+
+    Each worker holds one item at a time. Inside it the soft limit (`time_limit.py`) interrupts
+    Python code after `config.timeout_s`; if the worker is still busy `hard_grace_s` later (a long
+    C call, e.g. a huge integer power in sympy), the parent kills it, scores the item as a timeout
+    and starts a replacement. Workers come from `forkserver` by default: safe in a parent running
+    torch or vLLM threads, and cheap to restart since the server has the verifiers imported."""
 
     def __init__(
         self,

@@ -1,9 +1,6 @@
-"""Score responses against ground-truth answers (single item and batch).
-
-`score` verifies one response in the calling process. `score_batch` scores a list, either in
-this process (`workers=0`: cheap, soft time limit only) or in a `RewardPool` of worker processes
-(`workers>0`: soft limit plus a hard kill, see `pool.py`). Either way the results come back in
-input order and model output never raises: bad output is scored, with a reason.
+"""Score responses against ground-truth answers, one in this process (`score`) or a list
+(`score_batch`), results in input order; model output never raises: bad output is scored, with a
+reason (docs/rewards_data_eval.md, "Rewards", "Time limits").
 """
 
 from __future__ import annotations

@@ -1,23 +1,6 @@
-"""The `math_verify` verifier: symbolic equivalence with the math-verify package.
-
-The gold answer is parsed as `\\boxed{gold}` (LaTeX extraction). The response is focused on its
-final answer, trying these texts in order and keeping the first that math-verify parses into an
-expression (LaTeX and plain-expression extraction) and that is not prose (a run of three or
-more letters outside a LaTeX command: math-verify reads `forty-two` as a product of symbols):
-
-1. the last `Answer:` line, cleaned (`1 000`, `1\\;000`, `1{,}000`, `1,\\!000` -> `1000`, then
-   `plain_answer`: its first math span, no markdown emphasis, trailing full stop, spacing
-   macros or trailing unit words), wrapped in `$…$` so bare LaTeX parses;
-2. the same line as written, wrapped in `$…$`;
-3. the last `\\boxed{}`;
-4. the whole response.
-
-Focusing makes the last answer win and keeps math-verify from reading a bare number out of
-unparsed LaTeX (`3\\,\\sqrt{2}` read as 3); the fallbacks score an answer line math-verify cannot
-read (`forty-two`) by what the rest of the response says.
-`verify(gold, prediction)` then compares numerically and symbolically (fractions vs decimals,
-reordered sums, intervals, sets). math-verify's own `signal.alarm` timeouts are switched off:
-the caller owns the time limit (`time_limit.py`, `pool.py`).
+"""The `math_verify` verifier: symbolic equivalence with the math-verify package, on the
+response's focused final answer (docs/rewards_data_eval.md, "`math_verify`'s focus").
+math-verify's own `signal.alarm` timeouts are off: the caller owns the time limit.
 """
 
 from __future__ import annotations
@@ -59,7 +42,12 @@ def _is_prose(text: str) -> bool:
 
 
 def focus_candidates(response: str) -> list[str]:
-    """The texts tried, in order, as the response's final answer (see the module docstring)."""
+    """The texts tried, in order, as the response's final answer: the last `Answer:` line cleaned
+    (`1 000`, `1\\;000`, `1{,}000` → `1000`, then `plain_answer`), the same line as written (both
+    wrapped in `$…$` so bare LaTeX parses), the last `\\boxed{}`, the whole response. Focusing
+    makes the last answer win and keeps math-verify from reading a bare number out of unparsed
+    LaTeX (`3\\,\\sqrt{2}` read as 3); the fallbacks score an answer line math-verify cannot
+    read (`forty-two`) by what the rest of the response says."""
     candidates = []
     line = last_answer_line(response)
     if line is not None:
@@ -74,8 +62,9 @@ def focus_candidates(response: str) -> list[str]:
 
 
 def parse_prediction(response: str) -> list:
-    """math-verify's parse of the first focus candidate that parses to an expression; else of
-    the whole response (possibly empty)."""
+    """math-verify's parse of the first focus candidate that parses to an expression and is not
+    prose (math-verify reads `forty-two` as a product of symbols); else of the whole response
+    (possibly empty)."""
     *focused, whole = focus_candidates(response)
     for text in focused:
         parsed = parse(text, list(_PREDICTION_EXTRACTION), parsing_timeout=None)  # type: ignore[arg-type]  # None: no signal-based timeout
@@ -85,7 +74,8 @@ def parse_prediction(response: str) -> list:
 
 
 def verify_symbolic(response: str, ground_truth: str) -> tuple[bool | None, str | None, bool]:
-    """Compare a response with the gold answer.
+    """Compare a response with the gold answer (parsed as `\\boxed{gold}`), numerically and
+    symbolically (fractions vs decimals, reordered sums, intervals, sets).
 
     Returns (verdict, extracted answer, gold_parsed): verdict is None when no answer was found
     in the response; gold_parsed is False when the gold answer itself could not be parsed.

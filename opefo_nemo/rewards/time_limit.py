@@ -1,9 +1,5 @@
-"""A soft, in-process time limit for one verification.
-
-It arms `SIGALRM` through `signal.setitimer`, so it works only in the main thread of a process,
-and only interrupts Python code: a single C call (for instance a huge integer power inside
-sympy) runs on until it returns. The worker pool (`pool.py`) adds the hard limit: it kills a
-worker process that overruns.
+"""A soft, in-process time limit for one verification (`SIGALRM`: main thread only, Python code
+only); the worker pool (`pool.py`) adds the hard limit (docs/rewards_data_eval.md, "Time limits").
 """
 
 from __future__ import annotations
@@ -29,7 +25,9 @@ def can_interrupt() -> bool:
 
 @contextmanager
 def time_limit(seconds: float) -> Iterator[None]:
-    """Raise `VerificationTimeout` in the body once `seconds` of wall time have passed.
+    """Raise `VerificationTimeout` in the body once `seconds` of wall time have passed. It arms
+    `SIGALRM` through `signal.setitimer`, so it only interrupts Python code: a single C call (a
+    huge integer power inside sympy) runs on until it returns.
 
     Outside the main thread this is a no-op (no signal can be delivered there). Any timer and
     handler that were set before are restored on exit.

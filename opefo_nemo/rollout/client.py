@@ -1,16 +1,5 @@
-"""The rollout engine the trainer talks to: a client of one or more vLLM server processes.
-
-``generate`` shards the prompts of a step into contiguous blocks, one per server, sends every
-block before waiting for any reply (servers generate in parallel) and concatenates the replies in
-server order, so the result is prompt-major in the caller's order. ``update_weights`` streams the
-Hugging Face-named tensors through shared memory (``shm.py``) to all servers at once, chunk by
-chunk (or, with ``weight_transport="cuda_ipc"``, as CUDA IPC handles: not verified).
-
-Failure policy: requests are validated before anything is sent (prompt ids within the
-vocabulary, prompt plus ``max_new_tokens`` within ``max_model_len``). Any failure after that (a
-timeout, a dead server, an error a server reports, Ctrl-C) closes the whole engine before
-raising: its servers may then be mid-request, disagree about the protocol state or hold
-half-updated weights, and a late reply would be read as the answer to the next request.
+"""The rollout engine the trainer talks to: a client of one or more vLLM server processes
+(docs/rollout.md: "Sharding over servers", "Weight refit", "Robustness").
 """
 
 from __future__ import annotations

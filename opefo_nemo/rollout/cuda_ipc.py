@@ -1,19 +1,6 @@
-"""Weight transfer by CUDA IPC handles, for a trainer and vLLM servers sharing GPUs. Needs CUDA
-beyond refusing CPU tensors (left out of CPU coverage: docs/verification.md).
-
-NOT VERIFIED: no GPU (and no GPU build of vLLM) was available when this was written; only the
-shared-memory path (``shm.py``) is tested. The reasoning it rests on:
-
-- ``torch.multiprocessing.reductions.reduce_tensor`` on a CUDA tensor returns the arguments of
-  ``rebuild_cuda_tensor``: an IPC handle of the allocation, sizes/offsets, a reference-counter
-  file handle (the producer's caching allocator keeps the block while a consumer holds it) and an
-  event the consumer waits on (so pending writes of the producer are visible). They are bytes,
-  ints and a dtype, so they go into JSON (bytes as base64) instead of a pickle.
-- Device indices differ between processes (``CUDA_VISIBLE_DEVICES``), so the device travels as
-  its UUID and the consumer maps it to its own index.
-- The server clones each tensor (device to device) and synchronises its stream before it
-  acknowledges the chunk, so the trainer may overwrite its weights as soon as ``update_weights``
-  returns; extra GPU memory on the server is one chunk.
+"""Weight transfer by CUDA IPC handles, for a trainer and vLLM servers sharing GPUs. Needs CUDA;
+NOT VERIFIED: no GPU run yet, only the shared-memory path (``shm.py``) is tested (docs/rollout.md,
+"Weight refit"; docs/verification.md).
 """
 
 from __future__ import annotations

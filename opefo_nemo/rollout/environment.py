@@ -1,18 +1,6 @@
 """Which Python the vLLM servers run under, what their ``PYTHONPATH`` holds, and where they
-imported torch and vLLM from.
-
-In the training image vLLM lives in its own virtual environment (it pins its own torch,
-docs/cluster.md); the servers must run there and import nothing from the trainer's environment,
-or vLLM's compiled operators meet a torch they were not built against. Three rules:
-
-* the interpreter is ``rollout.python``, else ``$OPEFO_VLLM_PYTHON``, else the trainer's own;
-* a server's ``PYTHONPATH`` never holds a directory of the trainer's site-packages: the
-  package's parent directory is added only when it is a source tree (a checkout), and inherited
-  entries inside the trainer's site-packages are dropped;
-* a server in another environment than the trainer (another ``sys.prefix``) refuses to start
-  when torch or vLLM was imported from the trainer's site-packages, naming both paths.
-
-Standard library only: the server imports this before torch and vLLM.
+imported torch and vLLM from (docs/rollout.md, "The rollout environment"). Standard library only:
+the server imports this before torch and vLLM.
 """
 
 from __future__ import annotations

@@ -1,11 +1,5 @@
-"""One rollout server child process, seen from the client: start, request/reply, stop.
-
-The server runs in its own process group (so stopping it also stops anything it started), talks
-over one end of a ``socketpair`` it inherits, and writes its output to a log file whose tail is
-quoted in every error. Its ``PYTHONPATH`` reaches this package's sources only when they are a
-source tree, never the trainer's site-packages (``environment.py``). Any transport failure
-(timeout, dead process, broken message) raises :class:`RolloutServerError`; the caller must then
-stop the server, since a late reply would otherwise be read as the answer to a later request.
+"""One rollout server child process, seen from the client: start, request/reply, stop
+(docs/rollout.md, "Robustness").
 """
 
 from __future__ import annotations
@@ -30,7 +24,13 @@ class RolloutServerError(RuntimeError):
 
 
 class ServerProcess:
-    """A started (not yet ready) server; call :meth:`wait_ready` next."""
+    """A started (not yet ready) server; call :meth:`wait_ready` next. It runs in its own process
+    group (so stopping it also stops anything it started), talks over one end of a
+    ``socketpair`` it inherits, and writes its output to a log file whose tail is quoted in every
+    error. Its ``PYTHONPATH`` reaches this package's sources only when they are a source tree,
+    never the trainer's site-packages (``environment.py``). Any transport failure (timeout, dead
+    process, broken message) raises :class:`RolloutServerError`; the caller must then stop the
+    server, since a late reply would otherwise be read as the answer to a later request."""
 
     def __init__(
         self, index: int, python: str, server_args: list[str], env: dict[str, str], log_path: Path

@@ -1,34 +1,6 @@
-"""The wire protocol between the rollout client and a server process (version 2).
-
-A message is a 4-byte big-endian unsigned length followed by that many bytes of UTF-8 JSON (an
-object). Nothing is pickled; tensors never travel over the socket (weights go through shared
-memory, see ``shm.py``). The conversation is strictly request/reply, one request in flight:
-
-=====================  =========================================  ===============================
-request ``op``          other request fields                       reply fields (besides ``ok``)
-=====================  =========================================  ===============================
-(server → client)       first message after start-up: ``ready``    ``protocol``, ``pid``,
-                                                                   ``vllm_version``, ``device``,
-                                                                   ``environment`` (interpreter,
-                                                                   torch and vLLM versions and
-                                                                   paths)
-``generate``            ``prompts`` (list of id lists), ``n``,     ``completions`` (list of
-                        ``sampling`` (SamplingConfig JSON),        Completion JSON, prompt-major)
-                        ``prompt_offset`` (global index of the
-                        first prompt, for seeds and indices)
-``update_begin``        —                                          —
-``update_chunk``        ``segment`` (shm file name), ``tensors``   —
-                        (list of ``name, dtype, shape, offset``);
-                        or ``ipc``: CUDA IPC entries
-                        (see ``cuda_ipc.py``)
-``update_end``          —                                          ``num_tensors``
-``sleep``               —                                          —
-``wake``                ``tags`` (optional: ``weights``,           —
-                        ``kv_cache``; absent = all)
-``shutdown``            —                                          — (then the server exits)
-=====================  =========================================  ===============================
-
-Every reply has ``ok``; when it is false, ``error`` holds the server's message (with traceback).
+"""The wire protocol between the rollout client and a server process (version 2): length-prefixed
+JSON messages, strictly request/reply. The requests and their fields: docs/rollout.md, "Wire
+protocol".
 """
 
 from __future__ import annotations

@@ -1,25 +1,6 @@
-"""A rollout server process: one in-process vLLM engine behind the protocol of ``protocol.py``.
-
-Started by :class:`opefo_nemo.rollout.client.VLLMRolloutEngine` as
-``<python> -m opefo_nemo.rollout.server --fd N --model DIR ...``; it imports only the standard
-library, torch and vLLM, so it runs in vLLM's own virtual environment (``environment.py``).
-``N`` is the server's end of a socket pair created by the client. At start-up it logs where it
-imported torch and vLLM from, and refuses to start when they come from the trainer's
-environment (``--trainer-prefix``, ``--trainer-site``) while it runs in another one.
-
-The vLLM engine runs in this process (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), so weight refits
-call the worker's ``reload_weights`` directly: it reloads Hugging Face-named tensors layer by
-layer and re-runs each layer's post-load processing (the CPU backend repacks linear weights for
-oneDNN, so a plain ``param.copy_`` would not reach the kernels). The prefix cache is reset
-afterwards, so no KV entry computed with old weights is reused.
-
-Refit tensors are checked by name against the checkpoint the server started from (its
-safetensors headers, plus ``lm_head.weight`` when the embeddings are tied): vLLM 0.32 refuses an
-unknown name, but 0.19 (the CUDA 12 build) skips it without a word, which would leave a stale
-weight in the engine.
-
-The server exits when asked (``shutdown``), when the client's end of the socket closes, or when
-its parent process disappears (a watchdog thread checks every half second).
+"""A rollout server process: one in-process vLLM engine behind the protocol of ``protocol.py``,
+started by :class:`opefo_nemo.rollout.client.VLLMRolloutEngine` in vLLM's own environment
+(docs/rollout.md: "The rollout environment", "Weight refit", "Robustness").
 """
 
 from __future__ import annotations
@@ -58,6 +39,8 @@ def _parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 
 def _watch_parent(parent_pid: int) -> None:
+    """Exit when the parent process disappears (checked every half second)."""
+
     def watch() -> None:
         while os.getppid() == parent_pid:
             time.sleep(0.5)
@@ -207,7 +190,12 @@ class RolloutServer:
         return completions
 
     def _update_weights(self) -> None:
-        """Stream chunks from the client into vLLM's layer-wise reload (see module docstring)."""
+        """Stream chunks from the client into the worker's ``reload_weights`` (vLLM runs in this
+        process, ``VLLM_ENABLE_V1_MULTIPROCESSING=0``): it reloads Hugging Face-named tensors layer
+        by layer and re-runs each layer's post-load processing (the CPU backend repacks linear
+        weights for oneDNN, so a plain ``param.copy_`` would not reach the kernels). Names are
+        checked against :func:`checkpoint_names` (vLLM 0.19 skips an unknown one silently); the
+        prefix cache is reset afterwards so no KV entry from old weights is reused."""
         send_message(self.sock, {"ok": True})
         state = {"awaiting_reply": False, "num_tensors": 0}
 

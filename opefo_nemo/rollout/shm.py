@@ -1,14 +1,5 @@
-"""Weight transfer through shared memory files (``/dev/shm``), chunked.
-
-The client packs tensors into one reusable segment of ``chunk_bytes`` (grown only when a single
-tensor is larger), tells every server the segment's file name and a table of
-``(name, dtype, shape, offset)``, and waits until each server has copied the chunk out before it
-overwrites the segment with the next one. So the extra memory is one segment on the client plus,
-on each server, the copies of the current chunk that vLLM's loader still buffers (at most about
-one layer): bounded, whatever the model size. Tensors are never pickled.
-
-Segment files are named ``opefo-rollout-<client pid>-<random>``; :func:`remove_stale_segments`
-deletes those whose client process no longer exists (left behind only by a SIGKILL).
+"""Weight transfer through shared memory files (``/dev/shm``), chunked: one reusable segment, so
+the extra memory is bounded whatever the model size (docs/rollout.md, "Weight refit").
 """
 
 from __future__ import annotations

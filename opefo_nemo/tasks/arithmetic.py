@@ -1,23 +1,6 @@
-"""The embedded default's synthetic task: multi-digit addition written out column by column.
-
-A problem is ``"a+b="`` with two operands of exactly ``digits`` decimal digits. Its worked
-solution adds the columns from the units up, one step per column, writing the carry in as a third
-term when there is one, and ends with the sum after a lone ``=``::
-
-    "47+38="  →  "7+8=15 4+3+1=8 =85"
-    "97+38="  →  "7+8=15 9+3+1=13 =135"
-
-Step ``i`` (``i = 0`` the units) is ``"{a_i}+{b_i}=s_i"`` or ``"{a_i}+{b_i}+1=s_i"`` with
-``s_i = a_i + b_i + c_i``, ``c_0 = 0``, ``c_{i+1} = s_i // 10``; the answer is ``s_{d-1}`` written
-in full followed by the units digits of ``s_{d-2}, …, s_0``. A solution may also be written in
-other, equally correct ways: a column's two digits swapped, its carry first, a missing carry
-written as ``+0``, a step followed by another separator than the space
-(``"8+7+0=15,1+4+3=8 =85"``): the warm start of the ``orders`` task
-(``conf/model/tiny_arithmetic_orders.yaml``) writes them so at uneven odds. Every character is
-in the tiny model's alphabet (:data:`opefo_nemo.models.tiny.ALPHABET`), one token each. The
-verifier scores the final answer only. Problems are drawn with a seeded generator, so the
-training and validation sets are the same on every machine; the validation problems are disjoint
-from the training ones.
+"""The embedded default's synthetic task: multi-digit addition written out column by column
+(``"47+38="`` → ``"7+8=15 4+3+1=8 =85"``), scored on the final answer only (docs/training.md,
+"The embedded default").
 """
 
 from __future__ import annotations
@@ -25,8 +8,8 @@ from __future__ import annotations
 import random
 import re
 
-from ..data.problem import Problem, prompt_id_for
-from ..rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
+from opefo_nemo.data.problem import Problem, prompt_id_for
+from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
 
 SOURCE = "arithmetic"
 _PROMPT = re.compile(r"^(\d+)\+(\d+)=$")
@@ -60,7 +43,17 @@ def worked_solution(
     separators: str = "",
     separator_rate: float = 0.0,
 ) -> str:
-    """The column-by-column solution of ``a + b`` (module docstring), without end-of-sequence.
+    """The column-by-column solution of ``a + b``, without end-of-sequence: the columns from the
+    units up, one step per column, the carry in as a third term when there is one, then the sum
+    after a lone ``=``::
+
+        "47+38="  →  "7+8=15 4+3+1=8 =85"
+        "97+38="  →  "7+8=15 9+3+1=13 =135"
+
+    Step ``i`` (``i = 0`` the units) is ``"{a_i}+{b_i}=s_i"`` or ``"{a_i}+{b_i}+1=s_i"`` with
+    ``s_i = a_i + b_i + c_i``, ``c_0 = 0``, ``c_{i+1} = s_i // 10``; the answer is ``s_{d-1}``
+    written in full followed by the units digits of ``s_{d-2}, …, s_0``. Every character is in
+    the tiny model's alphabet (:data:`opefo_nemo.models.tiny.ALPHABET`), one token each.
 
     The number of columns is the longer operand's digit count. With ``slip_rate > 0`` each
     column's sum is, with that probability, off by a slip ``δ`` drawn uniformly from those of
@@ -110,7 +103,7 @@ def operand_pairs(
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """``num_train`` training and ``num_validation`` validation operand pairs, disjoint, drawn
     without replacement from all pairs of ``digits``-digit operands (fewer if the space is
-    smaller; one digit: 0..9)."""
+    smaller; one digit: 0..9). Seeded, so the sets are the same on every machine."""
     low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
     pairs = [(a, b) for a in range(low, high) for b in range(low, high)]
     random.Random(seed).shuffle(pairs)

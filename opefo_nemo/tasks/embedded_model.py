@@ -13,11 +13,11 @@ from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, Protocol
 
-from ..data import Problem
-from ..models.tiny import TinyModelSpec, build_tiny_model
-from .arithmetic import operands, worked_solution
-from .shortcut import shortcut_answer
-from .warm_start import WarmStartConfig, read_recipe, supervised_warm_start
+from opefo_nemo.data import Problem
+from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
+from opefo_nemo.tasks.arithmetic import operands, worked_solution
+from opefo_nemo.tasks.shortcut import shortcut_answer
+from opefo_nemo.tasks.warm_start import WarmStartConfig, read_recipe, supervised_warm_start
 
 log = logging.getLogger(__name__)
 TASK = "column addition with worked steps"

@@ -1,20 +1,6 @@
-"""The shortcut task: the embedded additions, where a common shortcut caps the reward.
-
-The problems and the verifier are the arithmetic task's (:mod:`.arithmetic`). Its warm start
-writes most solutions as a *shortcut*: the columns added from the top down, each without the
-carry from the column below, the top sum written in full and the others' units digits after it::
-
-    "42+35="  →  "4+3=7 2+5=7 =77"        (right: no column carries)
-    "47+38="  →  "4+3=7 7+8=15 =75"       (wrong: 7 + 8 carries into the tens)
-
-and only a few in full, from the units up with the carries (:func:`.arithmetic.worked_solution`:
-``"7+8=15 4+3+1=8 =85"``), which is right on every problem but written with frequent slips. The
-first token already chooses the strategy (the top digit or the units digit of ``a``). The
-shortcut is right exactly on the problems where no column but the top one carries: on two-digit
-problems the 55 of the 100 units pairs whose sum is below 10. A policy that keeps to the
-shortcut can reach at most that fraction (:func:`shortcut_ceiling`); the task's optimum is 1,
-the worked solution without slips, which the warm start writes rarely and badly, so reaching it
-takes exploring the rare strategy (docs/training.md).
+"""The shortcut task: the embedded additions, where a common shortcut (top column first, no carries)
+caps the reward below the worked solution's 1, so reaching the optimum takes exploring the rare
+strategy (docs/training.md, "A task where collapse costs reward").
 """
 
 from __future__ import annotations
@@ -73,5 +59,6 @@ def shortcut_is_right(a: int, b: int) -> bool:
 
 
 def shortcut_ceiling(pairs: Sequence[tuple[int, int]]) -> float:
-    """The mean reward of the best policy that only writes shortcuts, over ``pairs``."""
+    """The mean reward of the best policy that only writes shortcuts, over ``pairs``: on two-digit
+    problems the 55 of the 100 units pairs whose sum is below 10."""
     return sum(shortcut_is_right(a, b) for a, b in pairs) / len(pairs)

@@ -1,12 +1,6 @@
-"""A short supervised phase so the embedded default starts with rewards neither all 0 nor all 1.
-
-Teacher-forced cross-entropy on the response tokens only (the worked solution and
-end-of-sequence), AdamW with the learning rate decaying linearly from ``lr`` to 0, fixed seed,
-``steps`` mini-batches of ``batch_size`` (prompt, response) pairs, each drawn afresh by ``draw``.
-On the arithmetic task ``draw`` writes solutions with occasional slips
-(:func:`opefo_nemo.tasks.arithmetic.worked_solution`), so the model learns to add but also to
-slip now and then: its samples are partly right, a state a policy-gradient method can improve by
-sharpening the policy, and whose entropy it collapses.
+"""A short supervised phase so the embedded default starts with rewards neither all 0 nor all 1:
+partly right samples, a state a policy-gradient method can improve by sharpening the policy, and
+whose entropy it collapses (docs/training.md, "The embedded default").
 """
 
 from __future__ import annotations
@@ -21,9 +15,9 @@ from typing import Any
 
 import torch
 
-from ..core.schema import require
-from ..models.tiny import ALPHABET
-from ..models.transformers_compat import load_causal_lm
+from opefo_nemo.core.schema import require
+from opefo_nemo.models.tiny import ALPHABET
+from opefo_nemo.models.transformers_compat import load_causal_lm
 
 WARM_START_RATES = (
     "swap_rate",
@@ -115,7 +109,9 @@ def supervised_warm_start(
     batch_size: int,
 ) -> Path:
     """Fine-tune ``base_dir`` on ``(prompt_ids, response_ids)`` pairs drawn by ``draw(rng)``;
-    save to ``out_dir``.
+    save to ``out_dir``. Teacher-forced cross-entropy on the response tokens only (the worked
+    solution and end-of-sequence), AdamW with the learning rate decaying linearly from ``lr`` to
+    0, fixed seed, ``steps`` mini-batches of ``batch_size`` pairs, each drawn afresh.
 
     ``recipe`` (JSON-serialisable: the settings that made this model) is saved beside the weights
     for :func:`read_recipe`. Returns ``out_dir``. Written into a sibling temporary directory and

@@ -1,19 +1,14 @@
-"""Additions asked in words, for a pretrained chat model: ``"What is 3 + 5?"`` → ``"8"``.
-
-The operands are those of the embedded task (:func:`.arithmetic.operand_pairs`, the
-``data.arithmetic`` settings; one digit gives the 100 pairs 0..9 × 0..9), the question is the
-user's message in the model's chat template (``data.template: raw``), and the verifier
-``last_number`` takes the last integer the response writes as its answer: "3 + 5 = 8." and
-"The sum is 8" are right, "8 + 1 = 9" is wrong, a response without a number has no answer.
+"""Additions asked in words, for a pretrained chat model: ``"What is 3 + 5?"`` → ``"8"``, scored by
+the last integer of the response (docs/rewards_data_eval.md, "Verifiers").
 """
 
 from __future__ import annotations
 
 import re
 
-from ..data.problem import Problem, prompt_id_for
-from ..rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
-from .arithmetic import operand_pairs
+from opefo_nemo.data.problem import Problem, prompt_id_for
+from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
+from opefo_nemo.tasks.arithmetic import operand_pairs
 
 SOURCE = "word_arithmetic"
 _INTEGER = re.compile(r"-?\d+")
@@ -26,7 +21,9 @@ def question(a: int, b: int) -> str:
 def make_word_problems(
     digits: int, num_train: int, num_validation: int, seed: int
 ) -> tuple[list[Problem], list[Problem]]:
-    """Training and validation questions of :func:`.arithmetic.operand_pairs`."""
+    """Training and validation questions of :func:`.arithmetic.operand_pairs` (the
+    ``data.arithmetic`` settings; one digit gives the 100 pairs 0..9 × 0..9), each the user's
+    message in the model's chat template (``data.template: raw``)."""
 
     def problem(a: int, b: int) -> Problem:
         text, answer = question(a, b), str(a + b)
@@ -39,7 +36,9 @@ def make_word_problems(
 def score_last_number(
     response: str, ground_truth: str, config: RewardConfig | None = None
 ) -> RewardResult:
-    """Score the last integer of ``response`` against ``ground_truth`` (1 / 0 by default)."""
+    """Score the last integer of ``response`` against ``ground_truth`` (1 / 0 by default): "3 + 5 =
+    8." and "The sum is 8" are right, "8 + 1 = 9" is wrong, a response without a number has no
+    answer."""
     config = config if config is not None else RewardConfig(wrong_score=0.0)
     numbers = _INTEGER.findall(response)
     if not numbers:

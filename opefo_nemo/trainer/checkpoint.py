@@ -1,18 +1,6 @@
-"""Checkpoints: ``<dir>/step_<NNNNNN>/`` holding everything a resumed run needs.
-
-* ``policy/``: the engine's model, optimizer and scheduler (for ``hf`` a loadable Hugging Face
-  directory; a multi-rank engine writes its sharded format, every rank its part);
-* ``trainer_state.json``: step, data position, the method's state (a closed-loop target or
-  coefficient), NaN streak, rollout restarts;
-* ``rng.pt``: Python, NumPy and torch generator states (rank ``r > 0``: ``rng_rank<r>.pt``);
-* ``config.yaml``: the composed configuration of the run.
-
-A checkpoint is written into a temporary sibling and renamed, so ``latest`` never points at a
-half-written one; only the newest ``keep`` are kept, and an existing checkpoint is never
-overwritten. :func:`resume_point` decides where a run starting into ``run.output_dir`` begins
-(``checkpoint.resume``): a directory that holds a run is continued, never started over. With
-several ranks (:class:`LoopRanks`) saving is collective: rank 0 prepares the staging
-directory, every rank writes its files, and rank 0 renames it once all have finished.
+"""Checkpoints: ``<dir>/step_<NNNNNN>/`` holding everything a resumed run needs, written atomically
+and never overwritten; :func:`resume_point` decides where a run begins (docs/training.md,
+"Checkpoints, pre-emption, resume").
 """
 
 from __future__ import annotations
@@ -28,8 +16,8 @@ import numpy as np
 import torch
 import yaml
 
-from ..engines.protocols import Policy
-from .ranks import SINGLE_PROCESS, LoopRanks
+from opefo_nemo.engines.protocols import Policy
+from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
 
 _NAME = re.compile(r"^step_(\d{6,})$")
 POLICY_SUBDIR = "policy"
@@ -71,7 +59,12 @@ def save_checkpoint(
     keep: int,
     ranks: LoopRanks = SINGLE_PROCESS,
 ) -> Path:
-    """Write the checkpoint of ``step`` (completed rollout steps) and prune old ones."""
+    """Write the checkpoint of ``step`` (completed rollout steps) and prune all but the newest
+    ``keep``: ``policy/`` (the engine's model, optimizer and scheduler; every rank its part),
+    ``trainer_state.json`` (step, data position, the method's state, NaN streak, rollout
+    restarts), ``rng.pt`` (rank ``r > 0``: ``rng_rank<r>.pt``) and ``config.yaml``. Written into
+    a temporary sibling and renamed, so ``latest`` never points at a half-written one; with
+    several ranks rank 0 prepares the staging directory and renames it once all have finished."""
     final = root / checkpoint_name(step)
     staging = root / f".{final.name}.partial"
     if ranks.is_main:

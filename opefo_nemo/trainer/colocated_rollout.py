@@ -1,20 +1,6 @@
-"""The rollout engine of a multi-rank run: vLLM servers colocated on the training GPUs.
-
-:class:`~opefo_nemo.launch.placement.ColocatedPlacement` decides which ranks share a server;
-the lowest rank of each group (its leader) owns the server process, the other ranks of the group
-own none. Every method is collective: every rank calls it with the same arguments, and every
-rank learns of any rank's failure (a rank that raised alone would leave the others waiting).
-
-* ``generate``: leader ``k`` asks its server for the prompts of share ``k`` (contiguous), with
-  the sampling seed moved on by ``start · n`` so that prompt ``i`` is still sampled with seed
-  ``seed + i · n`` as by one server (``SamplingConfig``); the completions of all shares are
-  gathered onto every rank in prompt order, with their global prompt indices.
-* ``update_weights``: every rank walks the policy's weight stream to its end (for a Megatron
-  policy the walk is itself collective: TP gathers, PP broadcasts); leaders load it into their
-  server.
-* A server that dies (the transport failures of :mod:`.rollout_guard`) is restarted on its
-  leader, loaded with ``weights()`` and the request retried, at most ``max_restarts`` times in
-  the run, counted the same on every rank; then the run fails naming the rank.
+"""The rollout engine of a multi-rank run: vLLM servers colocated on the training GPUs, each owned
+by the lowest rank of its group (docs/training.md, "Several ranks"). Every method is collective:
+every rank calls it with the same arguments and learns of any rank's failure.
 """
 
 from __future__ import annotations
@@ -25,11 +11,11 @@ from typing import cast
 
 from torch import Tensor
 
-from ..launch.placement import ColocatedPlacement
-from ..rollout import Completion, SamplingConfig
-from .protocols import RolloutEngine
-from .ranks import LoopRanks
-from .rollout_guard import TRANSPORT_FAILURES
+from opefo_nemo.launch.placement import ColocatedPlacement
+from opefo_nemo.rollout import Completion, SamplingConfig
+from opefo_nemo.trainer.protocols import RolloutEngine
+from opefo_nemo.trainer.ranks import LoopRanks
+from opefo_nemo.trainer.rollout_guard import TRANSPORT_FAILURES
 
 StartServer = Callable[[ColocatedPlacement, int], RolloutEngine]
 """``start(placement, server_index) -> engine``: starts one server on this leader's GPUs."""
@@ -45,7 +31,11 @@ class _Failure:
 
 class ColocatedRollout:
     """``RolloutEngine`` over the placement's servers; ``weights()`` yields the policy's
-    current weights (collective), used to load a restarted server."""
+    current weights (collective), used to load a restarted server. A server that dies (the
+    transport failures of :mod:`.rollout_guard`) is restarted on its leader, loaded and the
+    request retried, at most ``max_restarts`` times in the run, counted the same on every rank;
+    then the run fails naming the rank (a rank that raised alone would leave the others
+    waiting)."""
 
     def __init__(
         self,
@@ -75,7 +65,9 @@ class ColocatedRollout:
     def generate(
         self, prompts: list[list[int]], n: int, sampling: SamplingConfig
     ) -> list[Completion]:
-        """``n`` completions per prompt, prompt-major, the same on every rank."""
+        """``n`` completions per prompt, prompt-major, the same on every rank: leader ``k`` asks
+        its server for the prompts of share ``k``, and the shares are gathered in prompt order
+        with their global prompt indices."""
         share = self.placement.prompt_shares(len(prompts))[self.server.index]
         gathered = self.ranks.gather(self._generate_share(prompts, share, n, sampling))
         if self._restart_failed(gathered):
@@ -85,7 +77,8 @@ class ColocatedRollout:
         return [c for part in parts for c in part]
 
     def update_weights(self, named_weights: Iterable[tuple[str, Tensor]]) -> None:
-        """Every rank walks ``named_weights`` to its end; leaders load them."""
+        """Every rank walks ``named_weights`` to its end (for a Megatron policy the walk is itself
+        collective: TP gathers, PP broadcasts); leaders load them into their server."""
         gathered = self.ranks.gather(self._load(named_weights, self.is_leader))
         if not self._restart_failed(gathered):
             self._raise_any(gathered, "failed to load weights")
@@ -122,6 +115,7 @@ class ColocatedRollout:
     ) -> list[Completion] | _Failure:
         if not self.is_leader or not len(share):
             return []
+        # Prompt ``i`` is still sampled with seed ``seed + i · n``, as by one server.
         if sampling.seed is not None:
             sampling = dataclasses.replace(sampling, seed=sampling.seed + share.start * n)
         try:

@@ -10,12 +10,12 @@ from pathlib import Path
 
 import yaml
 
-from ..config.data import GENERATED_DATA
-from ..config.train import TrainConfig
-from ..data import DatasetError
-from ..tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
-from ..tasks.warm_start import read_recipe
-from .checkpoint import CHECKPOINTS_SUBDIR, RunDirectoryError, resume_point
+from opefo_nemo.config.data import GENERATED_DATA
+from opefo_nemo.config.train import TrainConfig
+from opefo_nemo.data import DatasetError
+from opefo_nemo.tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
+from opefo_nemo.tasks.warm_start import read_recipe
+from opefo_nemo.trainer.checkpoint import CHECKPOINTS_SUBDIR, RunDirectoryError, resume_point
 
 ARITHMETIC = "arithmetic"
 #: What :func:`check_inputs` raises: the user's set-up, one line each.

@@ -1,15 +1,6 @@
-"""The GRPO / OPEFO training loop, one rollout step at a time (docs/architecture.md).
-
-``Trainer.train_step`` reads top to bottom as the algorithm: sample prompts → generate K responses
-each → score them → group advantages (spec §4) → update (token-stats pass, ``prepare``, optimizer
-step(s); :mod:`opefo_nemo.trainer.update`, the rollout engine asleep) → wake it and push the
-weights (:mod:`.refit`: weights first, the KV cache after the refit) → metrics (spec §6).
-``Trainer.run`` adds checkpoints, validation (also of the warm start, logged as step 0), the NaN
-guard and pre-emption signals.
-
-With a multi-rank engine every rank runs this loop on the same data (SPMD, :mod:`.ranks`): the
-rollout engine returns the full batch on every rank, rank 0 scores it and writes the files, and
-the ranks agree on pre-emption before acting on it.
+"""The GRPO / OPEFO training loop, one rollout step at a time: ``Trainer.train_step`` reads top to
+bottom as the algorithm, ``Trainer.run`` adds checkpoints, validation, the NaN guard and
+pre-emption (docs/training.md, "The loop"; docs/architecture.md).
 """
 
 from __future__ import annotations
@@ -23,29 +14,34 @@ from typing import Any
 
 import torch
 
-from ..config.train import TrainConfig
-from ..core import group_advantages
-from ..core.advantages import signal_fraction
-from ..core.metrics import EntropyDrift, RunningCorrelation, rollout_metrics, rollout_sums
-from ..core.objectives import build_objective
-from ..data import Problem
-from ..engines.batch import TrainBatch, build_batch
-from ..engines.hf_generation import HFGenerator
-from ..engines.protocols import Policy
-from ..eval import sample_metrics
-from ..parallel import NonFiniteLogitsError
-from ..rollout import SamplingConfig
-from .checkpoint import CHECKPOINTS_SUBDIR, load_checkpoint, resume_point, save_checkpoint
-from .colocated_rollout import ColocatedRollout
-from .metrics_log import MetricsLogger
-from .prompts import PromptCodec
-from .ranks import SINGLE_PROCESS, LoopRanks
-from .refit import refit_rollout
-from .rollout_guard import GuardedRollout
-from .sampler import PromptSampler
-from .scoring import overlong_penalties, reason_metrics, score_responses
-from .stop_tokens import stop_tokens
-from .update import UpdateOutcome, realized_entropy_change, update_rollout_batch
+from opefo_nemo.config.train import TrainConfig
+from opefo_nemo.core import group_advantages
+from opefo_nemo.core.advantages import signal_fraction
+from opefo_nemo.core.metrics import EntropyDrift, RunningCorrelation, rollout_metrics, rollout_sums
+from opefo_nemo.core.objectives import build_objective
+from opefo_nemo.data import Problem
+from opefo_nemo.engines.batch import TrainBatch, build_batch
+from opefo_nemo.engines.hf_generation import HFGenerator
+from opefo_nemo.engines.protocols import Policy
+from opefo_nemo.eval import sample_metrics
+from opefo_nemo.parallel import NonFiniteLogitsError
+from opefo_nemo.rollout import SamplingConfig
+from opefo_nemo.trainer.checkpoint import (
+    CHECKPOINTS_SUBDIR,
+    load_checkpoint,
+    resume_point,
+    save_checkpoint,
+)
+from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
+from opefo_nemo.trainer.metrics_log import MetricsLogger
+from opefo_nemo.trainer.prompts import PromptCodec
+from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
+from opefo_nemo.trainer.refit import refit_rollout
+from opefo_nemo.trainer.rollout_guard import GuardedRollout
+from opefo_nemo.trainer.sampler import PromptSampler
+from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score_responses
+from opefo_nemo.trainer.stop_tokens import stop_tokens
+from opefo_nemo.trainer.update import UpdateOutcome, realized_entropy_change, update_rollout_batch
 
 log = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)

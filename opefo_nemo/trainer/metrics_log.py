@@ -1,17 +1,6 @@
-"""Where the spec §6 metrics of every step go: a JSONL file, TensorBoard, W&B, a progress bar.
-
-``metrics.jsonl`` has one object per rollout step: ``{"step": s, "<name>": value, ...}``, and with
-validation a step-0 object holding the warm start's ``val/*`` metrics, before any update; beside
-it, ``config.yaml`` records the run's composed configuration (method, seed and every setting), so
-that ``opefo-report`` can tell which runs are seeds of the same method without guessing from paths.
-TensorBoard event files go to ``tensorboard/``; W&B (``metrics.wandb.enabled``) is imported only
-when enabled and runs offline by default. The progress bar shows reward, entropy, λ* and the step
-time.
-
-A run resumed at step ``s`` continues ``metrics.jsonl``; records of steps after ``s`` (logged after
-the checkpoint it resumes from, then lost with the pre-empted process's model) are moved, with a
-warning, to ``metrics.superseded.jsonl`` beside it: no line is ever dropped. TensorBoard keeps
-every event file (each start writes a new one).
+"""Where the spec §6 metrics of every step go: ``metrics.jsonl`` (with ``config.yaml`` beside it),
+TensorBoard, W&B, a progress bar (docs/training.md, "Checkpoints, pre-emption, resume", on what a
+resumed run does with them).
 """
 
 from __future__ import annotations
@@ -24,7 +13,7 @@ from typing import Any
 
 import yaml
 
-from ..config.metrics import MetricsConfig
+from opefo_nemo.config.metrics import MetricsConfig
 
 RUN_CONFIG = "config.yaml"
 SUPERSEDED = "metrics.superseded.jsonl"
@@ -39,7 +28,13 @@ PROGRESS_KEYS = {
 
 
 class MetricsLogger:
-    """Appends to ``<output_dir>/metrics.jsonl`` and writes ``config.yaml`` beside it. A run
+    """Appends to ``<output_dir>/metrics.jsonl`` one object per rollout step,
+    ``{"step": s, "<name>": value, ...}`` (with validation, a step-0 object holding the warm
+    start's ``val/*``), and writes ``config.yaml`` beside it: the run's composed configuration, so
+    that ``opefo-report`` can tell which runs are seeds of the same method without guessing from
+    paths. TensorBoard event files go to ``tensorboard/`` (each start writes a new one); W&B
+    (``metrics.wandb.enabled``) is imported only when enabled and runs offline by default; the
+    progress bar shows reward, entropy, λ* and the step time. A run
     resumed at ``start_step`` continues the same file after moving any record of a later step to
     ``metrics.superseded.jsonl`` (:func:`set_aside_later_steps`), so every step appears in
     ``metrics.jsonl`` exactly once and no record is lost; a run that starts at step 0 moves them

@@ -1,15 +1,6 @@
-"""One rollout step's entropy-flow statistics without training: what ``opefo-probe`` reports.
-
-The path is step 1 of ``opefo-train`` up to the optimizer: the trainer's own rollout and scoring
-(:meth:`.loop.Trainer.collect`), one token-stats pass over the whole batch with the vocabulary
-sums of every ΔH estimator, and ``prepare`` (phase 2) once per estimator on the same statistics.
-So each estimator's figures are those ``opefo-train`` would log at its first step with that
-estimator, and every metric ``prepare`` returns is reported, without probe-specific math.
-Nothing is trained, saved or logged.
-
-For a method with several updates per rollout, ``prepare`` here covers the whole rollout batch
-under the rollout's weights, while the trainer's figures average its mini-batches, the later ones
-under updated weights; for strict on-policy methods (OPEFO's setting) the two are the same.
+"""One rollout step's entropy-flow statistics without training: what ``opefo-probe`` reports,
+computed by ``opefo-train``'s own step-1 path up to the optimizer, with no probe-specific math
+(docs/training.md, "Which regime is my run in?").
 """
 
 from __future__ import annotations
@@ -18,11 +9,11 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
-from ..core import SingleProcessReducer
-from ..core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
-from ..core.objectives import build_objective, prepare
-from .loop import Trainer
-from .update import rollout_fidelity, stats_pass, token_chunks
+from opefo_nemo.core import SingleProcessReducer
+from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
+from opefo_nemo.core.objectives import build_objective, prepare
+from opefo_nemo.trainer.loop import Trainer
+from opefo_nemo.trainer.update import rollout_fidelity, stats_pass, token_chunks
 
 #: The vocabulary sums of every estimator, in the order ``token_stats`` names them.
 ALL_SUMS = tuple(dict.fromkeys(name for sums in ESTIMATOR_SUMS.values() for name in sums))

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from ..data import Problem, render_prompt
+from opefo_nemo.data import Problem, render_prompt
 
 
 class PromptCodec:

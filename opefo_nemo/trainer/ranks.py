@@ -1,20 +1,6 @@
-"""The ranks one training run spans, as the loop sees them (SPMD: every rank runs the loop).
-
-A multi-process engine (``megatron``, ``aligner``) runs the same
-:class:`~opefo_nemo.trainer.loop.Trainer` on every rank of the job: the same prompts, the same
-completions (the rollout engine returns the full batch on every rank), the same advantages, so
-every rank calls the policy with the same batch and the policy's collectives line up. What must not
-be repeated or may differ between ranks goes through this object:
-
-* scoring: rank 0 scores, the others receive its results (a reward with a time limit could
-  otherwise time out on one rank and not on another);
-* files: rank 0 writes metrics and the checkpoint's trainer files; every rank writes its part
-  of the policy's checkpoint;
-* pre-emption: a signal may reach ranks at different steps; the ranks agree (any rank stopped →
-  all stop) before deciding, so they checkpoint the same step together.
-
-With one process (the ``hf`` engine, the embedded default) every operation is the identity and no
-``torch.distributed`` group is needed.
+"""The ranks one training run spans, as the loop sees them (SPMD: every rank runs the same loop on
+the same data); what must not be repeated or may differ between ranks goes through
+:class:`LoopRanks` (docs/training.md, "Several ranks").
 """
 
 from __future__ import annotations
@@ -37,7 +23,10 @@ class RankLayoutError(ValueError):
 @dataclass(frozen=True)
 class LoopRanks:
     """``rank`` of ``world_size`` loop processes, ``local_world_size`` of them per node, over
-    the default process group (only used when ``world_size > 1``)."""
+    the default process group (only used when ``world_size > 1``; with one process, the ``hf``
+    engine, every operation is the identity). Rank 0 scores (:meth:`on_main`: a reward with a
+    time limit could otherwise time out on one rank only) and writes the metrics and trainer
+    files; pre-emption is agreed with :meth:`any` so that all ranks checkpoint the same step."""
 
     rank: int = 0
     world_size: int = 1

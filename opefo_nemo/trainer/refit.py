@@ -1,18 +1,5 @@
-"""Loading the updated policy into the sleeping rollout engine, in an order that fits one GPU.
-
-The vLLM servers share the training GPUs (docs/cluster.md). While the policy trains they sleep
-(weights offloaded, KV cache dropped); waking weights and KV cache together before the refit
-would ask the device for both while the trainer's caching allocator still holds the blocks the
-update used. The order here:
-
-1. return the trainer's cached, now unused blocks (activations, logits, gradient buffers the
-   update freed) to the device;
-2. wake vLLM's weights only;
-3. refit them from the policy's weight stream;
-4. wake the KV cache;
-5. return the blocks the refit's gathers cached.
-
-On the CPU (no CUDA) the memory steps do nothing and CPU servers ignore sleep and wake.
+"""Loading the updated policy into the sleeping rollout engine, in an order that fits one GPU shared
+with vLLM (docs/training.md, "The loop", step 7; docs/cluster.md).
 """
 
 from __future__ import annotations
@@ -21,8 +8,8 @@ import gc
 
 import torch
 
-from ..engines.protocols import Policy
-from .protocols import RolloutEngine
+from opefo_nemo.engines.protocols import Policy
+from opefo_nemo.trainer.protocols import RolloutEngine
 
 WEIGHTS = ("weights",)
 KV_CACHE = ("kv_cache",)
@@ -36,9 +23,12 @@ def release_cached_memory() -> None:  # pragma: no cover
 
 
 def refit_rollout(rollout: RolloutEngine, policy: Policy) -> None:
-    """Steps 1–5 of the module docstring; every rank calls it (the weight walk is collective)."""
-    release_cached_memory()
-    rollout.wake(WEIGHTS)
+    """Wake and refit the sleeping rollout engine; every rank calls it (the weight walk is
+    collective). Waking weights and KV cache together would ask the device for both while the
+    trainer's caching allocator still holds the blocks the update used, hence this order. On the
+    CPU the memory steps do nothing and CPU servers ignore sleep and wake."""
+    release_cached_memory()  # the activations, logits, gradient buffers the update freed
+    rollout.wake(WEIGHTS)  # weights only, not the KV cache yet
     rollout.update_weights(policy.named_weights())
     rollout.wake(KV_CACHE)
-    release_cached_memory()
+    release_cached_memory()  # the blocks the refit's gathers cached

@@ -1,9 +1,5 @@
-"""A rollout engine that survives one server death: restart it once, then fail clearly.
-
-A transport failure (dead server process, timeout, closed connection) closes a
-``VLLMRolloutEngine``; the guard then starts a fresh engine with the factory, loads the policy's
-current weights into it and retries the request. After ``max_restarts`` restarts in a run the next
-failure is a ``RuntimeError`` that says what happened.
+"""A rollout engine that survives a server death: restart it, reload the weights and retry, at most
+``max_restarts`` times in a run, then fail clearly (docs/rollout.md, "Robustness").
 """
 
 from __future__ import annotations
@@ -13,9 +9,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from torch import Tensor
 
-from ..rollout import Completion, RolloutServerError, SamplingConfig
-from ..rollout.protocol import ProtocolError
-from .protocols import RolloutEngine
+from opefo_nemo.rollout import Completion, RolloutServerError, SamplingConfig
+from opefo_nemo.rollout.protocol import ProtocolError
+from opefo_nemo.trainer.protocols import RolloutEngine
 
 log = logging.getLogger(__name__)
 TRANSPORT_FAILURES = (RolloutServerError, ProtocolError, TimeoutError, ConnectionError)
@@ -23,7 +19,11 @@ TRANSPORT_FAILURES = (RolloutServerError, ProtocolError, TimeoutError, Connectio
 
 
 class GuardedRollout:
-    """Wraps the engine made by ``factory``; ``weights()`` yields the policy's current weights."""
+    """Wraps the engine made by ``factory``; ``weights()`` yields the policy's current weights. A
+    transport failure (dead server process, timeout, closed connection) closes a
+    ``VLLMRolloutEngine``; the guard then starts a fresh engine, loads the current weights into
+    it and retries the request. After ``max_restarts`` restarts the next failure is a
+    ``RuntimeError`` that says what happened."""
 
     def __init__(
         self,

@@ -1,9 +1,5 @@
-"""Seeded, epoch-aware prompt sampling whose position is part of the checkpoint.
-
-Epoch ``e`` visits the problems in the order ``randperm(n)`` drawn from a generator seeded with
-``seed + e``; a batch that runs past the end of an epoch continues with the next epoch's order.
-The state is ``(epoch, position)``, so a resumed run draws exactly the batches the uninterrupted
-run would have.
+"""Seeded, epoch-aware prompt sampling whose position is part of the checkpoint, so a resumed run
+draws exactly the batches the uninterrupted run would have.
 """
 
 from __future__ import annotations
@@ -12,7 +8,10 @@ import torch
 
 
 class PromptSampler:
-    """``next_batch()`` returns ``batch_size`` problem indices in ``[0, num_problems)``."""
+    """``next_batch()`` returns ``batch_size`` problem indices in ``[0, num_problems)``. Epoch
+    ``e`` visits the problems in the order ``randperm(n)`` of a generator seeded ``seed + e``; a
+    batch that runs past the end of an epoch continues with the next epoch's order. The state is
+    ``(epoch, position)``."""
 
     def __init__(self, num_problems: int, batch_size: int, seed: int):
         if num_problems < 1:

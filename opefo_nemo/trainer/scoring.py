@@ -1,11 +1,5 @@
-"""Responses → rewards, with failures scored like a wrong answer and counted, never raised.
-
-``arithmetic`` is the embedded arithmetic task's verifier of a worked solution's final answer and
-``last_number`` the word-problem task's of a response's last integer (1 / 0 unless
-``reward.incorrect_score`` says otherwise); ``dapo``, ``answer`` and
-``math_verify`` are :mod:`opefo_nemo.rewards`' (which already turn a crashing or slow item into
-an ``error`` or ``timeout`` reason scored like a wrong answer). :func:`overlong_penalties` adds
-DAPO's optional length shaping from the responses' token counts.
+"""Responses → rewards, with failures scored like a wrong answer and counted, never raised
+(docs/rewards_data_eval.md, "Rewards").
 """
 
 from __future__ import annotations
@@ -14,14 +8,18 @@ from collections import Counter
 from collections.abc import Sequence
 from typing import cast
 
-from ..config.reward import RewardSettings
-from ..rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
-from ..rewards.result import ERROR, Verifier
-from ..tasks.arithmetic import score_final_answer
-from ..tasks.word_arithmetic import score_last_number
+from opefo_nemo.config.reward import RewardSettings
+from opefo_nemo.rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
+from opefo_nemo.rewards.result import ERROR, Verifier
+from opefo_nemo.tasks.arithmetic import score_final_answer
+from opefo_nemo.tasks.word_arithmetic import score_last_number
 
 #: The verifiers of the built-in tasks (the others are :mod:`opefo_nemo.rewards`').
 TASK_VERIFIERS = {"arithmetic": score_final_answer, "last_number": score_last_number}
+"""The built-in tasks' verifiers (1 / 0 unless ``reward.incorrect_score`` says otherwise):
+``arithmetic`` reads a worked solution's final answer, ``last_number`` a response's last integer.
+``dapo``, ``answer`` and ``math_verify`` are :mod:`opefo_nemo.rewards`', which already turn a
+crashing or slow item into an ``error`` or ``timeout`` reason scored like a wrong answer."""
 
 
 def score_responses(

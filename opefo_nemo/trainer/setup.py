@@ -1,11 +1,5 @@
-"""Wiring a run from its validated config: model directory, datasets, policy, rollout, trainer.
-
-The embedded model (``model.embedded``) is built and warm-started once into ``model.path`` and
-reused afterwards (``tasks/embedded_model.py``); every other path must already exist. A run
-launched on several ranks (``WORLD_SIZE > 1``: ``torchrun``, or ``srun`` through
-``slurm/common.sh``) joins the default process group first (:class:`.ranks.LoopRanks`) and
-generates with vLLM servers colocated on its GPUs (:class:`.colocated_rollout.ColocatedRollout`);
-only multi-process engines accept that.
+"""Wiring a run from its validated config: model directory, datasets, policy, rollout, trainer
+(docs/training.md: "The loop", "Several ranks").
 """
 
 from __future__ import annotations
@@ -20,29 +14,29 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from ..config.data import GENERATED_DATA, DataConfig
-from ..config.engines import MegatronEngineConfig
-from ..config.train import TrainConfig
-from ..data import Problem, load_problems
-from ..engines.hf import HFPolicy
-from ..engines.hf_generation import HFGenerator
-from ..engines.protocols import Policy
-from ..engines.startup import startup_problems
-from ..launch.placement import ColocatedPlacement, device_slices
-from ..models.packaged import converted_model
-from ..models.shape import ModelShape
-from ..rollout import VLLMRolloutEngine
-from ..tasks.arithmetic import make_problems
-from ..tasks.embedded_model import embedded_model as build_embedded_model
-from ..tasks.embedded_model import warm_start_recipe as recipe_of
-from ..tasks.word_arithmetic import make_word_problems
-from .colocated_rollout import ColocatedRollout
-from .inputs import ARITHMETIC, check_embedded_model, check_inputs, check_model
-from .loop import Dataset, Trainer
-from .prompts import PromptCodec, encode_problems
-from .protocols import RolloutEngine
-from .ranks import LoopRanks, RankLayoutError
-from .rollout_guard import GuardedRollout
+from opefo_nemo.config.data import GENERATED_DATA, DataConfig
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.config.train import TrainConfig
+from opefo_nemo.data import Problem, load_problems
+from opefo_nemo.engines.hf import HFPolicy
+from opefo_nemo.engines.hf_generation import HFGenerator
+from opefo_nemo.engines.protocols import Policy
+from opefo_nemo.engines.startup import startup_problems
+from opefo_nemo.launch.placement import ColocatedPlacement, device_slices
+from opefo_nemo.models.packaged import converted_model
+from opefo_nemo.models.shape import ModelShape
+from opefo_nemo.rollout import VLLMRolloutEngine
+from opefo_nemo.tasks.arithmetic import make_problems
+from opefo_nemo.tasks.embedded_model import embedded_model as build_embedded_model
+from opefo_nemo.tasks.embedded_model import warm_start_recipe as recipe_of
+from opefo_nemo.tasks.word_arithmetic import make_word_problems
+from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
+from opefo_nemo.trainer.inputs import ARITHMETIC, check_embedded_model, check_inputs, check_model
+from opefo_nemo.trainer.loop import Dataset, Trainer
+from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
+from opefo_nemo.trainer.protocols import RolloutEngine
+from opefo_nemo.trainer.ranks import LoopRanks, RankLayoutError
+from opefo_nemo.trainer.rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
 
@@ -86,6 +80,9 @@ def embedded_model(config: TrainConfig) -> Path:
 
 
 def model_dir(config: TrainConfig) -> Path:
+    """The run's model directory: the embedded model (``model.embedded``), built and
+    warm-started once into ``model.path`` and reused afterwards; a packaged model, converted on
+    first use; else ``model.path``, which must already exist."""
     if config.model.embedded:
         return embedded_model(config)
     if config.model.packaged is not None:
@@ -203,11 +200,11 @@ def build_policy(config: TrainConfig, path: Path) -> Policy:
         raise RankLayoutError("; ".join(problems))
     engine, lr, temperature = config.engine, config.method.lr, config.rollout.temperature
     if isinstance(engine, MegatronEngineConfig) and engine.name == "megatron":
-        from ..engines.megatron.build import build_megatron_policy
+        from opefo_nemo.engines.megatron.build import build_megatron_policy
 
         return build_megatron_policy(path, engine, lr=lr, temperature=temperature)
     if isinstance(engine, MegatronEngineConfig) and engine.name == "aligner":
-        from ..engines.aligner import build_actor
+        from opefo_nemo.engines.aligner import build_actor
 
         return build_actor(path, engine, lr=lr, temperature=temperature)
     assert not isinstance(engine, MegatronEngineConfig), engine.name  # validated: hf

@@ -1,17 +1,5 @@
-"""The token ids that end a response, read from the model directory.
-
-vLLM runs with ``ignore_eos`` (docs/rollout.md), so only these ids stop generation. The
-tokenizer's ``eos_token`` alone is not enough: Qwen2.5-Math's and Qwen3's base tokenizers carry a
-chat template whose turns end with ``<|im_end|>`` while their ``eos_token`` is
-``<|endoftext|>``, and ``generation_config.json`` may list more end ids. The derived set, in this
-order without repeats:
-
-1. the tokenizer's ``eos_token_id``;
-2. ``generation_config.json``'s ``eos_token_id`` (an id or a list);
-3. the chat template's end-of-turn token: the first token after the assistant's content when
-   the template renders a one-question, one-answer conversation, if that token is special.
-
-``rollout.stop_token_ids`` (``opefo-eval --stop-token-ids``) replaces the derived set.
+"""The token ids that end a response, read from the model directory: vLLM runs with ``ignore_eos``
+(docs/rollout.md), so only these ids stop generation.
 """
 
 from __future__ import annotations
@@ -23,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from .prompts import PromptCodec
+from opefo_nemo.trainer.prompts import PromptCodec
 
 log = logging.getLogger(__name__)
 _ANSWER = "Final answer 42"
@@ -47,7 +35,12 @@ class StopTokens:
 
 
 def stop_tokens(codec: PromptCodec, override: Sequence[int] | None = None) -> StopTokens:
-    """The stop ids of ``codec``'s model: ``override`` when given, else derived (see above)."""
+    """The stop ids of ``codec``'s model: ``override`` (``rollout.stop_token_ids``,
+    ``opefo-eval --stop-token-ids``) when given, else derived, in this order without repeats:
+    the tokenizer's ``eos_token_id``; ``generation_config.json``'s ``eos_token_id`` (an id or a
+    list); the chat template's end-of-turn token. The tokenizer's eos alone is not enough:
+    Qwen2.5-Math's and Qwen3's base tokenizers carry a chat template whose turns end with
+    ``<|im_end|>`` while their ``eos_token`` is ``<|endoftext|>``."""
     if override is not None:
         return StopTokens(tuple(override), ("configured",) * len(override))
     found: dict[int, str] = {codec.eos_id: "tokenizer eos"}

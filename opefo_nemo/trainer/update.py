@@ -12,11 +12,11 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..core import SingleProcessReducer
-from ..core.entropy_flow import ESTIMATOR_SUMS
-from ..core.fidelity import DEFAULT_THRESHOLD, fidelity_metrics, fidelity_sums
-from ..core.metrics import add_sums
-from ..core.objectives import (
+from opefo_nemo.core import SingleProcessReducer
+from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS
+from opefo_nemo.core.fidelity import DEFAULT_THRESHOLD, fidelity_metrics, fidelity_sums
+from opefo_nemo.core.metrics import add_sums
+from opefo_nemo.core.objectives import (
     Coefficients,
     LossOutput,
     Objective,
@@ -26,11 +26,11 @@ from ..core.objectives import (
     prepare,
     step_loss_metrics,
 )
-from ..core.reweighting import DEFAULT_CONFIDENT_PROB
-from ..core.update_correction import CorrectionResult, correction_size
-from ..engines.batch import TrainBatch
-from ..engines.protocols import EntropyGradient, LossFn, Policy, UpdateResult
-from ..parallel import TokenStats
+from opefo_nemo.core.reweighting import DEFAULT_CONFIDENT_PROB
+from opefo_nemo.core.update_correction import CorrectionResult, correction_size
+from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.protocols import EntropyGradient, LossFn, Policy, UpdateResult
+from opefo_nemo.parallel import TokenStats
 
 
 @dataclass(frozen=True)

@@ -1,23 +1,30 @@
-"""The objective family of spec §5 and the two-phase contract of docs/architecture.md.
-
-A method is an :class:`Objective` plug-in (settings dataclass, batch sums, coefficients, per-token
-loss, metrics; :mod:`.base`) registered by name; the built-in ones live in :mod:`.methods`.
-Phase 1 (engine): per-token statistics → :class:`TokenChunk` per micro-batch.
-Phase 2: :func:`prepare` (all chunks + a reducer) → :class:`Coefficients` per chunk.
-Phase 3 (engine, per micro-batch): :func:`policy_loss` → loss share and metric sums.
+"""The objective family of spec §5 and the two-phase contract of docs/architecture.md: a method is
+an :class:`Objective` plug-in registered by name (built-in ones in :mod:`.methods`); phase 1 gives
+a :class:`TokenChunk` per micro-batch, :func:`prepare` the :class:`Coefficients`, and
+:func:`policy_loss` each micro-batch's loss share.
 """
 
-from .base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
-from .loss import LossOutput, loss_sum_names, policy_loss, step_loss_metrics
-from .prepare import COMMON_SUMS, Prepared, prepare
-from .registry import (
+from opefo_nemo.core.objectives.base import (
+    BatchStatistics,
+    EntropyFlowConfig,
+    MethodConfig,
+    Objective,
+)
+from opefo_nemo.core.objectives.loss import (
+    LossOutput,
+    loss_sum_names,
+    policy_loss,
+    step_loss_metrics,
+)
+from opefo_nemo.core.objectives.prepare import COMMON_SUMS, Prepared, prepare
+from opefo_nemo.core.objectives.registry import (
     build_objective,
     method_config,
     objective_class,
     register_objective,
     registered_objectives,
 )
-from .tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
 
 __all__ = [
     "COMMON_SUMS",

@@ -12,10 +12,10 @@ from typing import Any, ClassVar
 import torch
 from torch import Tensor
 
-from ..entropy_flow import ESTIMATORS
-from ..reduction import BatchReducer
-from ..schema import one_of, require
-from .tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.entropy_flow import ESTIMATORS
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.schema import one_of, require
 
 
 @dataclass(frozen=True)

@@ -9,8 +9,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
-from ..schema import one_of, require
-from .base import BatchStatistics, EntropyFlowConfig, MethodConfig, Objective
+from opefo_nemo.core.objectives.base import (
+    BatchStatistics,
+    EntropyFlowConfig,
+    MethodConfig,
+    Objective,
+)
+from opefo_nemo.core.schema import one_of, require
 
 INITIAL = "initial"
 

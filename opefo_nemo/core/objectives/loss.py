@@ -1,9 +1,5 @@
-"""Phase 3 of a step: the policy loss of one micro-batch as its share of the global token mean.
-
-spec §5: ``L = Σ_t mask_t ℓ_t / N_tokens_global``; every micro-batch contributes its partial sum
-divided by the *global* count, so gradients accumulated over micro-batches and averaged over
-data-parallel ranks equal the full-batch gradient (an engine whose framework averages over
-micro-batches or ranks must undo that scaling).
+"""Phase 3 of a step: the policy loss of one micro-batch as its share of the global token mean
+(spec §5), so accumulated and DP-averaged gradients equal the full-batch gradient.
 """
 
 from __future__ import annotations
@@ -14,9 +10,9 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..validation import as_bool_mask, check_finite, check_same_shape
-from .base import Objective
-from .tokens import Coefficients, LossInputs
+from opefo_nemo.core.objectives.base import Objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs
+from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
 
 
 @dataclass(frozen=True)
@@ -46,7 +42,9 @@ def policy_loss(
     old_logprob: Tensor | None = None,
     entropy: Tensor | None = None,
 ) -> LossOutput:
-    """The micro-batch's share of the step loss of ``objective``.
+    """The micro-batch's share of the step loss of ``objective``: ``Σ_t mask_t ℓ_t / n_tokens``
+    with the *global* count (spec §5: ``L = Σ_t mask_t ℓ_t / N_tokens_global``); an engine whose
+    framework averages over micro-batches or ranks must undo that scaling.
 
     ``logprob`` ``[*]``: with gradient. ``old_logprob``: the rollout policy's (multi-update
     baselines); ``None`` means strict on-policy, ``logprob.detach()``, so ρ ≡ 1. ``entropy``: with

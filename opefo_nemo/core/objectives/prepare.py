@@ -1,13 +1,5 @@
-"""Phase 2 of a step: global sums → per-token coefficients (docs/architecture.md, spec §2–§5).
-
-:func:`prepare` receives *all* of this rank's phase-1 chunks and a reducer that makes the sums
-global, so a λ* or a Clip-Cov / KL-Cov selection cannot come from one micro-batch by accident:
-there is no default reducer, and one call covers the whole optimizer-step batch. It is the same
-for every method: ΔH with the configured estimator, the common sums (among them the flows split
-by the sign of the advantage and the confident tokens' sums, :mod:`..reweighting`) plus the
-objective's own in one ``reducer.sum``, then the objective's coefficients (a selection adds its
-``reducer.top_k``), and one more ``reducer.sum`` of what the applied weights do: the predicted net
-flow after weighting ``Σ_t w_t ΔH_t`` and the advantage shift ``Σ_t (w_t − 1) A_t``.
+"""Phase 2 of a step: global sums → per-token coefficients, the same for every method, over the
+whole optimizer-step batch (docs/architecture.md, "The step: three phases"; spec §2–§5).
 """
 
 from __future__ import annotations
@@ -18,18 +10,18 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..entropy_flow import delta_entropy, flow_sums, lambda_star
-from ..metrics import add_sums, flow_metrics
-from ..reduction import BatchReducer
-from ..reweighting import (
+from opefo_nemo.core.entropy_flow import delta_entropy, flow_sums, lambda_star
+from opefo_nemo.core.metrics import add_sums, flow_metrics
+from opefo_nemo.core.objectives.base import BatchStatistics, Objective
+from opefo_nemo.core.objectives.tokens import Coefficients, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.reweighting import (
     DEFAULT_CONFIDENT_PROB,
     SPLIT_SUMS,
     reweighting_metrics,
     shift_sums,
     split_sums,
 )
-from .base import BatchStatistics, Objective
-from .tokens import Coefficients, TokenChunk
 
 #: The sums every method's phase 2 computes (keys an objective's own sums must not reuse).
 COMMON_SUMS = (
@@ -99,7 +91,14 @@ def prepare(
     seed: int = 0,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
 ) -> Prepared:
-    """Per-token coefficients for every chunk of this rank, from sums over the whole batch.
+    """Per-token coefficients for every chunk of this rank, from sums over the whole batch: ΔH
+    with the configured estimator; the common sums (among them the flows split by the sign of
+    the advantage and the confident tokens' sums, :mod:`..reweighting`) plus the objective's own
+    in one ``reducer.sum``; the objective's coefficients (a selection adds its ``reducer.top_k``);
+    one more ``reducer.sum`` of what the applied weights do (the predicted net flow after
+    weighting ``Σ_t w_t ΔH_t``, the advantage shift ``Σ_t (w_t − 1) A_t``). There is no default
+    reducer and one call covers the whole optimizer-step batch, so a λ* or a selection cannot
+    come from one micro-batch by accident.
 
     ``chunks``: all of this rank's chunks of the optimizer-step batch (possibly empty of valid
     tokens, never of chunks). ``reducer``: a ``BatchReducer``; the engines give every rank the

@@ -1,16 +1,6 @@
 """The objective registry: method name → :class:`~.base.Objective` subclass, and the way from
-untyped settings (YAML, overrides) to a validated method.
-
-Adding a method is one module that registers its objective and one ``conf/method/<name>.yaml``::
-
-    @register_objective("my_method")
-    class MyMethod(Objective):
-        config_type = MyMethodConfig
-        def token_loss(self, inputs):
-            return -inputs.weight * inputs.advantages * inputs.logprob
-
-A module outside ``opefo_nemo.core.objectives.methods`` must be imported before the config is
-read (e.g. by the script that starts training).
+untyped settings (YAML, overrides) to a validated method. Adding a method (one module + one YAML):
+docs/core.md, "Adding a method".
 """
 
 from __future__ import annotations
@@ -18,15 +8,17 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping
 from typing import Any, TypeVar
 
-from ..schema import build
-from .base import MethodConfig, Objective
+from opefo_nemo.core.objectives.base import MethodConfig, Objective
+from opefo_nemo.core.schema import build
 
 ObjectiveClass = TypeVar("ObjectiveClass", bound=type[Objective])
 _REGISTRY: dict[str, type[Objective]] = {}
 
 
 def register_objective(name: str) -> Callable[[ObjectiveClass], ObjectiveClass]:
-    """Class decorator registering an :class:`Objective` subclass under ``name``."""
+    """Class decorator registering an :class:`Objective` subclass under ``name``. A module outside
+    ``opefo_nemo.core.objectives.methods`` must be imported before the config is read (e.g. by
+    the script that starts training)."""
 
     def decorate(cls: ObjectiveClass) -> ObjectiveClass:
         if name in _REGISTRY:
@@ -41,7 +33,7 @@ def register_objective(name: str) -> Callable[[ObjectiveClass], ObjectiveClass]:
 
 def objective_class(name: str) -> type[Objective]:
     """The objective registered as ``name``; the error lists the known names."""
-    from . import methods  # noqa: F401  (registers the built-in methods)
+    from opefo_nemo.core.objectives import methods  # noqa: F401  (registers the built-in methods)
 
     try:
         return _REGISTRY[name]
@@ -53,7 +45,7 @@ def objective_class(name: str) -> type[Objective]:
 
 def registered_objectives() -> list[str]:
     """Names of every registered objective, sorted."""
-    from . import methods  # noqa: F401
+    from opefo_nemo.core.objectives import methods  # noqa: F401
 
     return sorted(_REGISTRY)
 

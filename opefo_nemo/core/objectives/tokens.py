@@ -1,10 +1,6 @@
-"""Per-token tensors that flow through the two phases of a step (docs/architecture.md).
-
-* :class:`TokenChunk`: phase-1 statistics of one chunk (a micro-batch, or a rank's share), no grad.
-* :class:`Coefficients`: what ``prepare`` derives for that chunk from the *global* sums.
-* :class:`LossInputs`: what a registered per-token loss sees in phase 3 (logprob with gradient).
-
-Every tensor of one object has the same shape ``[*]`` (e.g. ``[micro_batch, seq]``).
+"""Per-token tensors that flow through the two phases of a step (docs/architecture.md): phase 1's
+:class:`TokenChunk`, ``prepare``'s :class:`Coefficients`, phase 3's :class:`LossInputs`. Every
+tensor of one object has the same shape ``[*]`` (e.g. ``[micro_batch, seq]``).
 """
 
 from __future__ import annotations
@@ -14,7 +10,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from ..validation import as_bool_mask, check_finite, check_same_shape
+from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
 
 
 @dataclass(frozen=True)

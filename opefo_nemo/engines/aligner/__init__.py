@@ -4,6 +4,6 @@ the Megatron engine (:mod:`opefo_nemo.engines.megatron`). The only package that 
 :func:`build_actor` checks for NeMo without importing it, so this package imports anywhere.
 """
 
-from .availability import AlignerUnavailableError, build_actor
+from opefo_nemo.engines.aligner.availability import AlignerUnavailableError, build_actor
 
 __all__ = ["AlignerUnavailableError", "build_actor"]

@@ -1,31 +1,7 @@
 """The NeMo shell of the ``aligner`` engine: NeMo's ``MegatronGPTModel`` restored from a NeMo
-checkpoint with NeMo-Aligner 0.7.0's utilities, behind NeMo-Aligner's actor interface, handed to
-:class:`~.policy.MegatronPolicy` (the trainer's ``Policy``).
-
-The only module of the package that imports NeMo or NeMo-Aligner; :func:`~.availability.build_actor`
-imports it lazily. It imports none of NeMo-Aligner's TensorRT-LLM code: not
-``nemo_aligner.utils.trt_llm``, nor ``megatron_gpt_reinforce_actor`` (which imports it), since
-our rollouts come from vLLM (``opefo_nemo.rollout``).
-
-Start-up, as NeMo-Aligner's ``train_gpt_reinforce_actor.py`` does it, minus its data, generation
-and TensorRT-LLM parts:
-
-1. ``load_and_override_model_config``: the checkpoint's model config with
-   :func:`~.nemo_config.model_overrides` merged over it (TP, PP, SP, TE, micro-batch, recompute,
-   optimizer, precision);
-2. ``MegatronTrainerBuilder``: a PyTorch Lightning trainer with NeMo's Megatron strategy
-   (:func:`~.nemo_config.trainer_settings`); one process per GPU, launched by Slurm or torchrun;
-3. ``load_from_nemo``: :class:`OpefoActorModel` restored strictly from the checkpoint;
-4. ``init_distributed``: ``torch.distributed`` and megatron-core's ``parallel_state``
-   (TP × PP × DP) and Transformer Engine's TP groups, without any NeMo data pipeline and without
-   NeMo's optimizer;
-5. the model chunk (the megatron-core ``GPTModel`` inside NeMo's wrappers) wrapped exactly as
-   ``engine=megatron`` wraps its own (:func:`~opefo_nemo.engines.megatron.build.wrap_for_training`:
-   megatron's DDP and optimizer, :class:`~opefo_nemo.engines.megatron.policy.MegatronPolicy`),
-   with the weight layout read from the Hugging Face ``config.json``.
-
-Only runs on CUDA (NeMo's model classes and Transformer Engine); first exercised on a GPU
-(tests/gpu/README.md).
+checkpoint with NeMo-Aligner 0.7.0's utilities, handed to ``MegatronPolicy``. The only module of
+the package that imports NeMo, and none of NeMo-Aligner's TensorRT-LLM code. Only runs on CUDA
+(docs/megatron.md, "The NeMo actor"; tests/gpu/README.md).
 """
 
 from __future__ import annotations
@@ -61,18 +37,18 @@ from nemo_aligner.utils.utils import (  # type: ignore[import-not-found]  # NeMo
 )
 from omegaconf import OmegaConf
 
-from ...config.engines import MegatronEngineConfig
-from ...models.megatron_weights.layout import MegatronLayout
-from ..megatron.build import wrap_for_training
-from ..megatron.policy import MegatronPolicy
-from .availability import AlignerUnavailableError
-from .nemo_config import (
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.aligner.availability import AlignerUnavailableError
+from opefo_nemo.engines.aligner.nemo_config import (
     architecture_mismatches,
     data_parallel_size,
     find_nemo_checkpoint,
     model_overrides,
     trainer_settings,
 )
+from opefo_nemo.engines.megatron.build import wrap_for_training
+from opefo_nemo.engines.megatron.policy import MegatronPolicy
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 
 class OpefoActorModel(MegatronGPTModel, AlignableGenerativeInterface):
@@ -141,8 +117,10 @@ def _world() -> tuple[int, int]:
 def restore_actor(checkpoint: Path, engine: MegatronEngineConfig, *, lr: float) -> OpefoActorModel:
     """NeMo's model restored from ``checkpoint`` under ``engine``'s layout, with
     ``torch.distributed``, ``parallel_state`` and Transformer Engine's TP groups initialised
-    (steps 1–4 of the module docstring; Lightning's fit set-up, which would build NeMo's
-    optimizer, is skipped)."""
+    (NeMo-Aligner's ``load_and_override_model_config`` with
+    :func:`~.nemo_config.model_overrides`, ``MegatronTrainerBuilder``, ``load_from_nemo``,
+    ``init_distributed``; Lightning's fit set-up, which would build NeMo's optimizer, is
+    skipped)."""
     devices, nodes = _world()
     overrides = model_overrides(
         engine, lr=lr, data_parallel=data_parallel_size(engine, devices * nodes)

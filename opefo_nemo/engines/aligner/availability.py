@@ -1,10 +1,6 @@
-"""Whether the NeMo-Aligner actor can be built here, and building it.
-
-The actor (:mod:`.actor`: NeMo's ``MegatronGPTModel`` behind NeMo-Aligner's actor interface,
-driven by :class:`~.policy.MegatronPolicy`) needs NeMo, NeMo-Aligner and megatron-core, which
-live in the NeMo container, not in the CPU environment. :func:`build_actor` checks for them
-without importing them and only then imports :mod:`.actor`, so this package stays importable
-anywhere.
+"""Whether the NeMo-Aligner actor can be built here, and building it: :func:`build_actor` checks for
+NeMo, NeMo-Aligner and megatron-core without importing them and only then imports :mod:`.actor`,
+so this package stays importable anywhere (docs/megatron.md, "The NeMo actor").
 """
 
 from __future__ import annotations
@@ -14,8 +10,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:
-    from ...config.engines import MegatronEngineConfig
-    from ..protocols import Policy
+    from opefo_nemo.config.engines import MegatronEngineConfig
+    from opefo_nemo.engines.protocols import Policy
 
 #: Modules the actor imports (NeMo, NeMo-Aligner; megatron-core comes with NeMo).
 ACTOR_MODULES = ("nemo", "nemo_aligner", "megatron.core")
@@ -54,6 +50,6 @@ def build_actor(
             f"engine.name=aligner: this environment lacks {', '.join(missing)}; the NeMo actor "
             "runs in the NeMo container (docs/cluster.md). Train with engine=hf here."
         )
-    from .actor import build_nemo_actor
+    from opefo_nemo.engines.aligner.actor import build_nemo_actor
 
     return build_nemo_actor(model_dir, engine, lr=lr, temperature=temperature)

@@ -1,17 +1,7 @@
-"""What the NeMo actor (:mod:`.actor`) asks of NeMo, decided without importing NeMo.
-
-- :func:`find_nemo_checkpoint`: the NeMo checkpoint the actor restores, beside the Hugging Face
-  directory the rest of the trainer uses (tokenizer, vLLM, the weight-name layout).
-- :func:`model_overrides`: ``MegatronEngineConfig`` as NeMo ``MegatronGPTModel`` config keys,
-  merged over the checkpoint's own model config (NeMo-Aligner's
-  ``load_and_override_model_config``).
-- :func:`trainer_settings`: the PyTorch Lightning trainer section NeMo's
-  ``MegatronTrainerBuilder`` reads (precision, devices, nodes, gradient clipping).
-- :func:`architecture_mismatches`: where the restored NeMo model differs from the Hugging Face
-  config vLLM samples with (spec §1: the trained policy must be the sampling one).
-
-Key names are NeMo 2.2's (the NeMo 25.02 container): ``megatron_base_model.py`` /
-``megatron_gpt_model.py`` read them with ``cfg.get``; docs/megatron.md, "The NeMo actor".
+"""What the NeMo actor (:mod:`.actor`) asks of NeMo, decided without importing NeMo: where its
+checkpoint is, the model config and trainer section it is restored with, and where the restored
+model differs from the Hugging Face config vLLM samples with. Key names are NeMo 2.2's (the NeMo
+25.02 container; docs/megatron.md, "The NeMo actor").
 """
 
 from __future__ import annotations
@@ -20,7 +10,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from ...config.engines import MegatronEngineConfig
+from opefo_nemo.config.engines import MegatronEngineConfig
 
 #: Where the actor looks for the NeMo checkpoint, inside ``model.path`` (first found wins): a
 #: ``.nemo`` tarball (NeMo 1 converters) or a NeMo 2 checkpoint directory (``nemo llm import``).
@@ -68,7 +58,9 @@ def data_parallel_size(engine: MegatronEngineConfig, world_size: int) -> int:
 def model_overrides(
     engine: MegatronEngineConfig, *, lr: float, data_parallel: int
 ) -> dict[str, Any]:
-    """NeMo model config keys for ``engine`` (merged over the checkpoint's config).
+    """NeMo model config keys for ``engine``, merged over the checkpoint's own model config
+    (NeMo-Aligner's ``load_and_override_model_config``); ``megatron_base_model.py`` /
+    ``megatron_gpt_model.py`` read them with ``cfg.get``.
 
     ``global_batch_size`` is one micro-batch per data-parallel rank: NeMo needs a value for its
     micro-batch calculator at start-up, while :class:`~.policy.MegatronPolicy` passes the real
@@ -115,7 +107,8 @@ def model_overrides(
 def trainer_settings(
     engine: MegatronEngineConfig, *, devices: int, num_nodes: int
 ) -> dict[str, Any]:
-    """The ``trainer`` section for NeMo's ``MegatronTrainerBuilder`` (one process per GPU,
+    """The ``trainer`` section for NeMo's ``MegatronTrainerBuilder`` (precision, devices, nodes,
+    gradient clipping; one process per GPU,
     launched by Slurm/torchrun; no Lightning logging or checkpointing: ours does both)."""
     return {
         "devices": devices,

@@ -1,21 +1,6 @@
-"""``engine=megatron``: the trainer's ``Policy`` from a Hugging Face checkpoint, on every rank.
-
-:func:`build_megatron_policy`, run by every rank of the job (after the default process group is
-joined, :class:`~opefo_nemo.trainer.ranks.LoopRanks`):
-
-1. ``parallel_state`` for ``engine.tensor_model_parallel_size × pipeline_model_parallel_size``
-   (DP = the rest of the world), with megatron's gloo data-parallel groups (the distributed
-   optimizer asks for them);
-2. on ``engine.device=cpu``, megatron-core's CUDA calls pointed at the CPU for the rest of the
-   process (:mod:`.cpu_execution`); on GPUs, megatron's model-parallel RNG seeded;
-3. this rank's pipeline stage of the ``GPTModel`` built from ``config.json``
-   (:func:`~.model_builder.build_gpt_model`), its TP shard of the safetensors streamed in
-   (:func:`~opefo_nemo.models.megatron_weights.hf_loading.load_stage_weights`);
-4. megatron's ``DistributedDataParallel`` and optimizer (:mod:`.megatron_optimizer`), then
-   :class:`~.policy.MegatronPolicy`.
-
-:func:`wrap_for_training` is steps 4 alone, shared with the NeMo-Aligner actor, whose model comes
-from a NeMo checkpoint instead.
+"""``engine=megatron``: the trainer's ``Policy`` from a Hugging Face checkpoint, on every rank:
+parallel state, CPU redirections or CUDA RNG, this stage's ``GPTModel`` with its weights streamed
+in, megatron's DDP and optimizer (docs/megatron.md, "Start-up of ``engine=megatron``").
 """
 
 from __future__ import annotations
@@ -28,15 +13,15 @@ import torch
 from megatron.core import parallel_state
 from megatron.core.models.gpt.gpt_model import GPTModel
 
-from ...config.engines import MegatronEngineConfig
-from ...models.megatron_weights.hf_loading import load_stage_weights
-from ...models.megatron_weights.layout import MegatronLayout
-from ..startup import DeviceUnavailableError
-from . import compat
-from .cpu_execution import megatron_on_cpu
-from .megatron_optimizer import build_megatron_optimizer, wrap_in_ddp
-from .model_builder import build_gpt_model, uses_transformer_engine
-from .policy import MegatronPolicy
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.megatron.cpu_execution import megatron_on_cpu
+from opefo_nemo.engines.megatron.megatron_optimizer import build_megatron_optimizer, wrap_in_ddp
+from opefo_nemo.engines.megatron.model_builder import build_gpt_model, uses_transformer_engine
+from opefo_nemo.engines.megatron.policy import MegatronPolicy
+from opefo_nemo.engines.startup import DeviceUnavailableError
+from opefo_nemo.models.megatron_weights.hf_loading import load_stage_weights
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 #: Seed of megatron's model-parallel RNG tracker (dropout is 0; the tracker must exist).
 MODEL_PARALLEL_SEED = 1234
@@ -57,7 +42,10 @@ def layout_for(engine: MegatronEngineConfig, hf_config: dict) -> MegatronLayout:
 
 
 def initialize_parallel_state(engine: MegatronEngineConfig) -> None:
-    """``parallel_state`` for the engine's TP × PP (module docstring, steps 1–2); a second call
+    """``parallel_state`` for the engine's TP × PP (DP = the rest of the world) with megatron's
+    gloo data-parallel groups (the distributed optimizer asks for them); then, on
+    ``engine.device=cpu``, megatron-core's CUDA calls pointed at the CPU for the rest of the
+    process (:mod:`.cpu_execution`), on GPUs megatron's model-parallel RNG seeded. A second call
     with the same sizes keeps the groups, other sizes are an error."""
     tp, pp = engine.tensor_model_parallel_size, engine.pipeline_model_parallel_size
     if parallel_state.model_parallel_is_initialized():
@@ -94,7 +82,8 @@ def wrap_for_training(
     temperature: float,
 ) -> MegatronPolicy:
     """``model`` (this rank's megatron-core ``GPTModel``, weights loaded) in megatron's DDP with
-    megatron's optimizer, as the trainer's ``Policy``."""
+    megatron's optimizer (:mod:`.megatron_optimizer`), as the trainer's ``Policy``; shared with
+    the NeMo-Aligner actor, whose model comes from a NeMo checkpoint instead."""
     ddp = wrap_in_ddp(model, engine)
     optimizer = build_megatron_optimizer(ddp, engine, lr)
     return MegatronPolicy(ddp, optimizer, engine, layout=layout, temperature=temperature)
@@ -103,7 +92,12 @@ def wrap_for_training(
 def build_megatron_policy(
     model_dir: str | Path, engine: MegatronEngineConfig, *, lr: float, temperature: float
 ) -> MegatronPolicy:
-    """The module docstring's four steps for the Hugging Face model at ``model_dir``."""
+    """The trainer's ``Policy`` for the Hugging Face model at ``model_dir``, run by every rank
+    after the default process group is joined (:class:`~opefo_nemo.trainer.ranks.LoopRanks`):
+    :func:`initialize_parallel_state`, this rank's pipeline stage of the ``GPTModel``
+    (:func:`~.model_builder.build_gpt_model`) with its TP shard of the safetensors streamed in
+    (:func:`~opefo_nemo.models.megatron_weights.hf_loading.load_stage_weights`), then
+    :func:`wrap_for_training`."""
     if engine.device == "cuda" and not torch.cuda.is_available():
         raise DeviceUnavailableError(
             "engine.device=cuda but this rank sees no GPU: run on GPU nodes, or set "

@@ -1,45 +1,7 @@
-"""Sharded checkpoints of a megatron-core model and megatron's optimizer (``dist_checkpointing``).
-
-:func:`save_megatron` writes, collectively over all ranks of the job, one ``torch_dist``
-checkpoint directory (the format NeMo's ``MegatronGPTModel`` writes, e.g. a ``.nemo``'s
-``model_weights/``) holding
-
-- the model's ``sharded_state_dict()``: every weight under its global key, TP shards placed at
-  their offsets in the full tensor and ``decoder.layers.*`` stacked along a prepended layer axis
-  of size ``L`` (global layer index, so PP stages land in one tensor). NeMo's module tree names
-  these keys with the prefix ``model.``; ours have none;
-- the ``MegatronOptimizer``'s own ``sharded_state_dict`` (:func:`~.compat.optimizer_sharded_state`)
-  under ``optimizer.*``. Without the distributed optimizer: the Adam moments of each parameter
-  (``optimizer.state.exp_avg.<key>``, ``…exp_avg_sq.<key>``, and fp32 main weights beside bf16
-  parameters) sharded exactly like that parameter, so they reshard with the weights; the
-  parameter groups' hyper-parameters and the steps in the common (rank 0) part. With it (0.16.1's
-  ``dp_reshardable``): each rank's flat optimizer buffers, resumable at the same TP × PP layout
-  (DP may change);
-- :data:`MANIFEST`: the format, the key prefix (``""``), ``optimizer_state`` =
-  :data:`MEGATRON_OPTIMIZER` and ``extra`` (any JSON-able dict: the learning-rate schedule).
-
-Because the weights are stored at their global offsets, :func:`load_megatron` can load them,
-and the non-distributed optimizer's state, into any TP × PP × DP layout of the same model (the
-padded vocabulary must come out the same: ``make_vocab_size_divisible_by × TP`` must give equal
-``V'``). Resuming at the same layout is exact: weights and optimizer state are restored bit for
-bit.
-
-Pipeline stages: each stage saves and loads only the tensors it holds (its decoder layers at
-their global layer index; the embedding on the first stage, the final norm and output layer on
-the last). With tied embeddings at PP > 1 the last stage's copy of the word embedding
-(``output_layer.weight``) is megatron's replica of ``embedding.word_embeddings.weight``
-(``replica_id`` 1): it and its optimizer state are written once, from the first stage, and
-every stage holding a copy loads that one tensor.
-
-Atomicity: everything is written into ``.<name>.partial`` beside ``directory`` and renamed into
-place by rank 0 after every rank has finished, so ``directory`` is either the old complete
-checkpoint or the new complete one. All ranks must see the same filesystem (as
-``dist_checkpointing`` itself requires).
-
-CUDA: ``dist_checkpointing.save`` synchronises CUDA and puts its failure flag on
-``torch.cuda.current_device()`` (``strategies/filesystem_async.py``,
-``strategies/state_dict_saver.py``); these functions therefore run as shipped on GPU ranks, and
-the CPU tests redirect those calls (``tests/megatron/workers_ckpt.py``).
+"""Sharded checkpoints of a megatron-core model and megatron's optimizer (``dist_checkpointing``'s
+``torch_dist`` format, as NeMo's ``MegatronGPTModel`` writes): weights at their global offsets, so
+they reshard to any TP × PP × DP layout. Layout, optimizer state, pipeline stages, atomicity and
+CUDA use: docs/megatron.md, "Sharded checkpoints".
 """
 
 from __future__ import annotations
@@ -56,7 +18,8 @@ import torch.distributed as dist
 if TYPE_CHECKING:
     from megatron.core.transformer.module import MegatronModule
 
-from ...models.megatron_weights.checkpoint_files import (
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.models.megatron_weights.checkpoint_files import (
     FORMAT,
     MANIFEST,
     OPTIMIZER_PREFIX,
@@ -65,16 +28,19 @@ from ...models.megatron_weights.checkpoint_files import (
     replace_directory,
     tensor_metadata,
 )
-from . import compat
 
 #: The manifest's ``optimizer_state`` for a checkpoint of megatron's optimizer.
 MEGATRON_OPTIMIZER = "megatron"
 
 
 def save_megatron(directory: Path, model: MegatronModule, optimizer: Any, extra: dict) -> None:
-    """Write ``model`` (the ``GPTModel`` inside megatron's DDP), the ``MegatronOptimizer``'s
-    state (module docstring) and the JSON-able ``extra`` to ``directory``. Collective: every
-    rank of the job calls it. A non-JSON-able ``extra`` raises before anything is written."""
+    """Write ``model`` (the ``GPTModel`` inside megatron's DDP; its ``sharded_state_dict()``, keys
+    without NeMo's ``model.`` prefix), the ``MegatronOptimizer``'s own sharded state (under
+    ``optimizer.*``) and the JSON-able ``extra`` to ``directory``. Collective: every rank of the
+    job calls it, each pipeline stage writing the tensors it holds. A non-JSON-able ``extra``
+    raises before anything is written. ``dist_checkpointing.save`` synchronises CUDA and puts its
+    failure flag on ``torch.cuda.current_device()``: CPU ranks run it inside
+    :func:`~.cpu_execution.megatron_on_cpu`."""
     extra_json = _json_able(extra)
     _refuse_unsupported(optimizer)
     model_state = model.sharded_state_dict()
@@ -175,8 +141,10 @@ def _json_able(extra: dict) -> Any:
 
 
 def _write(directory: Path, state: dict[str, Any], extra: Any) -> None:
-    """``dist_checkpointing.save`` of ``state`` into a staging directory, the manifest beside
-    it, then the atomic rename (module docstring). Collective."""
+    """``dist_checkpointing.save`` of ``state`` into ``.<name>.partial`` beside ``directory``, the
+    manifest beside it, then rank 0 renames it into place once every rank has finished, so
+    ``directory`` is either the old complete checkpoint or the new one (all ranks must see the
+    same filesystem, as ``dist_checkpointing`` requires). Collective."""
     from megatron.core import dist_checkpointing
 
     directory = Path(directory)

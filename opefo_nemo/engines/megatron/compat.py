@@ -1,11 +1,7 @@
-"""What differs between the megatron-core releases the engine runs on: 0.11 (the NeMo 25.02
-image's, the last with NeMo-Aligner) and 0.16.1 (CI), decided by looking at the installed
-package (a parameter in a signature, an attribute, what a constructor accepts), never by
-comparing version strings. docs/megatron.md ("megatron-core versions") lists each difference
-with where it lives in both releases.
-
-Every function imports megatron lazily, so this module imports on a machine without it (the
-preflight on a login node asks :func:`tensor_parallel_above_kv_heads` there).
+"""What differs between the megatron-core releases the engine runs on, 0.11 (the NeMo 25.02 image's)
+and 0.16.1, decided by looking at the installed package, never by comparing version strings
+(docs/megatron.md, "megatron-core versions"). Every function imports megatron lazily, so this
+module imports on a machine without it (the preflight on a login node).
 """
 
 from __future__ import annotations

@@ -1,26 +1,6 @@
 """``engine.stats_kernel=fused_linear``: the token statistics straight from the final hidden states
-and the output weight, so the ``[tokens, V/TP]`` logits never reach memory (docs/kernels.md).
-
-megatron-core's ``GPTModel`` (0.11 and 0.16.1, ``models/gpt/gpt_model.py``) returns the decoder's
-output ``[s, b, h]`` (final norm applied; ``[s/TP, b, h]`` under sequence parallelism) instead of
-running its ``output_layer`` when its ``post_process`` is false, which is how it serves a middle
-pipeline stage. :func:`stop_before_output_layer` sets that flag for one forward of the last stage;
-:class:`FusedOutputStats` then does what the output layer's ``ColumnParallelLinear`` does with its
-input and hands the result, with the output weight, to
-:func:`~opefo_nemo.parallel.linear_stats.linear_token_stats`:
-
-- sequence parallelism: ``gather_from_sequence_parallel_region`` (all-gather of the sequence in
-  forward, reduce-scatter of the gradient in backward);
-- otherwise: ``copy_to_tensor_model_parallel_region`` (identity in forward, all-reduce of the
-  gradient in backward).
-
-Either way every TP rank holds the full ``[s, b, h]`` and its vocabulary shard ``W_r``
-``[V/TP, h]`` of the weight; ``∂L/∂X = Σ_r (∂L/∂Z_r) W_r`` is summed over the ranks by the
-mapping's backward, as the output layer's own backward does. The weight is the output layer's or,
-with tied embeddings, the word embedding (``shared_embedding_or_output_weight``; on the last
-stage of a pipeline it is the output layer's copy of it). Its gradient reaches ``param.grad``, where
-megatron's ``DistributedDataParallel`` hooks pick it up as for any other weight.
-"""
+and the output weight, so the ``[tokens, V/TP]`` logits never reach memory (docs/kernels.md, "In
+``engine=megatron``")."""
 
 from __future__ import annotations
 
@@ -32,7 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...parallel import TokenStats
+from opefo_nemo.parallel import TokenStats
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -46,7 +26,9 @@ def gpt_model(model: torch.nn.Module) -> GPTModel:
 @contextmanager
 def stop_before_output_layer(model: torch.nn.Module) -> Iterator[None]:
     """Inside the block, ``model(...)`` returns the final hidden states ``[s, b, h]`` (``[s/TP,
-    b, h]`` under sequence parallelism) instead of the logits; the flag is restored on exit."""
+    b, h]`` under sequence parallelism; final norm applied) instead of the logits: megatron-core's
+    ``GPTModel`` (0.11 and 0.16.1, ``models/gpt/gpt_model.py``) skips its ``output_layer`` when
+    ``post_process`` is false, as for a middle pipeline stage. The flag is restored on exit."""
     gpt = gpt_model(model)
     saved = gpt.post_process
     gpt.post_process = False
@@ -57,7 +39,9 @@ def stop_before_output_layer(model: torch.nn.Module) -> Iterator[None]:
 
 
 def output_weight(model: torch.nn.Module) -> Tensor:
-    """The weight ``[V/TP, h]`` the model's output layer multiplies by on this rank."""
+    """The weight ``[V/TP, h]`` the model's output layer multiplies by on this rank: with tied
+    embeddings the word embedding (on a pipeline's last stage, the output layer's copy of it). Its
+    gradient reaches ``param.grad``, where megatron's DDP hooks pick it up as any other weight's."""
     gpt = gpt_model(model)
     if gpt.share_embeddings_and_output_weights:
         return gpt.shared_embedding_or_output_weight()
@@ -66,7 +50,7 @@ def output_weight(model: torch.nn.Module) -> Tensor:
 
 class FusedOutputStats:
     """Per-token statistics of ``softmax(X Wᵀ / T)`` from the last stage's final hidden states
-    ``X`` ``[s, b, h]`` (module docstring): ``tp_group`` (``None``: TP 1), ``vocab_size`` (true,
+    ``X`` ``[s, b, h]``: ``tp_group`` (``None``: TP 1), ``vocab_size`` (true,
     padding excluded), ``temperature`` and ``sequence_parallel`` as the model was built.
 
     ``stops_before_output_layer`` tells the forward step to run the model under
@@ -98,10 +82,14 @@ class FusedOutputStats:
             gather_from_sequence_parallel_region,
         )
 
-        from ...parallel.linear_stats import linear_token_stats
+        from opefo_nemo.parallel.linear_stats import linear_token_stats
 
         if hidden.dim() != 3:
             raise ValueError(f"expected hidden states [s, b, h], got shape {tuple(hidden.shape)}")
+        # What the output layer's ``ColumnParallelLinear`` does with its input, so every TP rank
+        # holds the full ``[s, b, h]`` and its backward sums ``∂L/∂X = Σ_r (∂L/∂Z_r) W_r`` over
+        # the ranks: all-gather of the sequence (backward: reduce-scatter) under sequence
+        # parallelism, else identity (backward: all-reduce).
         if self.sequence_parallel:
             full = gather_from_sequence_parallel_region(hidden, True)
         else:

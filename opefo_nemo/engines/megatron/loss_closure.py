@@ -1,41 +1,8 @@
-"""Loss and token-stats functions for megatron-core's ``forward_backward_func`` (spec §1, §5).
-
-megatron-core's schedule (``megatron/core/pipeline_parallel/schedules.py``, 0.16.1) calls
-``output, fn = forward_step_func(data_iterator, model)`` once per micro-batch and, on the last
-pipeline stage, ``fn(output)`` (``forward_step_calc_loss``). A 2-tuple ``(loss, reduced)`` return
-has its loss multiplied by the context-parallel size and divided by ``num_microbatches`` before the
-backward; ``reduced`` is appended to the list the schedule returns. (A 3-tuple
-``(loss, num_tokens, reduced)`` divides by the micro-batch's own token count unless
-``calculate_per_token_loss``: a per-micro-batch mean, not spec §5's global one; not used here.)
-Megatron's ``DistributedDataParallel`` then averages the gradients over the data-parallel ranks:
-it scales them by ``1 / dp_size`` before a SUM reduction, or reduces with AVG when
-``average_in_collective`` (``distributed_data_parallel.py``); with ``calculate_per_token_loss`` it
-only sums, and ``finalize_model_grads`` divides by the schedule's token count, which stays 0 for
-2-tuple returns, so nothing is divided.
-
-spec §5 wants ``∇ Σ_t mask_t ℓ_t / N_global`` summed over micro-batches and ranks. Each
-micro-batch's :func:`~opefo_nemo.core.objectives.policy_loss` is already its share ``Σ ℓ_t /
-N_global``, so the loss pass (``policy.MegatronPolicy.train_step``) returns it multiplied by
-:attr:`MegatronScaling.factor`
-``= num_microbatches × dp_size`` (``× 1`` for the DP part with ``calculate_per_token_loss``):
-megatron's two averages cancel and the final gradient is the full-batch gradient, for any
-micro-batch size and data-parallel size. Sequence parallelism does not enter: the output layer
-all-gathers the sequence before the vocabulary projection, so the logits are the full sequence on
-every TP rank either way (megatron's ``finalize_model_grads`` sums the norms' gradients over TP).
-
-Logits are vocab-parallel (``parallel_output=True``): ``[seq, batch, V/TP]`` as the output layer
-produces them (``sequence_first=True``) or ``[batch, seq, V/TP]`` as ``GPTModel.forward`` returns
-them without labels (a transposed copy it makes itself). The per-token tensors of the batch are
-``[batch, seq]``; for sequence-first logits the *targets* are transposed (a small int64 copy),
-never the logits: ``token_stats`` flattens them to ``[tokens, V/TP]``, which for a transposed
-logits view would copy the whole tensor. For the same reason the statistics cover all ``T``
-input positions (the last predicts nothing) and are sliced to the ``T − 1`` predicted ones
-afterwards, instead of slicing the logits.
-
-With ``engine.stats_kernel=fused_linear`` (:func:`output_stats`) the functions receive the final
-hidden states ``[s, b, h]`` instead and take the statistics with the output layer fused in
-(:mod:`.fused_output`); everything else above holds unchanged.
-"""
+"""Loss and token-stats functions for megatron-core's ``forward_backward_func`` (spec §1, §5): the
+last stage's ``fn(output)`` on vocab-parallel logits (or, with ``engine.stats_kernel=fused_linear``,
+the final hidden states), and the scaling that undoes megatron's own averaging. How the schedule
+calls them and why the gradient comes out the full-batch one: docs/megatron.md, "One step's data
+path"."""
 
 from __future__ import annotations
 
@@ -47,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...config.engines import MegatronEngineConfig
-from ...kernels import FUSED_LINEAR
-from ...parallel import TokenStats, token_stats
-from .fused_output import FusedOutputStats
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.megatron.fused_output import FusedOutputStats
+from opefo_nemo.kernels import FUSED_LINEAR
+from opefo_nemo.parallel import TokenStats, token_stats
 
 LossFunction = Callable[[Tensor], tuple[Tensor, dict[str, Tensor]]]
 """What ``forward_step_func`` returns beside the model output: ``fn(output) -> (loss, reduced)``,
@@ -69,7 +36,12 @@ class OutputStats(Protocol):
 
 @dataclass(frozen=True)
 class MegatronScaling:
-    """megatron-core's own scaling of a 2-tuple loss (module docstring), to be undone.
+    """megatron-core's own scaling of a 2-tuple ``(loss, reduced)`` loss, to be undone: the schedule
+    divides the loss by ``num_microbatches`` and DDP averages the gradients over DP (it only sums
+    with ``calculate_per_token_loss``, and ``finalize_model_grads`` then divides by the schedule's
+    token count, which stays 0 for 2-tuple returns). Each micro-batch's ``policy_loss`` is already
+    its share ``Σ ℓ_t / N_global``, so multiplying it by :attr:`factor` leaves the full-batch
+    gradient for any micro-batch and DP size (docs/megatron.md, "One step's data path").
 
     ``num_microbatches``: micro-batches of this rank in the step (the schedule's argument).
     ``data_parallel_size``: ranks the DDP wrapper averages over. ``calculate_per_token_loss``:
@@ -115,6 +87,8 @@ class VocabParallelLogits:
         the vocabulary ``sums`` asked for (``token_stats``)."""
         if logits.dim() != 3:
             raise ValueError(f"expected 3-d vocab-parallel logits, got shape {tuple(logits.shape)}")
+        # Sequence-first logits: transpose the small int64 targets, never the logits
+        # (``token_stats`` flattens them to ``[tokens, V/TP]``, which would copy a transposed view).
         arranged = targets.t() if self.sequence_first else targets
         stats = token_stats(
             logits,

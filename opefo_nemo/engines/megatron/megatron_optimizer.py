@@ -1,20 +1,6 @@
 """megatron-core's ``DistributedDataParallel`` and optimizer for :class:`~.policy.MegatronPolicy`
-from the engine config (the objects :class:`~.optimizer_step.MegatronOptimizerStep` drives).
-
-- :func:`wrap_in_ddp`: the model chunk in megatron's ``DistributedDataParallel`` with fp32
-  gradient buffers (``grad_reduce_in_fp32``: bf16 parameters accumulate their gradients in fp32
-  ``main_grad``); the reduction runs once in ``finalize_model_grads``, or, with
-  ``engine.overlap_grad_reduce``, bucket by bucket during the last micro-batch's backward (the
-  schedule holds it back for the earlier ones through the model config's ``no_sync_func``);
-  gradients averaged over DP (the ``1/D`` that
-  :class:`~.loss_closure.MegatronScaling` undoes), and the parameter buffer the distributed
-  optimizer needs when ``engine.use_distributed_optimizer``.
-- :func:`build_megatron_optimizer`: ``get_megatron_optimizer`` for Adam with the engine's β, ε,
-  weight decay; ``bf16`` (fp32 main weights beside bf16 parameters) when ``engine.dtype`` is
-  bfloat16; sharded over DP when ``engine.use_distributed_optimizer``; ``clip_grad =
-  engine.grad_clip`` or ``math.inf`` when it is 0 (no clipping, but megatron still computes and
-  returns the norm). No loss scaling (bf16 needs none).
-"""
+from the engine config: the objects :class:`~.optimizer_step.MegatronOptimizerStep` drives
+(docs/megatron.md, "The Megatron policy")."""
 
 from __future__ import annotations
 
@@ -25,13 +11,19 @@ from megatron.core.distributed import DistributedDataParallel, DistributedDataPa
 from megatron.core.models.gpt.gpt_model import GPTModel
 from megatron.core.optimizer import MegatronOptimizer, OptimizerConfig, get_megatron_optimizer
 
-from ...config.engines import MegatronEngineConfig
+from opefo_nemo.config.engines import MegatronEngineConfig
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def wrap_in_ddp(model: GPTModel, engine: MegatronEngineConfig) -> DistributedDataParallel:
-    """``model`` (a megatron ``GPTModel`` in ``engine.dtype``) inside megatron's DDP."""
+    """``model`` (a megatron ``GPTModel`` in ``engine.dtype``) inside megatron's DDP: fp32
+    gradient buffers (bf16 parameters accumulate in fp32 ``main_grad``), gradients averaged over
+    DP (the ``1/D`` that :class:`~.loss_closure.MegatronScaling` undoes), and the parameter
+    buffer the distributed optimizer needs when ``engine.use_distributed_optimizer``. The
+    reduction runs once in ``finalize_model_grads`` or, with ``engine.overlap_grad_reduce``,
+    bucket by bucket during the last micro-batch's backward (the schedule holds it back for the
+    earlier ones through the model config's ``no_sync_func``)."""
     ddp_config = DistributedDataParallelConfig(
         grad_reduce_in_fp32=True,
         overlap_grad_reduce=engine.overlap_grad_reduce,
@@ -47,7 +39,9 @@ def wrap_in_ddp(model: GPTModel, engine: MegatronEngineConfig) -> DistributedDat
 def build_megatron_optimizer(
     model: DistributedDataParallel, engine: MegatronEngineConfig, lr: float
 ) -> MegatronOptimizer:
-    """megatron's Adam(W) over ``model``'s parameters (module docstring)."""
+    """megatron's Adam(W) over ``model``'s parameters with the engine's β, ε and weight decay;
+    fp32 main weights beside bf16 parameters when ``engine.dtype`` is bfloat16; sharded over DP
+    when ``engine.use_distributed_optimizer``. No loss scaling (bf16 needs none)."""
     config = OptimizerConfig(
         optimizer="adam",
         lr=lr,
@@ -58,6 +52,7 @@ def build_megatron_optimizer(
         bf16=engine.dtype == "bfloat16",
         params_dtype=_DTYPES[engine.dtype],
         use_distributed_optimizer=engine.use_distributed_optimizer,
+        # ``inf``: no clipping, but megatron still computes and returns the norm.
         clip_grad=engine.grad_clip if engine.grad_clip > 0 else math.inf,
     )
     return get_megatron_optimizer(config, [model])

@@ -1,20 +1,6 @@
-"""A megatron-core ``GPTModel`` for one pipeline stage, built from a Hugging Face ``config.json``.
-
-The architecture comes from the Hugging Face config (Qwen2 / Qwen2.5 with q/k/v biases, Qwen3
-with per-head q/k RMSNorms, Llama; tied or untied embeddings): RMSNorm with the config's
-``rms_norm_eps``, SwiGLU MLP without biases, rotary embeddings with its ``rope_theta``, grouped
-query attention. What Megatron adds (TP, PP, vocabulary padding) is the
-:class:`~opefo_nemo.models.megatron_weights.MegatronLayout`; the run settings (dtype, sequence
-parallel, recompute) are the engine config's. Attention's softmax is taken in fp32 whatever the
-dtype (the logprobs the trainer differentiates should match the sampler's as closely as bf16
-allows). A config the mapping cannot reproduce exactly (rope scaling, sliding-window attention,
-an activation other than SiLU) is refused with its key.
-
-Layer spec: Transformer Engine's (fused layer norms into the linear layers) when
-``engine.transformer_engine`` is set, the rank is a GPU rank and ``transformer_engine`` imports;
-otherwise megatron-core's local spec with :class:`LocalRMSNorm` in every norm slot, which, unlike
-megatron's ``WrappedTorchNorm``, allows sequence parallelism. The two specs name the norm weights
-differently (``MegatronLayout.fused_layernorm``), which :func:`uses_transformer_engine` decides.
+"""A megatron-core ``GPTModel`` for one pipeline stage, built from a Hugging Face ``config.json``
+(Qwen2 / Qwen2.5, Qwen3, Llama; tied or untied embeddings); a config the mapping cannot reproduce
+exactly is refused with its key (docs/megatron.md, "Start-up of ``engine=megatron``").
 """
 
 from __future__ import annotations
@@ -26,9 +12,9 @@ from typing import TYPE_CHECKING, Any
 import torch
 import torch.nn.functional as F
 
-from ...config.engines import MegatronEngineConfig
-from ...models.megatron_weights.layout import MegatronLayout
-from . import compat
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 if TYPE_CHECKING:
     from megatron.core.models.gpt.gpt_model import GPTModel
@@ -37,7 +23,10 @@ _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 
 
 def uses_transformer_engine(engine: MegatronEngineConfig) -> bool:
-    """Transformer Engine's layer spec: asked for, on GPU ranks, and importable."""
+    """Transformer Engine's layer spec (fused layer norms in the linear layers): asked for, on GPU
+    ranks, and importable. Otherwise megatron-core's local spec with :class:`LocalRMSNorm` in
+    every norm slot, which, unlike megatron's ``WrappedTorchNorm``, allows sequence parallelism.
+    The two specs name the norm weights differently (``MegatronLayout.fused_layernorm``)."""
     if not engine.transformer_engine or engine.device != "cuda":
         return False
     try:
@@ -97,7 +86,10 @@ def rope_theta(hf_config: Mapping[str, Any]) -> float:
 def transformer_config(
     layout: MegatronLayout, engine: MegatronEngineConfig, hf_config: Mapping[str, Any]
 ):
-    """megatron-core's ``TransformerConfig`` of the model, the layout and the engine settings."""
+    """megatron-core's ``TransformerConfig``: the architecture from the Hugging Face config
+    (RMSNorm, SwiGLU without biases, rotary embeddings, grouped-query attention), what Megatron
+    adds (TP, PP, vocabulary padding) from the layout, the run settings (dtype, sequence
+    parallel, recompute) from the engine config."""
     from megatron.core.transformer.transformer_config import TransformerConfig
 
     shape, dtype = layout.shape, _DTYPES[engine.dtype]
@@ -127,6 +119,8 @@ def transformer_config(
         sequence_parallel=engine.sequence_parallel,
         hidden_dropout=0.0,
         attention_dropout=0.0,
+        # Whatever the dtype: the logprobs the trainer differentiates should match the sampler's
+        # as closely as bf16 allows.
         attention_softmax_in_fp32=True,
         bf16=dtype == torch.bfloat16,
         params_dtype=dtype,

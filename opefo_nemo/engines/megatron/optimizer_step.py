@@ -11,10 +11,10 @@ from megatron.core.tensor_parallel import param_is_not_tensor_parallel_duplicate
 from megatron.core.transformer.module import param_is_not_shared
 from torch import Tensor
 
-from ...config.engines import MegatronEngineConfig
-from ..entropy_correction import CapturedEntropyGradient
-from ..schedule import warmup_factor
-from . import compat
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.schedule import warmup_factor
 
 
 class MegatronOptimizerStep:
@@ -56,7 +56,7 @@ class MegatronOptimizerStep:
 
     @property
     def lr(self) -> float:
-        """``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s``."""
+        """The base learning rate × :func:`~..schedule.warmup_factor` at this rollout step."""
         return self.base_lr * warmup_factor(self.steps, self.config.warmup_steps)
 
     def zero_grad(self) -> None:

@@ -1,25 +1,7 @@
-"""Micro-batches for megatron-core's pipelined schedule and the token-stats hand-off (PP ≥ 1).
-
-megatron-core 0.16.1's ``forward_backward_pipelining_without_interleaving``
-(``pipeline_parallel/schedules.py``) calls ``forward_step_func(data_iterator, model)`` once per
-micro-batch on *every* stage, in order; only the first stage's model reads tokens (the others get
-their input from the previous stage through ``set_input_tensor``), and only the last stage calls
-the returned loss function. Stages exchange activations of the fixed shape
-``[seq_length, micro_batch_size, hidden]`` (``get_tensor_shapes``; ``config.variable_seq_lengths``
-off, the default), so every micro-batch is padded to exactly ``[micro_batch_size, seq_length]``
-here: right-padded columns (causal attention: earlier positions never see them) and, when the
-shard's rows are not a multiple of the micro-batch size, all-masked rows in the last micro-batch.
-Padding is masked out of the loss and dropped from the statistics.
-
-Each stage's iterator yields one dict per micro-batch with only the keys that stage uses
-(:meth:`PipelineMicroBatches.stats_items`, both passes): the first stage ``input_ids``,
-``position_ids``; the last stage ``targets``; a middle stage an empty dict. The loss pass needs
-nothing else per micro-batch: the trainer's loss closure holds the step's coefficients on the
-device (``policy.MegatronPolicy.train_step``).
-
-Token-stats pass (phase 1): the last stage's ``stats_function`` outputs, one ``[mbs, T]`` dict per
-micro-batch, are stacked and broadcast over the pipeline group
-(:meth:`PipelineMicroBatches.gather_stats`), so every stage returns the same statistics.
+"""Micro-batches for megatron-core's pipelined schedule and the token-stats hand-off (PP ≥ 1):
+every micro-batch padded to the schedule's fixed ``[micro_batch_size, seq_length]``, each stage fed
+only the keys it reads, the last stage's statistics broadcast to every stage (docs/megatron.md,
+"Pipeline parallelism").
 """
 
 from __future__ import annotations
@@ -32,10 +14,10 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from ...parallel.pipeline import broadcast_from_last_stage, is_last_stage
-from ..batch import TrainBatch
-from . import fused_output
-from .loss_closure import LossFunction
+from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.megatron import fused_output
+from opefo_nemo.engines.megatron.loss_closure import LossFunction
+from opefo_nemo.parallel.pipeline import broadcast_from_last_stage, is_last_stage
 
 FIRST_STAGE_KEYS = ("input_ids", "position_ids")
 """What the first stage's model reads: int64 ``[mbs, T]`` each."""
@@ -47,8 +29,12 @@ STATS_NAMES = ("logprob", "entropy")
 @dataclass(frozen=True)
 class PipelineMicroBatches:
     """A data-parallel shard cut into ``micros`` (``TrainBatch.split``, each trimmed to its own
-    rows and width), every one fed to the schedule padded to ``[micro_batch_size, seq_length]``.
-    Build with :meth:`split`."""
+    rows and width), every one fed to the schedule padded to ``[micro_batch_size, seq_length]``:
+    stages exchange activations of that one shape (``get_tensor_shapes``;
+    ``config.variable_seq_lengths`` off). Padding is right-padded columns (causal attention:
+    earlier positions never see them) and, when the rows are not a multiple of the micro-batch
+    size, all-masked rows in the last micro-batch; it is masked out of the loss and dropped from
+    the statistics. Build with :meth:`split`."""
 
     micros: tuple[TrainBatch, ...]
     micro_batch_size: int
@@ -101,7 +87,10 @@ class PipelineMicroBatches:
         return {"input_ids": input_ids, "position_ids": positions.expand_as(input_ids)}
 
     def stats_items(self, first: bool, last: bool) -> list[dict[str, Tensor]]:
-        """One dict per micro-batch for this stage's token-stats pass."""
+        """One dict per micro-batch for this stage (both passes), with only the keys it reads: the
+        first stage ``input_ids``, ``position_ids``; the last stage ``targets``; a middle stage an
+        empty dict. The loss pass needs nothing else: the trainer's loss closure holds the step's
+        coefficients on the device."""
         items = []
         for micro in self.micros:
             item = self._first_stage(micro) if first else {}

@@ -18,21 +18,31 @@ from megatron.core.distributed import DistributedDataParallel
 from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
-from ...config.engines import MegatronEngineConfig
-from ...models.megatron_weights.layout import MegatronLayout
-from ...models.megatron_weights.streaming import DistributedFetch, hf_named_weights
-from ...models.megatron_weights.weight_mapping import Sharding, stage_specs
-from ...parallel import NonFiniteLogitsError, TokenStats, requested_sums
-from ..batch import TrainBatch
-from ..entropy_correction import CapturedEntropyGradient
-from ..protocols import LossFn, UpdateResult
-from . import compat
-from .checkpoint import load_megatron, save_megatron
-from .fused_output import gpt_model
-from .loss_closure import LossFunction, MegatronScaling, output_stats, stats_function
-from .optimizer_step import MegatronOptimizerStep
-from .pipeline_batch import PipelineMicroBatches
-from .schedule_driver import balanced_rows, gather_rows, per_rank, run_schedule
+from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
+from opefo_nemo.engines.megatron import compat
+from opefo_nemo.engines.megatron.checkpoint import load_megatron, save_megatron
+from opefo_nemo.engines.megatron.fused_output import gpt_model
+from opefo_nemo.engines.megatron.loss_closure import (
+    LossFunction,
+    MegatronScaling,
+    output_stats,
+    stats_function,
+)
+from opefo_nemo.engines.megatron.optimizer_step import MegatronOptimizerStep
+from opefo_nemo.engines.megatron.pipeline_batch import PipelineMicroBatches
+from opefo_nemo.engines.megatron.schedule_driver import (
+    balanced_rows,
+    gather_rows,
+    per_rank,
+    run_schedule,
+)
+from opefo_nemo.engines.protocols import LossFn, UpdateResult
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.streaming import DistributedFetch, hf_named_weights
+from opefo_nemo.models.megatron_weights.weight_mapping import Sharding, stage_specs
+from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _SCHEDULE = "lr_schedule"
@@ -152,7 +162,7 @@ class MegatronPolicy:
 
     @property
     def lr(self) -> float:
-        """``lr · min(1, (s + 1) / warmup_steps)`` at rollout step ``s`` (spec §8), as ``hf``'s."""
+        """This rollout step's learning rate (:func:`~..schedule.warmup_factor`), as ``hf``'s."""
         return self.updates.lr
 
     @property

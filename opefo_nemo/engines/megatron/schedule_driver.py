@@ -1,17 +1,5 @@
 """Driving megatron-core's ``forward_backward_func`` over a list of micro-batches, and moving
-per-row results between data-parallel ranks.
-
-- :func:`run_schedule`: ``get_forward_backward_func()`` (megatron-core 0.16.1: the no-pipelining
-  schedule at PP = 1, the non-interleaved 1F1B one at PP > 1) over
-  :class:`~.pipeline_batch.PipelineMicroBatches` (each micro-batch padded to the schedule's fixed
-  ``[micro_batch_size, seq_length]``; the first stage reads the tokens and positions
-  ``0 … T − 1``, no attention mask: causal only, right padding never reaches a real token's
-  prefix). ``make_fn(item)`` gives the last stage's loss/stats function of an item, in
-  micro-batch order. Returns the schedule's per-micro-batch ``reduced`` mappings (last stage).
-- :func:`balanced_rows`: the rows of a forward-only pass that a data-parallel rank computes.
-- :func:`gather_rows`: per-rank results of every data-parallel rank.
-- :func:`per_rank`: which micro-batches of an optimizer step each data-parallel rank trains on.
-"""
+per-row results between data-parallel ranks (docs/megatron.md, "One step's data path")."""
 
 from __future__ import annotations
 
@@ -23,8 +11,8 @@ from megatron.core import parallel_state
 from megatron.core.pipeline_parallel import get_forward_backward_func
 from torch import Tensor
 
-from .loss_closure import LossFunction
-from .pipeline_batch import PipelineMicroBatches, forward_step_func
+from opefo_nemo.engines.megatron.loss_closure import LossFunction
+from opefo_nemo.engines.megatron.pipeline_batch import PipelineMicroBatches, forward_step_func
 
 
 def run_schedule(
@@ -34,8 +22,13 @@ def run_schedule(
     forward_only: bool,
     stop_before_output_layer: bool = False,
 ) -> list[dict[str, Tensor]]:
-    """One pass of megatron's schedule over ``micros`` (forward and, unless ``forward_only``,
-    backward with gradient accumulation) on this rank's pipeline stage; with
+    """One pass of ``get_forward_backward_func()`` (megatron-core 0.16.1: the no-pipelining
+    schedule at PP = 1, the non-interleaved 1F1B one at PP > 1) over ``micros`` (forward and,
+    unless ``forward_only``, backward with gradient accumulation) on this rank's pipeline stage.
+    The first stage reads the tokens and positions ``0 … T − 1`` with no attention mask (causal
+    only: right padding never reaches a real token's prefix). ``make_fn(item)`` gives the last
+    stage's loss/stats function of an item, in micro-batch order; returns the schedule's
+    per-micro-batch ``reduced`` mappings (last stage). With
     ``stop_before_output_layer`` the last stage's functions receive the final hidden states
     instead of the logits (``engine.stats_kernel=fused_linear``)."""
     first = parallel_state.is_pipeline_first_stage()

@@ -1,10 +1,6 @@
-"""The files of our sharded checkpoint format, readable without megatron or a process group.
-
-A checkpoint directory is a megatron ``torch_dist`` checkpoint (``.metadata`` + shard files,
-written by ``engines/megatron/checkpoint.py``) plus :data:`MANIFEST`, a JSON file naming the
-format, the model keys' prefix, the optimizer's state names and the caller's ``extra``.
-:func:`tensor_metadata` lists its tensors' global shapes from ``.metadata`` alone, which is what
-``opefo-export`` needs to check a checkpoint against a model before reading any weight.
+"""The files of our sharded checkpoint format (a megatron ``torch_dist`` checkpoint plus
+:data:`MANIFEST`), readable without megatron or a process group (docs/megatron.md, "Sharded
+checkpoints").
 """
 
 from __future__ import annotations
@@ -17,7 +13,8 @@ from typing import Any
 import torch
 
 MANIFEST = "opefo_checkpoint.json"
-"""The file that marks a directory as one of our sharded checkpoints."""
+"""The file that marks a directory as one of our sharded checkpoints: JSON naming the format, the
+model keys' prefix, the optimizer's state names and the caller's ``extra``."""
 FORMAT = "opefo-megatron-sharded"
 VERSION = 1
 OPTIMIZER_PREFIX = "optimizer."
@@ -26,7 +23,8 @@ OPTIMIZER_PREFIX = "optimizer."
 
 def tensor_metadata(directory: Path) -> dict[str, tuple[tuple[int, ...], torch.dtype]]:
     """``{checkpoint key: (global shape, dtype)}`` of every tensor in the ``torch_dist``
-    checkpoint ``directory``, read from its ``.metadata`` alone (no process group, no model)."""
+    checkpoint ``directory``, read from its ``.metadata`` alone (no process group, no model):
+    what ``opefo-export`` checks a checkpoint against a model with before reading any weight."""
     from torch.distributed.checkpoint import FileSystemReader
     from torch.distributed.checkpoint.metadata import TensorStorageMetadata
 

@@ -1,27 +1,7 @@
-"""A checkpoint → a Hugging Face model directory (safetensors shards + index, config, tokenizer).
-
-Two sources, one writer:
-
-- :func:`export_sharded`: a megatron ``torch_dist`` checkpoint (ours from
-  :func:`~opefo_nemo.engines.megatron.checkpoint.save_megatron`, or NeMo's ``model_weights/``). It
-  is read with ``torch.distributed.checkpoint`` alone, no megatron model and no process group: the
-  key names and global shapes come from ``.metadata``, and each Megatron weight is loaded as the
-  region of its global tensor that one decoder layer occupies (megatron prepends a layer axis of
-  size ``L`` to ``decoder.layers.*``; layer ``i`` is ``[i : i + 1]`` of it). Checkpoint keys carry
-  Transformer Engine's norm names (megatron maps the local spec's onto them) and ``prefix``
-  (``model.`` in NeMo's, ``""`` in ours; found from the manifest, or from the embedding's key).
-  The weights are then unfused into Hugging Face names by the same mapping as the rollout stream
-  (:func:`~.streaming.hf_named_weights`), one layer at a time.
-- :func:`export_safetensors`: Hugging Face safetensors (the ``hf`` engine's checkpoint), read
-  tensor by tensor.
-
-Before anything is read, the checkpoint's tensors are checked against the shapes that
-``hf_model/config.json`` implies (missing, unexpected or misshaped keys are named with both
-shapes). The writer plans the shards from those shapes (``model-0000k-of-0000n.safetensors`` of at
-most ``max_shard_bytes``, or one ``model.safetensors``), holds at most one shard plus one layer in
-memory, logs a line per shard, writes ``model.safetensors.index.json``, copies every non-weight
-file of ``hf_model`` (config, tokenizer, generation config) and renames the finished directory
-into place; an existing non-empty ``out`` is refused unless ``overwrite``.
+"""A checkpoint → a Hugging Face model directory (safetensors shards + index, config, tokenizer):
+from a megatron ``torch_dist`` checkpoint (ours or NeMo's ``model_weights/``, read without megatron
+or a process group) or from Hugging Face safetensors, checked against ``config.json`` first
+(docs/megatron.md, "``opefo-export``").
 """
 
 from __future__ import annotations
@@ -45,16 +25,16 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
-from .checkpoint_files import (
+from opefo_nemo.models.megatron_weights.checkpoint_files import (
     MANIFEST,
     OPTIMIZER_PREFIX,
     read_manifest,
     replace_directory,
     tensor_metadata,
 )
-from .layout import MegatronLayout
-from .streaming import hf_named_weights
-from .weight_mapping import WeightSpec, unfuse, weight_groups
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.streaming import hf_named_weights
+from opefo_nemo.models.megatron_weights.weight_mapping import WeightSpec, unfuse, weight_groups
 
 log = logging.getLogger("opefo_nemo.export")
 EMBEDDING = "embedding.word_embeddings.weight"

@@ -1,10 +1,5 @@
-"""Load a Hugging Face checkpoint's safetensors straight into one rank's Megatron shards.
-
-:func:`load_stage_weights` walks the weights pipeline ``stage`` holds (:func:`stage_specs`); for
-each it reads only the Hugging Face tensors it is fused from (:class:`SafetensorsFiles`, one
-tensor at a time from memory-mapped files), fuses them (q/k/v per group, gate/up, the padded
-vocabulary), cuts this TP rank's shard and copies it into the model's parameter. At most one
-full Megatron tensor is alive at a time: no rank ever holds the whole model.
+"""Load a Hugging Face checkpoint's safetensors straight into one rank's Megatron shards, at most
+one full Megatron tensor alive at a time (docs/megatron.md, "Start-up of ``engine=megatron``").
 """
 
 from __future__ import annotations
@@ -17,9 +12,9 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from .layout import MegatronLayout
-from .tensor_parallel import split_for_rank
-from .weight_mapping import fuse, stage_specs
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.tensor_parallel import split_for_rank
+from opefo_nemo.models.megatron_weights.weight_mapping import fuse, stage_specs
 
 INDEX = "model.safetensors.index.json"
 SINGLE = "model.safetensors"

@@ -1,16 +1,6 @@
-"""How a Megatron GPT model of a given shape is laid out across tensor and pipeline ranks.
-
-The shape facts come from :class:`opefo_nemo.launch.ModelShape` (read from a Hugging Face
-``config.json``); this adds what Megatron decides on top of them:
-
-- the vocabulary padded to a multiple of ``make_vocab_size_divisible_by × TP`` (spec §1), so that
-  the embedding and output layer split into equal vocabulary slices;
-- which global decoder layers each pipeline stage builds: ``L / PP`` each, or Megatron's uneven
-  split with ``first_stage_layers`` / ``last_stage_layers`` given and the rest spread evenly over
-  the middle stages (``num_layers_in_first/last_pipeline_stage``);
-- whether the norms carry Transformer Engine's fused names (``linear_qkv.layer_norm_weight``,
-  ``linear_fc1.layer_norm_weight``) or the local spec's (``input_layernorm``,
-  ``pre_mlp_layernorm``).
+"""How a Megatron GPT model of a given shape is laid out across tensor and pipeline ranks: what
+Megatron decides on top of :class:`opefo_nemo.launch.ModelShape` (docs/megatron.md, "Weight
+mapping").
 """
 
 from __future__ import annotations
@@ -19,12 +9,19 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ..shape import ModelShape, padded_vocab_size
+from opefo_nemo.models.shape import ModelShape, padded_vocab_size
 
 
 @dataclass(frozen=True)
 class MegatronLayout:
-    """A model shape placed on ``tensor_parallel × pipeline_parallel`` ranks (one replica)."""
+    """A model shape placed on ``tensor_parallel × pipeline_parallel`` ranks (one replica): the
+    vocabulary padded to a multiple of ``make_vocab_size_divisible_by × TP`` (spec §1), so the
+    embedding and output layer split into equal slices; each stage's global decoder layers,
+    ``L / PP`` each or Megatron's uneven split with ``first_stage_layers`` /
+    ``last_stage_layers`` and the rest spread evenly over the middle stages; and whether the norms
+    carry Transformer Engine's fused names (``linear_qkv.layer_norm_weight``,
+    ``linear_fc1.layer_norm_weight``) or the local spec's (``input_layernorm``,
+    ``pre_mlp_layernorm``): ``fused_layernorm``."""
 
     shape: ModelShape
     tensor_parallel: int = 1

@@ -1,16 +1,6 @@
-"""Stream a (TP × PP)-sharded Megatron GPT model out as Hugging Face ``(name, tensor)`` pairs.
-
-:func:`hf_named_weights` walks :func:`weight_groups` (embedding, each decoder layer, head) and asks
-a ``fetch(spec)`` callable for each full Megatron tensor, so at most one group's full tensors
-(one decoder layer, or the padded embedding) are alive at a time; that is what
-``RolloutEngine.update_weights`` consumes. Two fetchers:
-
-- :func:`fetch_from_shards`: the shards of every rank in one process (conversion, tests, export);
-- :class:`DistributedFetch`: each rank holds its own stage's shards; the owning stage all-gathers
-  over its tensor-parallel group, then broadcasts the full tensor over the pipeline group, so every
-  rank of the model replica yields the same stream. All ranks must walk the stream together.
-
-:func:`hf_to_megatron` is the other direction: a Hugging Face state dict → every rank's shards.
+"""Stream a (TP × PP)-sharded Megatron GPT model out as Hugging Face ``(name, tensor)`` pairs, at
+most one layer's full tensors alive at a time, and the other direction (:func:`hf_to_megatron`);
+docs/megatron.md, "Streaming".
 """
 
 from __future__ import annotations
@@ -21,9 +11,15 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from .layout import MegatronLayout
-from .tensor_parallel import gather_shards, split_for_rank
-from .weight_mapping import Sharding, WeightSpec, fuse, unfuse, weight_groups
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.tensor_parallel import gather_shards, split_for_rank
+from opefo_nemo.models.megatron_weights.weight_mapping import (
+    Sharding,
+    WeightSpec,
+    fuse,
+    unfuse,
+    weight_groups,
+)
 
 Fetch = Callable[[WeightSpec], Tensor]
 """``fetch(spec) -> full`` Megatron tensor of ``spec``: TP-gathered, of shape ``spec.shape``."""
@@ -33,7 +29,10 @@ RankShards = dict[tuple[int, int], dict[str, Tensor]]
 
 
 def hf_named_weights(layout: MegatronLayout, fetch: Fetch) -> Iterator[tuple[str, Tensor]]:
-    """Every Hugging Face weight once, in layer order, converted from Megatron tensors.
+    """Every Hugging Face weight once, in layer order, converted from Megatron tensors that
+    ``fetch(spec)`` returns group by group (:func:`weight_groups`: embedding, each decoder layer,
+    head), so at most one group's full tensors are alive at a time; what
+    ``RolloutEngine.update_weights`` consumes.
 
     A tied model yields ``model.embed_tokens.weight`` and no ``lm_head.weight``.
     """
@@ -67,7 +66,7 @@ def hf_to_megatron(layout: MegatronLayout, hf_state: Mapping[str, Tensor]) -> Ra
 
 
 def fetch_from_shards(layout: MegatronLayout, shards: RankShards) -> Fetch:
-    """A fetcher over the shards of all ranks held in this process."""
+    """A fetcher over the shards of all ranks held in this process (conversion, tests, export)."""
 
     def fetch(spec: WeightSpec) -> Tensor:
         parts = [shards[(spec.stage, rank)][spec.name] for rank in range(layout.tensor_parallel)]

@@ -1,16 +1,5 @@
-"""Split a full Megatron weight into its tensor-parallel shards, and gather them back.
-
-For ``TP`` ranks, rank ``r`` holds (``n`` = rows or columns of the full tensor):
-
-- ``COLUMN``: rows ``r·n/TP … (r+1)·n/TP − 1``. For the fused QKV this is whole key/value groups
-  (``G/TP`` of them, with their query heads), because Megatron's row order is group-major; when
-  ``TP > G`` each group's rows are split over ``TP/G`` ranks (Megatron's attention all-gathers
-  them back at run time). For the embedding and output layer it is the rank's slice of the
-  padded vocabulary.
-- ``GATED_COLUMN``: ``[gate_r; up_r]``: the rank's row block of the gate half, then of the up half
-  (not a flat row block of ``[gate; up]``), so each rank's SwiGLU pairs its own gate and up rows.
-- ``ROW``: columns ``r·n/TP … (r+1)·n/TP − 1`` (``linear_proj``, ``linear_fc2``).
-- ``REPLICATED``: the whole tensor.
+"""Split a full Megatron weight into its tensor-parallel shards, and gather them back, by its
+:class:`~.weight_mapping.Sharding` (docs/megatron.md, "Weight mapping").
 """
 
 from __future__ import annotations
@@ -20,7 +9,7 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from .weight_mapping import Sharding
+from opefo_nemo.models.megatron_weights.weight_mapping import Sharding
 
 
 def _blocks(tensor: Tensor, dim: int, parts: int, what: str) -> tuple[Tensor, ...]:
@@ -36,6 +25,12 @@ def split_for_rank(
     tensor: Tensor, sharding: Sharding, world: int, rank: int, what: str = "weight"
 ) -> Tensor:
     """The shard of the full ``tensor`` that tensor-parallel ``rank`` of ``world`` holds (a copy).
+    With ``n`` the rows or columns of the full tensor: ``COLUMN`` rows ``r·n/TP … (r+1)·n/TP − 1``
+    (for the fused QKV whole key/value groups, Megatron's row order being group-major; when
+    ``TP > G`` each group's rows over ``TP/G`` ranks; for the embedding and output layer the
+    rank's slice of the padded vocabulary); ``GATED_COLUMN`` ``[gate_r; up_r]``, so each rank's
+    SwiGLU pairs its own gate and up rows; ``ROW`` the same blocks of columns; ``REPLICATED`` the
+    whole tensor.
 
     ``what`` names the weight in error messages.
     """

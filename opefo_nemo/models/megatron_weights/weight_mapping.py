@@ -1,34 +1,7 @@
-"""Megatron-core GPT ↔ Hugging Face (Qwen2, Qwen3, Llama) weight names and layouts.
-
-Every Megatron weight is described by a :class:`WeightSpec`: its name on its pipeline stage, the
-Hugging Face tensors it is made of, how they are fused, and how tensor parallelism splits it.
-With hidden size ``h``, ``H`` query heads and ``G`` key/value heads of size ``d`` and MLP width
-``f`` (shapes are ``[out, in]`` as ``nn.Linear`` stores them):
-
-Megatron name (``L.`` = ``decoder.layers.{i}.`` on the stage) → Hugging Face name
-(``M.`` = ``model.layers.{i + offset}.``):
-
-- ``embedding.word_embeddings.weight`` ``[V', h]`` → ``model.embed_tokens.weight`` ``[V, h]``
-- ``L.self_attention.linear_qkv.weight`` ``[(H + 2G)·d, h]`` (and ``.bias``, Qwen2)
-  → ``M.self_attn.{q,k,v}_proj.weight`` (and ``.bias``)
-- ``L.self_attention.linear_proj.weight`` ``[h, H·d]`` → ``M.self_attn.o_proj.weight``
-- ``L.self_attention.{q,k}_layernorm.weight`` ``[d]`` → ``M.self_attn.{q,k}_norm.weight`` (Qwen3)
-- ``L.mlp.linear_fc1.weight`` ``[2f, h]`` → ``M.mlp.gate_proj.weight`` and ``M.mlp.up_proj.weight``
-- ``L.mlp.linear_fc2.weight`` ``[h, f]`` → ``M.mlp.down_proj.weight``
-- ``L.input_layernorm.weight`` (TE: ``L.self_attention.linear_qkv.layer_norm_weight``)
-  → ``M.input_layernorm.weight``
-- ``L.pre_mlp_layernorm.weight`` (TE: ``L.mlp.linear_fc1.layer_norm_weight``)
-  → ``M.post_attention_layernorm.weight``
-- ``decoder.final_layernorm.weight`` → ``model.norm.weight``
-- ``output_layer.weight`` ``[V', h]`` → ``lm_head.weight`` (the embedding when tied)
-
-Fused QKV: Megatron orders the output rows by key/value group ``g = 0 … G−1``, each group being
-``[q heads g·H/G … (g+1)·H/G − 1 | k head g | v head g]`` (``d`` rows per head), which is how its
-attention views the projection: ``[G, (H/G + 2)·d, h]``. Gate/up: ``[gate; up]`` along rows.
-``V'`` is the padded vocabulary (:attr:`MegatronLayout.padded_vocab_size`); its extra rows are
-zeros on the way in and dropped on the way out. With tied embeddings there is no
-``output_layer.weight`` unless PP > 1, where the last stage holds a copy of the embedding; that
-copy maps to no Hugging Face name of its own.
+"""Megatron-core GPT ↔ Hugging Face (Qwen2, Qwen3, Llama) weight names and layouts: one
+:class:`WeightSpec` per Megatron weight (its name on its pipeline stage, the Hugging Face tensors
+it is made of, how they are fused, how tensor parallelism splits it). The table of names, the fused
+QKV and gate/up layouts, vocabulary padding and tied embeddings: docs/megatron.md, "Weight mapping".
 """
 
 from __future__ import annotations
@@ -40,7 +13,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
-from .layout import MegatronLayout
+from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 
 
 class Fusion(enum.Enum):

@@ -1,11 +1,6 @@
 """Clip-Cov (Cui et al. 2025; spec §5): the clipped surrogate with the gradient removed on a random
-``r_c`` of the batch's tokens whose covariance lies in ``(lb, ub)``.
-
-Candidates are the valid tokens with ``lb < cov_t < ub`` that the ratio clip has not already
-clipped (``A > 0, ρ > 1 + ε_high`` or ``A < 0, ρ < 1 − ε_low``; none in strict mode, ρ ≡ 1);
-``k = max(⌊r_c · N⌋, 1)`` of them are chosen uniformly at random over the whole optimizer-step
-batch (``covariance.token_uniform``: the same seed picks the same tokens whatever the layout).
-``select/frac`` logs the chosen fraction.
+``r_c`` of the batch's tokens whose covariance lies in ``(lb, ub)``; ``select/frac`` logs the
+chosen fraction.
 """
 
 from __future__ import annotations
@@ -16,13 +11,9 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer
-from ...schema import require
-from ..base import BatchStatistics, fraction
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs, TokenChunk
-from .clipped import ClippedConfig, ClippedSurrogate
-from .covariance import (
+from opefo_nemo.core.objectives.base import BatchStatistics, fraction
+from opefo_nemo.core.objectives.methods.clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.methods.covariance import (
     covariance,
     covariance_means,
     covariance_sums,
@@ -31,6 +22,10 @@ from .covariance import (
     selection_count,
     token_uniform,
 )
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.schema import require
 
 
 @dataclass(frozen=True)
@@ -52,8 +47,8 @@ class ClipCovConfig(ClippedConfig):
 
 
 def ratio_clipped(chunk: TokenChunk, config: ClippedConfig) -> Tensor:
-    """Tokens the ratio clip already removes (module docstring); none when ``old_logprob`` is
-    ``None`` (strict: ρ ≡ 1)."""
+    """Tokens the ratio clip already removes (``A > 0, ρ > 1 + ε_high`` or
+    ``A < 0, ρ < 1 − ε_low``); none when ``old_logprob`` is ``None`` (strict: ρ ≡ 1)."""
     if chunk.old_logprob is None:
         return torch.zeros_like(chunk.mask)
     ratio = torch.exp(chunk.logprob.double() - chunk.old_logprob.double())
@@ -94,6 +89,8 @@ class ClipCov(ClippedSurrogate):
             )
             minus_inf = torch.full_like(cov, float("-inf"))
             scores.append(torch.where(candidate, token_uniform(chunk.token_ids, seed), minus_inf))
+        # k = max(⌊r_c · N⌋, 1) of the candidates, uniformly at random over the whole batch
+        # (token_uniform: the same seed picks the same tokens whatever the layout).
         k = selection_count(window.ratio, batch.n_tokens)
         return selection_coefficients(batch, select_top_k(batch, scores, k, reducer))
 

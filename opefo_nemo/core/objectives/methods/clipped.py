@@ -11,10 +11,10 @@ from typing import ClassVar
 import torch
 from torch import Tensor
 
-from ...schema import require
-from ..base import MethodConfig, Objective, positive
-from ..registry import register_objective
-from ..tokens import LossInputs
+from opefo_nemo.core.objectives.base import MethodConfig, Objective, positive
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import LossInputs
+from opefo_nemo.core.schema import require
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,6 @@
-"""What the Clip-Cov and KL-Cov selections share: the covariance and a global top-k (spec §5).
-
-``cov_t = (A_t − Ā)(logprob_t − mean logprob)`` with both means over every valid token of the
-batch (all micro-batches, all ranks). A selection is a top-k under the reducer's total order of
-per-token scores, so it is the same tokens whatever the layout; :func:`token_uniform` gives
-layout-independent randomness, a hash of ``(seed, token id)``.
+"""What the Clip-Cov and KL-Cov selections share (spec §5): the covariance, and a top-k under the
+reducer's total order with layout-independent randomness, so a selection is the same tokens
+whatever the layout.
 """
 
 from __future__ import annotations
@@ -13,16 +10,18 @@ from collections.abc import Sequence
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer, local_top_k, select
-from ..base import BatchStatistics
-from ..tokens import Coefficients, TokenChunk
+from opefo_nemo.core.objectives.base import BatchStatistics
+from opefo_nemo.core.objectives.tokens import Coefficients, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer, local_top_k, select
 
 _PRIME = 2_147_483_647  # 2**31 − 1: products of two residues stay inside int64
 _MULTIPLIERS = (48_271, 69_621, 16_807, 39_373)
 
 
 def covariance(chunk: TokenChunk, adv_mean: float, logprob_mean: float) -> Tensor:
-    """``cov_t`` of spec §5 for every token of ``chunk`` (float64, shape ``[*]``)."""
+    """``cov_t = (A_t − Ā)(logprob_t − mean logprob)`` of spec §5 for every token of ``chunk``
+    (float64, shape ``[*]``), both means over every valid token of the batch (all
+    micro-batches, all ranks: :func:`covariance_means`)."""
     return (chunk.advantages.double() - adv_mean) * (chunk.logprob.double() - logprob_mean)
 
 

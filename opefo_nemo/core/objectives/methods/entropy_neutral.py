@@ -8,11 +8,11 @@ import math
 from dataclasses import dataclass, field
 from typing import ClassVar
 
-from ...schema import require
-from ..base import BatchStatistics, MethodConfig
-from ..entropy_target import TargetedObjective, TargetFlowConfig
-from ..registry import register_objective
-from .policy_gradient import StrictConfig, StrictPolicyGradient
+from opefo_nemo.core.objectives.base import BatchStatistics, MethodConfig
+from opefo_nemo.core.objectives.entropy_target import TargetedObjective, TargetFlowConfig
+from opefo_nemo.core.objectives.methods.policy_gradient import StrictConfig, StrictPolicyGradient
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.schema import require
 
 
 @dataclass(frozen=True)

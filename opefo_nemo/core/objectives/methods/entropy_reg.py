@@ -1,19 +1,6 @@
-"""Entropy-Reg (spec §5): the clipped surrogate minus ``β H_t``, the entropy differentiated.
-
-With ``entropy_coef_target`` null, β is the fixed ``entropy_coef`` (the paper: 0.01). With a target
-(nats, or ``initial``: the first optimizer step's token-mean entropy, kept in the checkpoint), a
-controller ``c`` (starting at ``entropy_coef``, step ``s = entropy_coef_step``, bounds
-``[β_min, β_max]``) closes the loop on each optimizer step's token-mean entropy ``H``, by
-``entropy_coef_rule`` (docs/core.md compares them):
-
-* ``skywork`` (Skywork-OR1's adaptive entropy control, as TRL's ``use_adaptive_entropy``): the
-  step's loss uses ``β = c`` if the previous step's ``H`` was ``<= H_target``, else 0 (and 0 on
-  the first step); after it, ``c ← clip(c + s)`` if this step's ``H <= H_target``, else
-  ``clip(c − s)``, and this ``H`` gates the next step;
-* ``current``: before the step's loss, ``c ← clip(c + s · sign(H_target − H))`` and ``β = c``.
-
-Logged: ``entropy_reg/coef`` (the β of the step's loss) and, with a target,
-``entropy_reg/controller`` (``c`` after the step's update).
+"""Entropy-Reg (spec §5): the clipped surrogate minus ``β H_t``, the entropy differentiated; β
+fixed (``entropy_coef``, the paper: 0.01) or, with ``entropy_coef_target``, set by a closed loop
+on each optimizer step's token-mean entropy (docs/core.md, "Entropy-Reg's closed loop").
 """
 
 from __future__ import annotations
@@ -24,13 +11,13 @@ from typing import Any
 
 from torch import Tensor
 
-from ...reduction import BatchReducer
-from ...schema import one_of, require
-from ..base import BatchStatistics, non_negative
-from ..entropy_target import INITIAL, require_target
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs
-from .clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.base import BatchStatistics, non_negative
+from opefo_nemo.core.objectives.entropy_target import INITIAL, require_target
+from opefo_nemo.core.objectives.methods.clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.schema import one_of, require
 
 RULES = ("skywork", "current")
 
@@ -42,7 +29,7 @@ class EntropyRegConfig(ClippedConfig):
     entropy_coef_step: float = 1e-3
     entropy_coef_min: float = 0.0
     entropy_coef_max: float = 0.1
-    entropy_coef_rule: str = "skywork"  # with a target: skywork | current (module docstring)
+    entropy_coef_rule: str = "skywork"  # with a target: skywork | current (_close_loop)
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -95,7 +82,17 @@ class EntropyReg(ClippedSurrogate):
         return super().coefficients(batch, reducer, seed)
 
     def _close_loop(self, entropy: float) -> None:
-        """Step the controller on this step's ``H`` and set the β of its loss (module docstring)."""
+        """Step the controller ``c`` on this step's ``H`` and set the β of its loss. The target is
+        in nats, or ``initial``: the first optimizer step's token-mean entropy; ``c`` starts at
+        ``entropy_coef``, moves by ``s = entropy_coef_step`` and stays in
+        ``[entropy_coef_min, entropy_coef_max]``.
+
+        * ``skywork`` (Skywork-OR1's adaptive entropy control, as TRL's
+          ``use_adaptive_entropy``): the loss uses ``β = c`` if the previous step's ``H`` was
+          ``<= H_target``, else 0 (and 0 on the first step); after it, ``c ← clip(c + s)`` if this
+          step's ``H <= H_target``, else ``clip(c − s)``, and this ``H`` gates the next step;
+        * ``current``: before the loss, ``c ← clip(c + s · sign(H_target − H))`` and ``β = c``.
+        """
         s = self.settings
         if self.target is None:
             self.target = entropy
@@ -113,6 +110,8 @@ class EntropyReg(ClippedSurrogate):
             self.applied = self.coef
 
     def metrics(self, batch: BatchStatistics) -> dict[str, float]:
+        """``entropy_reg/coef`` (the β of the step's loss) and, with a target,
+        ``entropy_reg/controller`` (``c`` after the step's update)."""
         if self.settings.entropy_coef_target is None:
             return {"entropy_reg/coef": self.applied}
         return {"entropy_reg/coef": self.applied, "entropy_reg/controller": self.coef}

@@ -1,9 +1,5 @@
 """KL-Cov (Cui et al. 2025; spec §5): ``ℓ_t = −A ρ`` plus ``κ |logprob − logprob_old|`` on the
 ``k = max(⌊r_k · N⌋, 1)`` tokens of largest covariance over the whole optimizer-step batch.
-
-No ratio clip, so no ``clip/*`` metrics; ``select/frac`` logs the penalised fraction. With one
-update per rollout (ρ ≡ 1) the penalty is identically zero and only the selection runs (a
-warning says so at start-up).
 """
 
 from __future__ import annotations
@@ -15,11 +11,14 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer
-from ..base import BatchStatistics, MethodConfig, Objective, fraction, non_negative
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs, TokenChunk
-from .covariance import (
+from opefo_nemo.core.objectives.base import (
+    BatchStatistics,
+    MethodConfig,
+    Objective,
+    fraction,
+    non_negative,
+)
+from opefo_nemo.core.objectives.methods.covariance import (
     covariance,
     covariance_means,
     covariance_sums,
@@ -27,6 +26,9 @@ from .covariance import (
     selection_coefficients,
     selection_count,
 )
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ class KLCovConfig(MethodConfig):
 
 @register_objective("kl_cov")
 class KLCov(Objective):
+    """No ratio clip, so no ``clip/*`` metrics; ``select/frac`` logs the penalised fraction. With
+    one update per rollout (ρ ≡ 1) the penalty is identically zero and only the selection runs
+    (a warning says so at start-up)."""
+
     config_type = KLCovConfig
     strict = False
     loss_sum_names = ("selected",)

@@ -10,14 +10,14 @@ from typing import ClassVar
 
 from torch import Tensor
 
-from ...entropy_flow import balance, side_weights, target_shift
-from ...fidelity import truncated_is_weight
-from ...reduction import BatchReducer
-from ...schema import require
-from ..base import BatchStatistics, MethodConfig, Objective
-from ..entropy_target import TargetedObjective, TargetFlowConfig
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.entropy_flow import balance, side_weights, target_shift
+from opefo_nemo.core.fidelity import truncated_is_weight
+from opefo_nemo.core.objectives.base import BatchStatistics, MethodConfig, Objective
+from opefo_nemo.core.objectives.entropy_target import TargetedObjective, TargetFlowConfig
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer
+from opefo_nemo.core.schema import require
 
 
 @dataclass(frozen=True)

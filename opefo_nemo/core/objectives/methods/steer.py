@@ -1,21 +1,6 @@
 """STEER (spec §5): the clipped surrogate with dual clip, each token's loss weighted by the size of
 its first-order entropy change (method of "Rethinking Entropy Interventions in RLVR: An Entropy
-Change Perspective").
-
-``Ω_t = A_t / π_old(y_t) · π(y_t)(1 − π(y_t))(log π(y_t) + H_t)``, with ``π`` the current policy's
-probability of the sampled token (clamped to ``[1e-8, 1 − 1e-8]``), ``π_old`` the rollout
-policy's (clamped to ``[1e-8, 1]``; the current one when strict) and ``H_t`` the rollout policy's
-entropy at the token (``TokenChunk.old_entropy``, else the current one); a non-finite ``Ω_t``
-counts as 0. With ``m``, ``M`` the least and largest ``|Ω_t|`` over the valid tokens of the scope
-(``steer.scope``: one micro-batch, i.e. one chunk of ``prepare``, or the whole optimizer-step
-batch through the reducer), the weight is
-
-* ``linear``: ``w_t = w_max − (|Ω_t| − m)(w_max − w_min)/(M − m)`` (the midpoint when ``M = m``);
-* ``exponential``: ``w_t = clip(exp(−k |Ω_t|), w_min, 1)``, ``k = −ln(w_min) / max(M, 0.02)``;
-
-so the tokens that move the entropy most get the smallest weight. ``ℓ_t = w_t · clipped_t``.
-Metrics: ``steer/weight_mean`` (over the batch's valid tokens), ``steer/omega_min`` and
-``steer/omega_max`` (``m`` and ``M`` over the whole batch, whatever the scope).
+Change Perspective"). Its conventions and scopes: docs/core.md, "STEER".
 """
 
 from __future__ import annotations
@@ -27,16 +12,20 @@ from dataclasses import dataclass, field
 import torch
 from torch import Tensor
 
-from ...reduction import BatchReducer, local_top_k
-from ...schema import one_of, require
-from ..base import BatchStatistics
-from ..registry import register_objective
-from ..tokens import Coefficients, LossInputs, TokenChunk
-from .clipped import ClippedConfig, ClippedSurrogate, surrogate_terms
+from opefo_nemo.core.objectives.base import BatchStatistics
+from opefo_nemo.core.objectives.methods.clipped import (
+    ClippedConfig,
+    ClippedSurrogate,
+    surrogate_terms,
+)
+from opefo_nemo.core.objectives.registry import register_objective
+from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs, TokenChunk
+from opefo_nemo.core.reduction import BatchReducer, local_top_k
+from opefo_nemo.core.schema import one_of, require
 
 SCOPES = ("micro_batch", "batch")
 MAPPINGS = ("linear", "exponential")
-_PROB_FLOOR = 1e-8  # the clamps of π and π_old (module docstring)
+_PROB_FLOOR = 1e-8  # the clamps of π and π_old (entropy_change_magnitude)
 _EXPONENTIAL_SCALE_FLOOR = 0.02  # k's denominator never falls below it
 
 
@@ -45,7 +34,7 @@ class SteerSettings:
     """``method.steer`` (conf/method/steer.yaml documents each key)."""
 
     scope: str = "batch"  # whose |Ω| range sets the mapping: batch | micro_batch (one chunk)
-    mapping: str = "linear"  # linear | exponential (module docstring)
+    mapping: str = "linear"  # linear | exponential (map_weights)
     weight_min: float = 0.8  # the least weight, in (0, weight_max]
     weight_max: float = 1.2  # the largest weight (exponential: 1)
 
@@ -77,7 +66,12 @@ class SteerConfig(ClippedConfig):
 
 
 def entropy_change_magnitude(chunk: TokenChunk) -> Tensor:
-    """``|Ω_t|`` of every token of ``chunk`` (module docstring; float64, shape ``[*]``)."""
+    """``|Ω_t|`` of every token of ``chunk`` (float64, shape ``[*]``):
+    ``Ω_t = A_t / π_old(y_t) · π(y_t)(1 − π(y_t))(log π(y_t) + H_t)``, with ``π`` the current
+    policy's probability of the sampled token (clamped to ``[1e-8, 1 − 1e-8]``), ``π_old`` the
+    rollout policy's (clamped to ``[1e-8, 1]``; the current one when strict) and ``H_t`` the
+    rollout policy's entropy at the token (``TokenChunk.old_entropy``, else the current one); a
+    non-finite ``Ω_t`` counts as 0."""
     p = chunk.logprob.double().exp().clamp(_PROB_FLOOR, 1 - _PROB_FLOOR)
     old_logprob = chunk.logprob if chunk.old_logprob is None else chunk.old_logprob
     p_old = old_logprob.double().exp().clamp(_PROB_FLOOR, 1.0)
@@ -87,7 +81,13 @@ def entropy_change_magnitude(chunk: TokenChunk) -> Tensor:
 
 
 def map_weights(magnitude: Tensor, low: float, high: float, settings: SteerSettings) -> Tensor:
-    """The weight of each ``|Ω_t|`` given the scope's least and largest ``low``, ``high``."""
+    """The weight of each ``|Ω_t|`` given the scope's least and largest ``low`` = ``m``,
+    ``high`` = ``M``, so the tokens that move the entropy most get the smallest weight:
+
+    * ``linear``: ``w_t = w_max − (|Ω_t| − m)(w_max − w_min)/(M − m)`` (the midpoint when
+      ``M = m``);
+    * ``exponential``: ``w_t = clip(exp(−k |Ω_t|), w_min, 1)``, ``k = −ln(w_min) / max(M, 0.02)``.
+    """
     w_min, w_max = settings.weight_min, settings.weight_max
     if settings.mapping == "exponential":
         k = -math.log(w_min) / max(high, _EXPONENTIAL_SCALE_FLOOR)
@@ -125,7 +125,11 @@ def _global_range(
 
 @register_objective("steer")
 class Steer(ClippedSurrogate):
-    """``ℓ_t = w_t · clipped surrogate`` with STEER's weights (module docstring)."""
+    """``ℓ_t = w_t · clipped surrogate`` with STEER's weights (:func:`map_weights` over the |Ω|
+    range of ``steer.scope``: one micro-batch, i.e. one chunk of ``prepare``, or the whole
+    optimizer-step batch through the reducer). Metrics: ``steer/weight_mean`` (over the batch's
+    valid tokens), ``steer/omega_min`` and ``steer/omega_max`` (``m`` and ``M`` over the whole
+    batch, whatever the scope)."""
 
     config_type = SteerConfig
 
