@@ -84,7 +84,8 @@ def test_hf_passes_make_no_host_sync_per_micro_batch(model_dir):
     engine = EngineConfig(device="cpu", micro_batch_size=MICRO_BATCH_SIZE)
     policy = HFPolicy(model_dir, engine, lr=load_method(METHOD).lr, temperature=1.0)
     result = count_passes(policy, COUNTS)
-    assert not _per_micro_batch(result, "hf"), "\n".join(_per_micro_batch(result, "hf"))
+    failures = _per_micro_batch(result, "hf")
+    assert not failures, "\n".join(failures)
 
 
 def test_megatron_passes_make_no_host_sync_per_micro_batch(model_dir, tmp_path):
