@@ -3,8 +3,10 @@
 Each engine runs the token-stats pass and the loss pass (``prepare``, forward + backward per
 micro-batch, the optimizer step) of one step on batches of 1 and of 4 micro-batches, while
 :class:`tests.host_syncs.HostSyncCounter` counts every call that would make the host wait for a
-GPU, by source line. A line counted more often with 4 micro-batches than with 1 is a
-synchronisation per micro-batch: the test fails and prints both lists. What stays is read once
+GPU, by source line. A line counted at least once more per added micro-batch is a
+synchronisation per micro-batch: the test fails and prints both lists. (A smaller difference is a
+per-step branch that depends on the data, such as megatron-core 0.11 scaling the gradients only
+when their norm exceeds the clipping threshold.) What stays is read once
 per step (the deferred checks, the statistics copied to the host once, the gradient norm, the
 metric sums, megatron-core's optimizer step). A CUDA count of the same passes:
 ``benchmarks/engine_passes.py --device cuda``.
@@ -65,7 +67,7 @@ def _per_micro_batch(result: dict, engine: str) -> list[str]:
         grown = {
             key: many[key] - one[key]
             for key in many
-            if many[key] > one[key] and not _allowed(key[1])
+            if many[key] - one[key] >= COUNTS[-1] - COUNTS[0] and not _allowed(key[1])
         }
         failures += [
             f"{engine} {name} pass: {kind} at {site}: +{extra} for "
