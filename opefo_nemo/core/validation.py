@@ -8,22 +8,33 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
+from opefo_nemo.core.deferred_checks import active_checks
+
 
 def check_finite(name: str, tensor: Tensor | None) -> None:
     """Raise ``ValueError`` if ``tensor`` holds NaN or ±inf: say which tensor, how many, and where.
 
-    Integer and boolean tensors are finite by construction and pass unchecked.
+    Integer and boolean tensors are finite by construction and pass unchecked. Inside
+    :func:`~.deferred_checks.deferred_checks` the check is recorded on the device instead, and
+    the same error comes from :meth:`~.deferred_checks.DeferredChecks.first_error`.
     """
     if tensor is None or not torch.is_floating_point(tensor):
         return
-    bad = ~torch.isfinite(tensor)
-    count = int(bad.sum())
-    if count:
-        first = tuple(int(i) for i in bad.nonzero()[0])
-        index = first[0] if len(first) == 1 else first
-        raise ValueError(
-            f"{name} has {count} non-finite value(s) (NaN or inf); first at index {index}"
-        )
+    bad = ~torch.isfinite(tensor.detach())
+    checks = active_checks()
+    if checks is not None:
+        checks.record(bad.sum(), lambda: _nonfinite_error(name, bad))
+        return
+    if int(bad.sum()):
+        raise _nonfinite_error(name, bad)
+
+
+def _nonfinite_error(name: str, bad: Tensor) -> ValueError:
+    first = tuple(int(i) for i in bad.nonzero()[0])
+    index = first[0] if len(first) == 1 else first
+    return ValueError(
+        f"{name} has {int(bad.sum())} non-finite value(s) (NaN or inf); first at index {index}"
+    )
 
 
 def check_same_shape(reference_name: str, reference: Tensor, **others: Tensor | None) -> None:

@@ -130,3 +130,13 @@ def build_batch(
             start = len(prompt) - 1
             rollout[row, start : start + len(logprobs)] = torch.tensor(logprobs)
     return TrainBatch(input_ids, attention, response_mask, adv, token_ids, rollout)
+
+
+def to_device(tensor: Tensor, device: torch.device | str) -> Tensor:
+    """``tensor`` (host memory) on ``device`` without making the host wait: on a GPU copied from
+    pinned memory with ``non_blocking=True`` (a copy from pageable memory is synchronous), later
+    kernels on the stream see it complete; elsewhere the plain copy (or ``tensor`` itself)."""
+    target = torch.device(device)
+    if target.type == "cuda" and tensor.device.type == "cpu":
+        tensor = tensor.pin_memory()
+    return tensor.to(target, non_blocking=True)

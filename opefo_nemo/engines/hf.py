@@ -12,12 +12,13 @@ import torch
 from torch import Tensor
 
 from opefo_nemo.config.engines import EngineConfig
-from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.core.deferred_checks import deferred_checks
+from opefo_nemo.engines.batch import TrainBatch, to_device
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
 from opefo_nemo.engines.protocols import LossFn, UpdateResult
 from opefo_nemo.engines.schedule import warmup_factor
 from opefo_nemo.models.transformers_compat import load_causal_lm
-from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, token_stats
+from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums, token_stats
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATE_FILE = "engine_state.pt"
@@ -62,8 +63,8 @@ class HFPolicy:
     def _stats(self, batch: TrainBatch, sums: Sequence[str] = ()) -> TokenStats:
         """``parallel.token_stats`` (TP = 1) at the rollout's sampling temperature (spec §1) with
         ``engine.stats_kernel``: both phases differentiate the policy that generated the rollout."""
-        ids = batch.input_ids.to(self.device)
-        attention = batch.attention_mask.to(self.device)
+        ids = to_device(batch.input_ids, self.device)
+        attention = to_device(batch.attention_mask, self.device)
         logits = self.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1]
         return token_stats(
             logits,
@@ -78,41 +79,52 @@ class HFPolicy:
     def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics (with the vocabulary ``sums`` asked for) on
         the CPU, no graph; forwards of ``engine.micro_batch_size`` rows at a time (each trimmed
-        to its longest row; the columns past it are 0)."""
-        out: dict[str, Tensor] = {}
+        to its longest row; the columns past it are 0). The statistics stay on the device until
+        the last micro-batch, the checks of every micro-batch are read once at the end
+        (:mod:`~opefo_nemo.core.deferred_checks`), then one copy to the host."""
+        names = ("logprob", "entropy", *requested_sums(sums))
+        shape = (len(names), *batch.targets.shape)
+        out = torch.zeros(shape, dtype=torch.float32, device=self.device)
         start = 0
-        for micro in batch.split(self.config.micro_batch_size):
-            rows, width = slice(start, start + micro.rows), micro.targets.shape[1]
-            for name, field in self._stats(micro, sums).present().items():
-                if name not in out:
-                    out[name] = torch.zeros(batch.targets.shape, dtype=field.dtype)
-                out[name][rows, :width] = field.cpu()
-            start += micro.rows
-        return TokenStats(**out)
+        with deferred_checks() as checks:
+            for index, micro in enumerate(batch.split(self.config.micro_batch_size)):
+                checks.label = f"micro-batch {index} of the token-stats pass"
+                rows, width = slice(start, start + micro.rows), micro.targets.shape[1]
+                fields = self._stats(micro, sums).present()
+                for field, name in enumerate(names):
+                    out[field, rows, :width] = fields[name]
+                start += micro.rows
+        error = checks.first_error()
+        if error is not None:
+            raise error
+        return TokenStats(**dict(zip(names, out.cpu(), strict=True)))
 
     def _backward(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
     ) -> tuple[bool, dict[str, Tensor]]:
         """A forward with gradient and ``loss_fn(i, stats).loss.backward()`` for every
-        micro-batch; returns whether a loss or the logits were not finite (the pass stops at
-        non-finite logits) and the summed ``LossOutput.sums`` (keys ``sum_names``)."""
+        micro-batch; returns whether a loss or the logits were not finite and the summed
+        ``LossOutput.sums`` (keys ``sum_names``). The checks of ``token_stats`` and of the loss
+        run on the device and are read once, after the last backward: the first failing one
+        decides, as if it had raised in its micro-batch (non-finite logits skip the step, any
+        other error is raised)."""
         sums = {
             name: torch.zeros((), dtype=torch.float64, device=self.device) for name in sum_names
         }
         nonfinite = torch.zeros((), device=self.device)
-        for index, micro in enumerate(micro_batches):
-            try:
-                stats = self._stats(micro)
-            except NonFiniteLogitsError:
-                nonfinite += 1
-                break
-            out = loss_fn(index, stats)
-            nonfinite += (~torch.isfinite(out.loss.detach())).float()
-            if set(out.sums) != set(sums):
-                raise ValueError(f"loss sums {sorted(out.sums)} are not {sorted(sums)}")
-            sums = {k: total + out.sums[k].detach() for k, total in sums.items()}
-            out.loss.backward()
-        return bool(nonfinite > 0), sums
+        with deferred_checks() as checks:
+            for index, micro in enumerate(micro_batches):
+                checks.label = f"micro-batch {index} of the loss pass"
+                out = loss_fn(index, self._stats(micro))
+                nonfinite += (~torch.isfinite(out.loss.detach())).float()
+                if set(out.sums) != set(sums):
+                    raise ValueError(f"loss sums {sorted(out.sums)} are not {sorted(sums)}")
+                sums = {k: total + out.sums[k].detach() for k, total in sums.items()}
+                out.loss.backward()
+        error = checks.first_error()
+        if error is not None and not isinstance(error, NonFiniteLogitsError):
+            raise error
+        return error is not None or bool(nonfinite > 0), sums
 
     def _params(self) -> list[Tensor]:
         return [p for group in self.optimizer.param_groups for p in group["params"]]
@@ -153,7 +165,9 @@ class HFPolicy:
             grad_norm=grad_norm,
             lr=self.lr,
             skipped=False,
-            sums={k: float(v) for k, v in sums.items()},
+            sums=dict(zip(sums, torch.stack(list(sums.values())).tolist(), strict=True))
+            if sums
+            else {},
         )
 
     def advance_schedule(self) -> None:

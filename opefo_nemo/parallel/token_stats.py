@@ -12,6 +12,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
+from opefo_nemo.core.deferred_checks import active_checks
 from opefo_nemo.kernels import resolve_stats_kernel
 from opefo_nemo.kernels.partials import powers_of, requested_sums
 from opefo_nemo.parallel import vocab_stats
@@ -146,30 +147,47 @@ class _VocabParallelTokenStats(torch.autograd.Function):
 
 
 def check_targets(targets: Tensor, vocab_size: int) -> None:
+    """Raise ``ValueError`` for a target outside ``[0, vocab_size)``; inside
+    :func:`~opefo_nemo.core.deferred_checks.deferred_checks` the check is recorded on the device
+    instead (the kernels clamp such targets, so the pass can run on)."""
     if targets.dtype not in (torch.int64, torch.int32):
         raise TypeError(f"targets must be int64 vocabulary ids, got {targets.dtype}")
     bad = (targets < 0) | (targets >= vocab_size)
-    if bool(bad.any()):
-        where = int(torch.nonzero(bad.reshape(-1))[0].item())
-        raise ValueError(
-            f"target id {int(targets.reshape(-1)[where])} at flat position {where} is outside the "
-            f"vocabulary [0, {vocab_size}) ({int(bad.sum())} such targets)"
-        )
+    checks = active_checks()
+    if checks is not None:
+        checks.record(bad.sum(), lambda: _target_error(targets, bad, vocab_size))
+    elif bool(bad.any()):
+        raise _target_error(targets, bad, vocab_size)
+
+
+def _target_error(targets: Tensor, bad: Tensor, vocab_size: int) -> ValueError:
+    where = int(torch.nonzero(bad.reshape(-1))[0].item())
+    return ValueError(
+        f"target id {int(targets.reshape(-1)[where])} at flat position {where} is outside the "
+        f"vocabulary [0, {vocab_size}) ({int(bad.sum())} such targets)"
+    )
 
 
 def check_finite(stats: TokenStats, local_bad: Tensor, shard: VocabShard) -> None:
-    """Raise if any token's statistics are NaN: from the per-token outputs, not the logits."""
-    bad = torch.isnan(stats.logprob) | ~torch.isfinite(stats.entropy)
-    if not bool(bad.any()):
-        return
-    here = int(local_bad.sum())
+    """Raise if any token's statistics are NaN: from the per-token outputs, not the logits.
+    Inside :func:`~opefo_nemo.core.deferred_checks.deferred_checks` the check is recorded on the
+    device instead."""
+    bad = torch.isnan(stats.logprob.detach()) | ~torch.isfinite(stats.entropy.detach())
     global_rank = dist.get_rank() if dist.is_initialized() else 0
-    raise NonFiniteLogitsError(
-        f"token_stats on TP rank {shard.rank} (global rank {global_rank}): {int(bad.sum())} "
-        f"tokens have non-finite statistics from NaN or +inf logits (or no finite logit); "
-        f"{here} of them have NaN/+inf "
-        f"logits in this rank's vocabulary columns [{shard.start}, {shard.start + shard.width})"
-    )
+
+    def error() -> NonFiniteLogitsError:
+        return NonFiniteLogitsError(
+            f"token_stats on TP rank {shard.rank} (global rank {global_rank}): {int(bad.sum())} "
+            f"tokens have non-finite statistics from NaN or +inf logits (or no finite logit); "
+            f"{int(local_bad.sum())} of them have NaN/+inf logits in this rank's vocabulary "
+            f"columns [{shard.start}, {shard.start + shard.width})"
+        )
+
+    checks = active_checks()
+    if checks is not None:
+        checks.record(bad.sum(), error)
+    elif bool(bad.any()):
+        raise error()
 
 
 def token_stats(

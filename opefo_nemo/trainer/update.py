@@ -28,7 +28,7 @@ from opefo_nemo.core.objectives import (
 )
 from opefo_nemo.core.reweighting import DEFAULT_CONFIDENT_PROB
 from opefo_nemo.core.update_correction import CorrectionResult, correction_size
-from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.batch import TrainBatch, to_device
 from opefo_nemo.engines.protocols import EntropyGradient, LossFn, Policy, UpdateResult
 from opefo_nemo.parallel import TokenStats
 
@@ -105,10 +105,10 @@ def _on_device(
     device: torch.device, micro: TrainBatch, coefficients: Coefficients, old: Tensor | None
 ) -> tuple[Tensor, Tensor, Coefficients, Tensor | None]:
     """What the loss of one micro-batch reads besides the statistics, on the policy's device
-    (one copy per step, before the engine's schedule runs)."""
+    (one copy per step, before the engine's schedule runs; pinned and non-blocking on a GPU)."""
 
     def move(tensor: Tensor) -> Tensor:
-        return tensor.to(device, non_blocking=True)
+        return to_device(tensor, device)
 
     fields = dataclasses.fields(coefficients)
     moved = Coefficients(*(move(getattr(coefficients, f.name)) for f in fields))

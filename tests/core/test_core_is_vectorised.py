@@ -15,7 +15,8 @@ ALLOWED = {
     # (file, function): what its loops iterate over
     ("entropy_flow.py", "delta_entropy"): "three named input tensors",
     ("validation.py", "check_same_shape"): "named tensors",
-    ("validation.py", "check_finite"): "the dimensions of one index",
+    ("validation.py", "_nonfinite_error"): "the dimensions of one index",
+    ("deferred_checks.py", "first_error"): "the checks of one pass (a few per micro-batch)",
     ("reduction.py", "sum"): "named sums",
     ("metrics.py", "add_sums"): "named sums",
     ("objectives/tokens.py", "__post_init__"): "field names",

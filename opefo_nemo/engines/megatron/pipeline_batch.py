@@ -14,7 +14,7 @@ import torch
 import torch.distributed as dist
 from torch import Tensor
 
-from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.batch import TrainBatch, to_device
 from opefo_nemo.engines.megatron import fused_output
 from opefo_nemo.engines.megatron.loss_closure import LossFunction
 from opefo_nemo.parallel.pipeline import broadcast_from_last_stage, is_last_stage
@@ -158,7 +158,8 @@ def forward_step_func(
 ) -> ForwardStep:
     """megatron's ``forward_step_func`` over this module's item iterators, for every stage.
 
-    Takes the next item (every stage, every micro-batch), moves it to the model's device and runs
+    Takes the next item (every stage, every micro-batch), moves it to the model's device
+    (:func:`~opefo_nemo.engines.batch.to_device`: pinned, non-blocking on a GPU) and runs
     ``model(input_ids, position_ids, None)`` (``None`` inputs on later stages: ``GPTModel`` then
     reads the previous stage's activations); causal attention, no mask. On the ``last`` stage the
     function is ``make_fn(item)`` (e.g. ``stats_function`` of ``item["targets"]``, or
@@ -169,7 +170,7 @@ def forward_step_func(
 
     def forward_step(data_iterator, model: torch.nn.Module):
         device = next(model.parameters()).device
-        item = {key: value.to(device) for key, value in next(data_iterator).items()}
+        item = {key: to_device(value, device) for key, value in next(data_iterator).items()}
         fused = last and stop_before_output_layer
         with fused_output.stop_before_output_layer(model) if fused else nullcontext():
             output = model(item.get("input_ids"), item.get("position_ids"), None)

@@ -19,6 +19,7 @@ from megatron.core.optimizer import MegatronOptimizer
 from torch import Tensor
 
 from opefo_nemo.config.engines import MegatronEngineConfig
+from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
 from opefo_nemo.engines.megatron import compat
@@ -185,21 +186,26 @@ class MegatronPolicy:
         (vocab-parallel over TP, padded vocabulary excluded, the rollout temperature) on the last
         pipeline stage, which broadcasts them to the others (``engine.stats_kernel=fused_linear``:
         from the final hidden states, :mod:`.fused_output`); the rows are then all-gathered over
-        DP in row order, so the trainer's ``prepare`` is identical on every rank."""
+        DP in row order, so the trainer's ``prepare`` is identical on every rank. The checks of
+        every micro-batch are read once after the schedule (:mod:`~opefo_nemo.core.deferred_checks`)
+        and the statistics stay on the device until one copy to the host after the gather."""
         size, rank = self._dp
         rows = balanced_rows(batch.rows, size, rank)
         names = ("logprob", "entropy", *requested_sums(sums))
-        local = torch.zeros((len(names), len(rows), batch.input_ids.shape[1] - 1))
-        error: NonFiniteLogitsError | None = None
+        shape = (len(names), len(rows), batch.input_ids.shape[1] - 1)
+        local = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        error: Exception | None = None
         if len(rows):
             micros = PipelineMicroBatches.split(
                 batch.select(rows), self.config.micro_batch_size, self._seq_multiple
             )
+            order = iter(range(micros.num_microbatches))
 
             def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
+                checks.label = f"micro-batch {next(order)} of the token-stats pass"
                 return stats_function(item["targets"], self.outputs, names[2:])
 
-            try:
+            with deferred_checks() as checks:  # recorded on the last stage, every TP rank
                 outputs = run_schedule(
                     self.model,
                     micros,
@@ -207,10 +213,13 @@ class MegatronPolicy:
                     forward_only=True,
                     stop_before_output_layer=self.outputs.stops_before_output_layer,
                 )
-            except NonFiniteLogitsError as raised:  # the last stage: every TP rank raises
-                error = raised
-                shape = (micros.micro_batch_size, micros.seq_length)
-                nan = torch.full(shape, math.nan)
+            error = checks.first_error()
+            if error is not None and not isinstance(error, NonFiniteLogitsError):
+                raise error
+            if error is not None:  # the other ranks learn it from the NaN rows gathered below
+                nan = torch.full(
+                    (micros.micro_batch_size, micros.seq_length), math.nan, device=self.device
+                )
                 outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
             stats = micros.gather_stats(outputs, self.pp_group, self.device, names[2:])
             per_micro = {name: micros.unpad(stats[name]) for name in names}
@@ -218,9 +227,9 @@ class MegatronPolicy:
             for i, micro in enumerate(micros.micros):
                 for field, name in enumerate(names):
                     block = per_micro[name][i]
-                    local[field, start : start + micro.rows, : block.shape[1]] = block.cpu()
+                    local[field, start : start + micro.rows, : block.shape[1]] = block
                 start += micro.rows
-        full = gather_rows(local, batch.rows, self.dp_group)
+        full = gather_rows(local, batch.rows, self.dp_group).cpu()
         if error is not None:
             raise error
         if bool(torch.isnan(full).any()):
@@ -274,7 +283,9 @@ class MegatronPolicy:
         The last stage's loss is ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D,
         D).factor``, which undoes megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the
         trainer's closure holds the coefficients, already on the device: only tokens and
-        targets travel with the micro-batches)."""
+        targets travel with the micro-batches). The checks of ``token_stats`` and of the loss
+        are read once, after the schedule: the first failing one decides, as if it had raised in
+        its micro-batch (non-finite logits fail the step, any other error is raised)."""
         size, rank = self._dp
         mine = per_rank(len(micro_batches), size)(rank)
         scaling = MegatronScaling(len(mine), size)
@@ -289,11 +300,8 @@ class MegatronPolicy:
 
             def compute(output: Tensor) -> tuple[Tensor, dict[str, Tensor]]:
                 nonlocal failed, sums
-                try:
-                    stats = self.outputs.stats(output, item["targets"])
-                except NonFiniteLogitsError:
-                    failed = failed + 1
-                    return output.sum() * 0.0, {}
+                checks.label = f"micro-batch {index} of the loss pass"
+                stats = self.outputs.stats(output, item["targets"])
                 out = loss_fn(
                     index, TokenStats(stats.logprob[:rows, :width], stats.entropy[:rows, :width])
                 )
@@ -309,14 +317,18 @@ class MegatronPolicy:
         micros = PipelineMicroBatches(
             tuple(shard), max(m.rows for m in shard), -(-width // multiple) * multiple
         )
-        run_schedule(
-            self.model,
-            micros,
-            make_fn,
-            forward_only=False,
-            stop_before_output_layer=self.outputs.stops_before_output_layer,
-        )
-        return failed, sums
+        with deferred_checks() as checks:
+            run_schedule(
+                self.model,
+                micros,
+                make_fn,
+                forward_only=False,
+                stop_before_output_layer=self.outputs.stops_before_output_layer,
+            )
+        error = checks.first_error()  # recorded on the last stage; one read per step
+        if error is not None and not isinstance(error, NonFiniteLogitsError):
+            raise error
+        return failed + float(error is not None), sums
 
     def _reduce_sums(self, sums: Tensor, names: Sequence[str]) -> dict[str, float]:
         """This rank's metric sums (non-zero on the last pipeline stage only) added over the
