@@ -1,12 +1,5 @@
-"""Input checks kept on the device for a whole pass and read once at its end.
-
-On a GPU every check that decides in Python whether to raise (``bool(t.any())``, ``int(t.sum())``)
-makes the host wait for the device. Inside :func:`deferred_checks` the checks of
-:mod:`.validation` and of ``parallel.token_stats`` record a device count of offending values and a
-way to build their error instead; :meth:`DeferredChecks.first_error` reads every count in one
-transfer and returns the error the first failing check would have raised, with the same message
-(and the label current when it was recorded, e.g. the micro-batch). Outside the context manager
-the checks raise at once, as before.
+"""Input checks kept on the device for a whole pass and read once at its end, so that no check
+makes the host wait for the device per micro-batch (docs/performance.md, "Host synchronisations counted on the CPU").
 """
 
 from __future__ import annotations
@@ -59,7 +52,14 @@ _ACTIVE: ContextVar[DeferredChecks | None] = ContextVar("deferred_checks", defau
 @contextmanager
 def deferred_checks() -> Iterator[DeferredChecks]:
     """Record the checks run inside the block instead of raising; read them with
-    :meth:`DeferredChecks.first_error` after it."""
+    :meth:`DeferredChecks.first_error` after it.
+
+    On a GPU a check that decides in Python whether to raise (``bool(t.any())``) makes the host
+    wait for the device. Inside the block the checks of :mod:`.validation` and of
+    ``parallel.token_stats`` record a device count of offending values and a way to build their
+    error; ``first_error`` reads every count in one transfer and returns the error the first
+    failing check would have raised, with its message and the label current when it was recorded
+    (e.g. the micro-batch). Outside the block the checks raise at once."""
     checks = DeferredChecks()
     token = _ACTIVE.set(checks)
     try:
