@@ -1,5 +1,6 @@
-"""Input checks kept on the device for a whole pass and read once at its end, so that no check
-makes the host wait for the device per micro-batch (docs/performance.md, "Host synchronisations counted on the CPU").
+"""Input checks kept on the device for a whole pass and read once at its end, so that no
+check makes the host wait for the device per micro-batch (docs/performance.md, "Host
+synchronisations counted on the CPU").
 """
 
 from __future__ import annotations
