@@ -16,11 +16,18 @@ COLUMNS = 4
 DPI = 100
 
 
+#: Characters per line of a legend label: three columns of this width fit the figure's width at
+#: the legend's font size; a longer label (a group named by its settings) wraps onto more lines.
+LEGEND_WIDTH = 62
+
+
 def _legend_label(group: Group) -> str:
     seeds = ", ".join("?" if s is None else str(s) for s in group.seeds)
     if len(group.runs) == 1:
-        return group.label if group.seeds[0] is None else f"{group.label} (seed {seeds})"
-    return f"{group.label}: mean of {len(group.runs)} seeds ({seeds}), min–max band"
+        label = group.label if group.seeds[0] is None else f"{group.label} (seed {seeds})"
+    else:
+        label = f"{group.label}: mean of {len(group.runs)} seeds ({seeds}), min–max band"
+    return textwrap.fill(label, LEGEND_WIDTH, break_on_hyphens=False)
 
 
 def _caption(groups: Sequence[Group], smooth: int) -> str:
@@ -95,11 +102,13 @@ def draw_report(groups: Sequence[Group], missing: dict[Run, list[str]], smooth: 
     for ax in axes.flat[len(PANELS) :]:
         fig.delaxes(ax)
     handles = [Line2D([], [], color=colors[i % len(colors)], lw=2.5) for i in range(len(groups))]
+    labels = [_legend_label(g) for g in groups]
+    columns = min(len(groups), 3)
     fig.legend(
         handles,
-        [_legend_label(g) for g in groups],
+        labels,
         loc="upper center",
-        ncol=min(len(groups), 3),
+        ncol=columns,
         fontsize=11,
         frameon=False,
         bbox_to_anchor=(0.5, 0.955),
@@ -111,8 +120,12 @@ def draw_report(groups: Sequence[Group], missing: dict[Run, list[str]], smooth: 
         note = f"Not logged, so left out of those panels (summary.md lists them): {lacking}"
         fig.text(0.5, 0.008, textwrap.shorten(note, 230), ha="center", fontsize=9, color="dimgrey")
         bottom = 0.03
-    rows_of_legend = -(-len(groups) // 3)
-    fig.tight_layout(rect=(0, bottom, 1, 0.93 - 0.03 * (rows_of_legend - 1)))
+    # matplotlib fills a multi-column legend column by column: row r holds labels r, r + rows, ...
+    legend_rows = -(-len(labels) // columns)
+    lines = sum(
+        max(label.count("\n") + 1 for label in labels[r::legend_rows]) for r in range(legend_rows)
+    )
+    fig.tight_layout(rect=(0, bottom, 1, 0.93 - 0.012 * (lines - 1)))
     return fig
 
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import matplotlib
 import numpy as np
 import pytest
@@ -94,3 +96,31 @@ def test_a_measurement_no_run_made_is_not_missing_but_one_some_made_is(tmp_path)
         "run_0",
         "run_1",
     ]
+
+
+@pytest.mark.parametrize("count", [2, 8])
+def test_legend_of_groups_named_by_their_settings_stays_inside_the_figure(groups, count):
+    """Groups named by their settings (``opefo-report`` over variants of one method) have labels
+    of well over a hundred characters: the legend wraps them, stays within the figure's width
+    and above every panel's title."""
+    label = "entropy_neutral (method.entropy_flow.balance=target, "
+    named = [
+        dataclasses.replace(groups[i % 2], label=f"{label}method.entropy_flow.target_entropy={i})")
+        for i in range(count)
+    ]
+    fig = draw_report(named, {}, 1)
+    fig.canvas.draw()
+    renderer = fig.canvas.get_renderer()
+    legend = fig.legends[0].get_window_extent(renderer)
+    assert legend.x0 >= 0 and legend.x1 <= fig.bbox.x1
+    assert legend.y1 <= fig.bbox.y1
+    assert legend.y0 >= max(ax.get_tightbbox(renderer).y1 for ax in fig.axes)
+    texts = [t.get_text() for t in fig.legends[0].get_texts()]
+    assert [t.replace("\n", " ") for t in texts] == [_legend_label_text(g) for g in named]
+
+
+def _legend_label_text(group):
+    seeds = ", ".join(str(s) for s in group.seeds)
+    if len(group.runs) == 1:
+        return f"{group.label} (seed {seeds})"
+    return f"{group.label}: mean of {len(group.runs)} seeds ({seeds}), min–max band"
