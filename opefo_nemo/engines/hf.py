@@ -17,7 +17,7 @@ from opefo_nemo.engines.batch import TrainBatch, to_device
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
 from opefo_nemo.engines.protocols import LossFn, UpdateResult
 from opefo_nemo.engines.schedule import warmup_factor
-from opefo_nemo.models.transformers_compat import load_causal_lm
+from opefo_nemo.models.transformers_compat import load_causal_lm, quiet_progress
 from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums, token_stats
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -188,7 +188,8 @@ class HFPolicy:
 
     def save_model(self, directory: Path) -> None:
         """The weights alone as a Hugging Face directory that vLLM and ``opefo-eval`` can load."""
-        self.model.save_pretrained(directory, safe_serialization=True)
+        with quiet_progress():
+            self.model.save_pretrained(directory, safe_serialization=True)
         tokenizer = self.source_dir / TOKENIZER_SUBDIR
         if tokenizer.is_dir() and not (directory / TOKENIZER_SUBDIR).exists():
             shutil.copytree(tokenizer, directory / TOKENIZER_SUBDIR)

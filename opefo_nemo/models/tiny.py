@@ -17,6 +17,8 @@ from typing import Any
 
 import torch
 
+from opefo_nemo.models.transformers_compat import quiet_progress
+
 SPECIAL_TOKENS: tuple[str, ...] = ("<pad>", "<bos>", "<eos>")
 """Special tokens, ids 0, 1, 2 in this order."""
 
@@ -166,7 +168,8 @@ def build_tiny_model(
         torch.manual_seed(seed)
         model = Qwen2ForCausalLM(_qwen2_config(spec)).to(torch.float32)  # type: ignore[arg-type]  # transformers wraps Module.to untyped
         torch.random.set_rng_state(generator_state)
-        model.save_pretrained(staging, safe_serialization=True)
+        with quiet_progress():
+            model.save_pretrained(staging, safe_serialization=True)
         _save_tokenizer(staging / TOKENIZER_SUBDIR, spec.max_position_embeddings)
         (staging / _MANIFEST).write_text(json.dumps(manifest, indent=1))
         try:

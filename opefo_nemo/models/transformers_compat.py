@@ -5,6 +5,8 @@
 from __future__ import annotations
 
 import os
+from collections.abc import Iterator
+from contextlib import contextmanager
 
 import torch
 
@@ -24,4 +26,20 @@ def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype):
     """``AutoModelForCausalLM.from_pretrained(path)`` with its weights in ``dtype``."""
     from transformers import AutoModelForCausalLM
 
-    return AutoModelForCausalLM.from_pretrained(path, **{dtype_keyword(): dtype})
+    with quiet_progress():
+        return AutoModelForCausalLM.from_pretrained(path, **{dtype_keyword(): dtype})
+
+
+@contextmanager
+def quiet_progress() -> Iterator[None]:
+    """transformers' own progress bars ("Loading weights", "Writing model shards") off inside
+    the block, restored after: a run shows its own progress, not a bar for every checkpoint."""
+    from transformers.utils import logging as transformers_logging
+
+    enabled = transformers_logging.is_progress_bar_enabled()
+    transformers_logging.disable_progress_bar()
+    try:
+        yield
+    finally:
+        if enabled:
+            transformers_logging.enable_progress_bar()

@@ -17,7 +17,7 @@ import torch
 
 from opefo_nemo.core.schema import require
 from opefo_nemo.models.tiny import ALPHABET
-from opefo_nemo.models.transformers_compat import load_causal_lm
+from opefo_nemo.models.transformers_compat import load_causal_lm, quiet_progress
 
 WARM_START_RATES = (
     "swap_rate",
@@ -137,7 +137,8 @@ def supervised_warm_start(
             log.info("warm start: step %d of %d, loss %.4f", step + 1, steps, float(loss.detach()))
     staging = out_dir.parent / f".{out_dir.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    model.save_pretrained(staging, safe_serialization=True)
+    with quiet_progress():
+        model.save_pretrained(staging, safe_serialization=True)
     tokenizer = base_dir / "tokenizer"
     if tokenizer.is_dir():
         shutil.copytree(tokenizer, staging / "tokenizer")

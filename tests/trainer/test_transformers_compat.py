@@ -9,7 +9,7 @@ import torch
 from safetensors.torch import load_file
 
 from opefo_nemo.models.tiny import build_tiny_model
-from opefo_nemo.models.transformers_compat import dtype_keyword, load_causal_lm
+from opefo_nemo.models.transformers_compat import dtype_keyword, load_causal_lm, quiet_progress
 
 
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float32])
@@ -23,3 +23,27 @@ def test_load_causal_lm_gives_the_requested_dtype(tmp_path, dtype):
     for name, tensor in saved.items():
         assert loaded[name].dtype == dtype, name
         assert torch.equal(loaded[name].detach(), tensor.to(dtype)), name  # a cast is exact
+
+
+def test_loading_and_checkpointing_print_no_progress_bars(tmp_path, capfd):
+    """A run's output shows its own progress: no "Loading weights" bar when the engine loads a
+    model, no "Writing model shards" bar for each checkpoint; transformers' setting is restored
+    after (a caller that wants its bars keeps them)."""
+    from transformers.utils import logging as transformers_logging
+
+    from opefo_nemo.config.engines import EngineConfig
+    from opefo_nemo.engines.hf import HFPolicy
+
+    model_dir = build_tiny_model(tmp_path / "tiny")
+    capfd.readouterr()
+    policy = HFPolicy(model_dir, EngineConfig(), lr=1e-3, temperature=1.0)
+    policy.save_model(tmp_path / "checkpoint")
+    quiet = capfd.readouterr().err
+    assert (tmp_path / "checkpoint" / "model.safetensors").is_file()
+    assert "Loading weights" not in quiet and "Writing model shards" not in quiet
+    assert transformers_logging.is_progress_bar_enabled()
+    with quiet_progress():
+        assert not transformers_logging.is_progress_bar_enabled()
+    assert transformers_logging.is_progress_bar_enabled()
+    load_causal_lm(model_dir, torch.float32).save_pretrained(tmp_path / "plain")
+    assert "Writing model shards" in capfd.readouterr().err  # the bar quiet_progress removes
