@@ -23,6 +23,9 @@ class ModelConfig:
     packaged: str | None = None
     """A packaged model converted into ``path`` when it is missing (``models/packaged.py``);
     null: ``path`` must already hold a model, or be built (``embedded``)."""
+    shipped_warm_start: bool = True
+    """With ``embedded``: copy the warm start shipped with the package (the demo's model) into a
+    missing ``path`` when its recipe equals this one, instead of building it; false: build."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
     """How the embedded model is warm-started (used only with ``embedded``)."""
 

@@ -24,6 +24,9 @@ TASK = "column addition with worked steps"
 """Names the embedded task in the warm-start recipe, so a cache of another task is rebuilt."""
 EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders", "tiny_shortcut")
 """The embedded models' directory names under the cache (``conf/model/<name>.yaml``)."""
+SHIPPED = Path(__file__).parent / "shipped_warm_starts"
+"""Warm starts shipped with the package, each in a directory named like its cache: the demo's
+(``tiny_arithmetic_orders``), the very weights its documented runs started from."""
 
 
 class PromptEncoder(Protocol):
@@ -75,6 +78,13 @@ def warm_start_recipe(
     }
 
 
+def shipped_warm_start(name: str, recipe: Mapping[str, Any]) -> Path | None:
+    """The warm start of the embedded model ``name`` shipped with the package, if it was made
+    with ``recipe`` (else ``None``: another recipe is built)."""
+    source = SHIPPED / name
+    return source if read_recipe(source) == recipe else None
+
+
 def warm_start_response(a: int, b: int, w: WarmStartConfig, rng: random.Random) -> str:
     """One supervised response to ``a + b`` as the warm-start settings ``w`` write it: a
     shortcut answer (:mod:`.shortcut`) with probability ``w.shortcut_rate``, else a worked
@@ -101,6 +111,7 @@ def embedded_model(
     recipe: dict[str, Any],
     problems: Callable[[], Sequence[Problem]],
     encoder: Callable[[Path], PromptEncoder],
+    use_shipped: bool = True,
 ) -> Path:
     """The warm-started tiny model at ``target`` (``model.path``), built on first use.
 
@@ -109,8 +120,9 @@ def embedded_model(
     is an error, not a toy model trained in its place. ``recipe`` (:func:`warm_start_recipe`) is
     stored with the model; a warm start in the default place made with another recipe (an older
     task, other settings) is a stale cache, replaced by a new build; anywhere else another recipe
-    is an error rather than a silent reuse. Building draws the training ``problems()`` and
-    encodes them with ``encoder(base model directory)``.
+    is an error rather than a silent reuse. A missing model whose recipe is that of a shipped
+    warm start (:func:`shipped_warm_start`) is copied from it when ``use_shipped``; building
+    draws the training ``problems()`` and encodes them with ``encoder(base model directory)``.
     """
     defaults = embedded_paths()
     is_default = is_embedded_default(target)
@@ -136,6 +148,14 @@ def embedded_model(
             )
         log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
         shutil.rmtree(target)
+    shipped = shipped_warm_start(target.name, recipe) if use_shipped else None
+    if shipped is not None:
+        log.info("copying the warm start shipped with the package into %s", target)
+        staging = target.parent / f".{target.name}.partial"
+        shutil.rmtree(staging, ignore_errors=True)
+        shutil.copytree(shipped, staging)
+        staging.rename(target)
+        return target
     train = list(problems())
     log.info("building the embedded tiny model and warm-starting it into %s", target)
     base = build_tiny_model(target.parent / f"{target.name}.base", TinyModelSpec(), warm_start.seed)

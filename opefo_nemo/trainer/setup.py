@@ -76,6 +76,7 @@ def embedded_model(config: TrainConfig) -> Path:
         warm_start_recipe(config),
         problems,
         lambda base: PromptCodec(base, data.template),
+        use_shipped=config.model.shipped_warm_start,
     )
 
 
