@@ -31,7 +31,8 @@ USAGE = """``opefo-train [override ...]``: train with NeMo-style Hydra overrides
 With no argument it runs the embedded default: it builds (once) the default model, the tiny model
 warm-started on the arithmetic task whose solutions may be written in several equally correct
 orders (``model=tiny_arithmetic_orders``, docs/training.md), trains ``grpo_strict`` and ``opefo``
-from that same start with that model's run settings, and writes
+from that same start with that model's run settings, each generating with its own weights
+(``rollout=engine``), and writes
 ``outputs/embedded/report.png`` and ``summary.md`` (the ``opefo-report`` of both runs), and
 ``outputs/embedded/targets.md`` (printed too): the demo's figures against its targets.
 
@@ -47,9 +48,10 @@ resolved configuration and exits.
 """
 """What ``opefo-train --help`` prints before the configuration groups."""
 
-EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]")
-"""What the bare ``opefo-train`` adds to the configuration's defaults: the comparison only (the
-model and its run settings are the defaults', ``conf/model/tiny_arithmetic_orders.yaml``)."""
+EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]", "rollout=engine")
+"""What the bare ``opefo-train`` adds to the configuration's defaults: the comparison, generated
+by the trained model itself (no vLLM server to start; the demo's two runs take half the time).
+The model and its run settings are the defaults' (``conf/model/tiny_arithmetic_orders.yaml``)."""
 #: The comparison whose figures are checked against the demo's targets (targets.md).
 DEMO_METHODS = (GRPO, OPEFO)
 #: Errors that describe the user's set-up (each names the path, key or engine): one line, no trace.

@@ -20,15 +20,16 @@ def test_defaults_compose_to_the_embedded_task():
 def test_the_default_model_and_its_settings_hold_whatever_else_is_overridden():
     """Bare ``opefo-train`` (EMBEDDED_DEFAULT), ``opefo-probe`` (no override) and a user's
     ``method=grpo_strict trainer.max_steps=50`` all train the demo's model with the settings its
-    file sets; the bare command adds only the comparison; the command line wins over the file;
-    the first task keeps conf/config.yaml's settings and the method's lr."""
-    assert all(override.startswith("run.") for override in EMBEDDED_DEFAULT)
+    file sets; the bare command adds only the comparison and its generation (rollout=engine); the
+    command line wins over the file; the first task keeps conf/config.yaml's settings and the
+    method's lr."""
+    assert {o.split("=")[0] for o in EMBEDDED_DEFAULT} == {"run.name", "run.compare", "rollout"}
     bare, probe = compose(list(EMBEDDED_DEFAULT))[0], compose([])[0]
     user = compose(["method=grpo_strict", "trainer.max_steps=50"])[0]
     for config in (bare, probe, user):
         assert config.model.path.endswith("/tiny_arithmetic_orders") and config.model.embedded
         assert config.method.lr == pytest.approx(1e-4)
-        assert (config.engine.micro_batch_size, config.engine.warmup_steps) == (64, 10)
+        assert (config.engine.micro_batch_size, config.engine.warmup_steps) == (256, 10)
         assert config.trainer.prompts_per_step == 32
     assert (bare.trainer.max_steps, probe.trainer.max_steps, user.trainer.max_steps) == (
         140,
@@ -36,6 +37,7 @@ def test_the_default_model_and_its_settings_hold_whatever_else_is_overridden():
         50,
     )
     assert bare.run.compare == ("grpo_strict", "opefo") and user.method.name == "grpo_strict"
+    assert (bare.rollout.name, probe.rollout.name, user.rollout.name) == ("engine", "vllm", "vllm")
     assert compose(["method.lr=3e-4"])[0].method.lr == pytest.approx(3e-4)
     first = compose(["model=tiny_arithmetic"])[0]
     assert first.model.path.endswith("/tiny_arithmetic") and first.model.warm_start.steps == 500
