@@ -41,6 +41,7 @@ for broken in torchvision torchaudio torchcodec; do
     fi
 done
 
-"$venv/bin/python" -c "import torch, megatron.core, omegaconf, gguf; print('setup: torch', torch.__version__)"
+# -W: megatron-core warns at import that Transformer Engine and Apex are absent (CPU: expected)
+"$venv/bin/python" -W "ignore::UserWarning" -c "import torch, megatron.core, omegaconf, gguf; print('setup: torch', torch.__version__)"
 echo "$want" > "$stamp"
 echo "setup: done"
