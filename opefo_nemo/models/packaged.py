@@ -171,13 +171,15 @@ def convert(model: PackagedModel | SplitPackagedModel, target: Path) -> Path:
     if isinstance(model, SplitPackagedModel):
         joined = join_parts(model, target.parent / f".{target.name}.gguf")
         try:
-            return _convert_file(model, joined, target)
+            return convert_file(model, joined, target)
         finally:
             joined.unlink(missing_ok=True)
-    return _convert_file(model, gguf_path(model), target)
+    return convert_file(model, gguf_path(model), target)
 
 
-def _convert_file(model: PackagedModel | SplitPackagedModel, source: Path, target: Path) -> Path:
+def convert_file(model: PackagedModel | SplitPackagedModel, source: Path, target: Path) -> Path:
+    """Convert the GGUF file ``source`` (``model``'s, wherever it lies: a copy carried to a
+    machine without the package) into a Hugging Face directory at ``target``, as :func:`convert`."""
     os.environ.setdefault("HF_HUB_OFFLINE", "1")  # a local file: never ask a hub
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
