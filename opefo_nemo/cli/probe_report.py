@@ -8,6 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opefo_nemo.trainer.probe import ProbeResult
+from opefo_nemo.trainer.probe_groups import GroupFlow, SuccessRateFlow, by_success_rate
 
 #: ``|λ*|`` below this: OPEFO's update is strict GRPO's within a few percent per token.
 NEAR_GRPO = 0.05
@@ -51,7 +52,31 @@ def table(result: ProbeResult) -> str:
     lines.append(
         f"  (* the configured estimator, method.entropy_flow.estimator={result.configured})"
     )
+    return "\n".join([*lines, "", success_rate_table(result)])
+
+
+def success_rate_table(result: ProbeResult) -> str:
+    """One row per success rate of the groups: how many groups, their summed P and N under the
+    configured estimator, and λ* of those sums under every estimator ("-": no flow, undefined)."""
+    estimators = list(result.groups)
+    bins = {e: by_success_rate(result.groups[e]) for e in estimators}
+    header = "".join(f"{'λ* ' + e:>16}" for e in estimators)
+    lines = [
+        f"by the groups' success rate (P, N: {result.configured}):",
+        f"  {'success':>9}{'groups':>8}{'P':>12}{'N':>12}{header}",
+    ]
+    for flows in zip(*bins.values(), strict=True):
+        shown = flows[estimators.index(result.configured)]
+        cells = "".join(f"{_optional(f.lam):>16}" for f in flows)
+        rate = f"{shown.correct}/{shown.responses}"
+        lines.append(
+            f"  {rate:>9}{shown.groups:>8}{_number(shown.pos):>12}{_number(shown.neg):>12}{cells}"
+        )
     return "\n".join(lines)
+
+
+def _optional(value: float | None) -> str:
+    return "-" if value is None else _number(value)
 
 
 def verdict(result: ProbeResult) -> str:
@@ -155,5 +180,36 @@ def document(
         "configured_estimator": result.configured,
         "rollout": result.rollout,
         "estimators": result.estimators,
+        "groups": {
+            estimator: {
+                "groups": [_group(g) for g in groups],
+                "by_success_rate": [_success_rate(f) for f in by_success_rate(groups)],
+            }
+            for estimator, groups in result.groups.items()
+        },
         "verdict": verdict(result),
+    }
+
+
+def _group(group: GroupFlow) -> dict[str, Any]:
+    return {
+        "prompt": group.prompt,
+        "responses": group.responses,
+        "correct": group.correct,
+        "success_rate": group.success_rate,
+        "pos": group.pos,
+        "neg": group.neg,
+        "lambda": group.lam,
+    }
+
+
+def _success_rate(flow: SuccessRateFlow) -> dict[str, Any]:
+    return {
+        "success_rate": flow.success_rate,
+        "correct": flow.correct,
+        "responses": flow.responses,
+        "groups": flow.groups,
+        "pos": flow.pos,
+        "neg": flow.neg,
+        "lambda": flow.lam,
     }

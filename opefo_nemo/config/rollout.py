@@ -39,6 +39,9 @@ class RolloutConfig:
     (the image sets it), else the trainer's own."""
     startup_timeout_s: float = 300.0
     """Seconds a server may take to import vLLM, load the model and be ready."""
+    request_timeout_s: float = 600.0
+    """Seconds a server may take to answer one request: a step's whole generation, or a weight
+    update."""
     stop_token_ids: tuple[int, ...] | None = None
     """Token ids that end a response; null: derived from the model (the tokenizer's eos,
     ``generation_config.json``'s eos ids and the chat template's end-of-turn token, listed in the
@@ -68,6 +71,7 @@ class RolloutConfig:
         )
         require(self.python != "", "rollout.python", "is empty: give an interpreter or null")
         require(self.startup_timeout_s > 0, "rollout.startup_timeout_s", "must be > 0")
+        require(self.request_timeout_s > 0, "rollout.request_timeout_s", "must be > 0")
         require(
             self.stop_token_ids is None
             or bool(self.stop_token_ids and min(self.stop_token_ids) >= 0),

@@ -93,10 +93,37 @@ def flow_sums(delta_h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
     ``P = Σ_{ΔH>0} ΔH`` and ``N = Σ_{ΔH<0} |ΔH|``. Sums of disjoint chunks add up to the sums of
     their union, so callers add them over micro-batches and data-parallel ranks.
     """
+    pos, neg = _signed_flows(delta_h, mask)
+    return pos.sum(), neg.sum()
+
+
+@torch.no_grad()
+def group_flow_sums(
+    delta_h: Tensor, mask: Tensor, groups: Tensor, n_groups: int
+) -> tuple[Tensor, Tensor]:
+    """:func:`flow_sums` of each group of rows: ``delta_h`` and ``mask`` ``[rows, *]``, ``groups``
+    ``[rows]`` the group of each row in ``[0, n_groups)``. Returns ``(P_g, N_g)``, float64
+    ``[n_groups]``; over the groups they add up to :func:`flow_sums` of the whole chunk (up to
+    the order of the float64 additions)."""
+    pos, neg = _signed_flows(delta_h, mask)
+    rows = delta_h.shape[0] if delta_h.dim() else -1
+    if tuple(groups.shape) != (rows,) or torch.is_floating_point(groups):
+        raise ValueError(f"groups must be integers of shape ({rows},), got {tuple(groups.shape)}")
+    zeros = torch.zeros(n_groups, dtype=torch.float64, device=delta_h.device)
+    index = groups.to(delta_h.device, torch.long)
+    return (
+        zeros.index_add(0, index, pos.reshape(rows, -1).sum(dim=1)),
+        zeros.index_add(0, index, neg.reshape(rows, -1).sum(dim=1)),
+    )
+
+
+def _signed_flows(delta_h: Tensor, mask: Tensor) -> tuple[Tensor, Tensor]:
+    """Per token ``max(ΔH, 0)`` and ``max(−ΔH, 0)`` (float64, 0 outside ``mask``): the terms of P
+    and N."""
     check_same_shape("delta_h", delta_h, mask=mask)
     check_finite("delta_h", delta_h)
     dh = delta_h.detach().double() * as_bool_mask(mask)
-    return dh.clamp(min=0).sum(), (-dh).clamp(min=0).sum()
+    return dh.clamp(min=0), (-dh).clamp(min=0)
 
 
 def lambda_star(P: Tensor | float, N: Tensor | float, eps: float = LAMBDA_EPS) -> Tensor:

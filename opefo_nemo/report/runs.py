@@ -30,6 +30,7 @@ NOT_SETTINGS = (
     "validation.",
     "rollout.python",
     "rollout.startup_timeout_s",
+    "rollout.request_timeout_s",
     "rollout.max_restarts",
     "reward.workers",
 )

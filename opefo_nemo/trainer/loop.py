@@ -95,11 +95,14 @@ def predicted_change(outcome: UpdateOutcome) -> float | None:
 
 @dataclass(frozen=True)
 class CollectedRollout:
-    """One step's generated batch: the training batch (advantages included) and the rollout
-    metrics (reward, length, verifier outcomes, share of groups with signal, time)."""
+    """One step's generated batch: the training batch (advantages included), the rollout
+    metrics (reward, length, verifier outcomes, share of groups with signal, time) and, per row
+    of the batch, its group (the prompt's index in the step) and the verifier's verdict."""
 
     batch: TrainBatch
     metrics: dict[str, float]
+    group_ids: torch.Tensor
+    correct: torch.Tensor
 
 
 @dataclass
@@ -188,7 +191,8 @@ class Trainer:
             metrics["reward/overlong_penalty"] = sum(penalties) / max(len(penalties), 1)
         metrics["time/rollout_s"] = rollout_s
         metrics["time/reward_s"] = time.perf_counter() - start - rollout_s
-        return CollectedRollout(batch, metrics)
+        correct = torch.tensor([r.correct for r in results])
+        return CollectedRollout(batch, metrics, group_ids, correct)
 
     def train_step(self) -> dict[str, float]:
         """One rollout step; returns its metrics (the step counter is advanced by the caller)."""

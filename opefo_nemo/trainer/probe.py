@@ -13,6 +13,7 @@ from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
 from opefo_nemo.core.objectives import build_objective, prepare
 from opefo_nemo.trainer.loop import Trainer
+from opefo_nemo.trainer.probe_groups import GroupFlow, group_flows
 from opefo_nemo.trainer.update import rollout_fidelity, stats_pass, token_chunks
 
 #: The vocabulary sums of every estimator, in the order ``token_stats`` names them.
@@ -23,18 +24,21 @@ ALL_SUMS = tuple(dict.fromkeys(name for sums in ESTIMATOR_SUMS.values() for name
 class ProbeResult:
     """``rollout``: the batch's rollout and fidelity metrics (shared by every estimator);
     ``estimators``: ``prepare``'s metrics for each ΔH estimator; ``configured``: the estimator of
-    the configured method; ``prompts`` × ``responses``: the batch."""
+    the configured method; ``groups``: each estimator's flows of each group (prompt);
+    ``prompts`` × ``responses``: the batch."""
 
     prompts: int
     responses: int
     configured: str
     rollout: dict[str, float]
     estimators: dict[str, dict[str, float]]
+    groups: dict[str, list[GroupFlow]]
 
 
 def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> ProbeResult:
-    """Generate and score one rollout batch with ``trainer``, then report its statistics under
-    every ΔH estimator; ``stage(name)`` is called as each stage begins (a progress bar)."""
+    """Generate and score one rollout batch with ``trainer``, then report its statistics, and
+    each group's flows, under every ΔH estimator; ``stage(name)`` is called as each stage begins
+    (a progress bar)."""
     config = trainer.config
     stage(f"generating {config.trainer.prompts_per_step} × {config.trainer.responses_per_prompt}")
     collected = trainer.collect()
@@ -45,7 +49,7 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
     rollout = dict(collected.metrics)
     rollout.update(rollout_fidelity(micros, stats, config.metrics.fidelity_threshold))
     chunks = token_chunks(micros, stats)
-    per_estimator = {}
+    per_estimator, per_group = {}, {}
     for estimator in ESTIMATORS:
         stage(f"prepare ({estimator})")
         flow = dataclasses.replace(config.method.entropy_flow, estimator=estimator)
@@ -58,10 +62,12 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
             confident_prob=config.metrics.confident_prob,
         )
         per_estimator[estimator] = dict(prepared.metrics)
+        per_group[estimator] = group_flows(chunks, prepared, collected.group_ids, collected.correct)
     return ProbeResult(
         prompts=config.trainer.prompts_per_step,
         responses=config.trainer.responses_per_prompt,
         configured=config.method.entropy_flow.estimator,
         rollout=rollout,
         estimators=per_estimator,
+        groups=per_group,
     )

@@ -190,6 +190,30 @@ def test_flow_sums_lambda_and_weights_match_loop_reference():
         assert float(lam) == pytest.approx(expected_lam, rel=0, abs=len(dh) * 2.0**-52)
 
 
+def test_group_flow_sums_are_each_groups_loop_reference():
+    g = torch.Generator().manual_seed(5)
+    dh = torch.randn(9, 2, 7, generator=g)
+    mask = torch.rand(9, 2, 7, generator=g) > 0.3
+    groups = torch.tensor([2, 0, 2, 3, 0, 0, 2, 3, 3])  # group 1 has no row: P_1 = N_1 = 0
+    pos, neg = ef.group_flow_sums(dh, mask, groups, 4)
+    assert pos.dtype == neg.dtype == torch.float64 and tuple(pos.shape) == (4,)
+    for group in range(4):
+        rows = [r for r in range(9) if groups[r] == group]
+        ref_pos, ref_neg = ref.flow(dh[rows].flatten().tolist(), mask[rows].flatten().tolist())
+        # float64 sums of the same fp32 values in two orders: n·u₆₄ of Σ|ΔH| at worst
+        scale = max(len(rows), 1) * 14 * 2.0**-53 * float(dh[rows].abs().sum())
+        assert abs(float(pos[group]) - ref_pos) <= scale
+        assert abs(float(neg[group]) - ref_neg) <= scale
+    assert float(pos[1]) == float(neg[1]) == 0.0
+    whole_pos, whole_neg = ef.flow_sums(dh, mask)
+    bound = dh.numel() * 2.0**-53 * float(dh.abs().sum())
+    assert abs(float(pos.sum() - whole_pos)) <= bound and abs(float(neg.sum() - whole_neg)) <= bound
+    with pytest.raises(ValueError, match="groups must be integers of shape"):
+        ef.group_flow_sums(dh, mask, groups[:8], 4)
+    with pytest.raises(IndexError):
+        ef.group_flow_sums(dh, mask, groups, 3)
+
+
 @pytest.mark.parametrize("seed", range(4))
 def test_target_balance_is_adaptive_at_the_target_and_pushes_toward_it(seed):
     g = torch.Generator().manual_seed(seed)

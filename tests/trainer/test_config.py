@@ -88,6 +88,7 @@ def test_every_method_file_composes(name):
         (["engine.stats_kernel=triton"], "engine.stats_kernel"),
         (["engine.stats_kernel=fused_linear"], "fused_linear is for engine=megatron or aligner"),
         (["rollout.startup_timeout_s=0"], "rollout.startup_timeout_s"),
+        (["rollout.request_timeout_s=0"], "rollout.request_timeout_s"),
         (["rollout.stop_token_ids=[]"], "rollout.stop_token_ids"),
         (["rollout.stop_token_ids=[2,-1]"], "rollout.stop_token_ids"),
         (["rollout.python=''"], "rollout.python"),

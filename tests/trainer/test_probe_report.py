@@ -15,7 +15,7 @@ def _result(flows: dict[str, tuple[float, float]], signal: float = 0.75) -> Prob
         lam = (neg - pos) / (neg + pos) if pos + neg else 0.0
         estimators[name] = {"flow/pos": pos, "flow/neg": neg, "flow/lambda": lam, "x/own": 1.5}
     rollout = {"reward/mean": 0.2, "reward/group_signal_frac": signal}
-    return ProbeResult(32, 8, "paper", rollout, estimators)
+    return ProbeResult(32, 8, "paper", rollout, estimators, {})
 
 
 @pytest.mark.parametrize(

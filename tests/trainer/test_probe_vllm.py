@@ -57,6 +57,29 @@ def test_the_command_writes_table_verdict_and_json(warm_model, tmp_path, capsys)
         assert name in out, name
     assert f"w+ = 1 + λ* = {1 + paper['flow/lambda']:.3f}" in document["verdict"]
     assert document["verdict"] in out.replace("\nverdict: ", "\n")
+    assert "by the groups' success rate" in out
+
+
+def test_group_flows_add_up_to_the_batch_and_follow_the_rewards(make_trainer, tmp_path):
+    """Each group's rows are those of one prompt: its success rate is its reward mean (DAPO-like
+    0/1 task rewards), groups with equal rewards carry no flow, and the groups add up to P, N."""
+    result = probe(make_trainer(["trainer.prompts_per_step=8"], tmp_path))
+    for estimator, groups in result.groups.items():
+        metrics = result.estimators[estimator]
+        assert [g.prompt for g in groups] == list(range(8))
+        assert all(g.responses == result.responses for g in groups)
+        flows = metrics["flow/pos"] + metrics["flow/neg"]
+        # float64 sums of the same fp32 ΔH in another order; tokens ≤ 8 × 4 × 24
+        bound = 8 * 4 * 24 * 2.0**-53 * flows
+        assert abs(sum(g.pos for g in groups) - metrics["flow/pos"]) <= bound
+        assert abs(sum(g.neg for g in groups) - metrics["flow/neg"]) <= bound
+        for group in groups:
+            if group.correct in (0, group.responses):
+                assert group.pos == group.neg == 0.0 and group.lam is None
+            else:
+                assert group.pos + group.neg > 0
+        signal = sum(0 < g.correct < g.responses for g in groups) / len(groups)
+        assert signal == pytest.approx(result.rollout["reward/group_signal_frac"])
 
 
 @pytest.mark.parametrize(
