@@ -8,7 +8,7 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from opefo_nemo.trainer.probe import ProbeResult
-from opefo_nemo.trainer.probe_groups import GroupFlow, SuccessRateFlow, by_success_rate
+from opefo_nemo.trainer.probe_groups import by_success_rate
 
 #: ``|λ*|`` below this: OPEFO's update is strict GRPO's within a few percent per token.
 NEAR_GRPO = 0.05
@@ -182,34 +182,10 @@ def document(
         "estimators": result.estimators,
         "groups": {
             estimator: {
-                "groups": [_group(g) for g in groups],
-                "by_success_rate": [_success_rate(f) for f in by_success_rate(groups)],
+                "groups": [g.as_dict() for g in groups],
+                "by_success_rate": [f.as_dict() for f in by_success_rate(groups)],
             }
             for estimator, groups in result.groups.items()
         },
         "verdict": verdict(result),
-    }
-
-
-def _group(group: GroupFlow) -> dict[str, Any]:
-    return {
-        "prompt": group.prompt,
-        "responses": group.responses,
-        "correct": group.correct,
-        "success_rate": group.success_rate,
-        "pos": group.pos,
-        "neg": group.neg,
-        "lambda": group.lam,
-    }
-
-
-def _success_rate(flow: SuccessRateFlow) -> dict[str, Any]:
-    return {
-        "success_rate": flow.success_rate,
-        "correct": flow.correct,
-        "responses": flow.responses,
-        "groups": flow.groups,
-        "pos": flow.pos,
-        "neg": flow.neg,
-        "lambda": flow.lam,
     }

@@ -6,7 +6,8 @@ the ΔH ``prepare`` computed, and λ* over the groups of each success rate (docs
 from __future__ import annotations
 
 from collections.abc import Sequence
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -21,13 +22,12 @@ def _lambda(pos: float, neg: float) -> float | None:
 
 
 @dataclass(frozen=True)
-class GroupFlow:
-    """One group (``prompt``: its index in the batch): ``correct`` of its ``responses`` counted
-    correct by the verifier, and its share ``pos`` of P and ``neg`` of N."""
+class Flows:
+    """``correct`` of ``responses`` counted correct by the verifier, with their share ``pos`` of
+    P and ``neg`` of N."""
 
-    prompt: int
-    responses: int
     correct: int
+    responses: int
     pos: float
     neg: float
 
@@ -38,26 +38,24 @@ class GroupFlow:
     @property
     def lam(self) -> float | None:
         return _lambda(self.pos, self.neg)
+
+    def as_dict(self) -> dict[str, Any]:
+        """The fields, ``success_rate`` and ``lambda`` (``None`` where undefined): JSON-ready."""
+        return {**asdict(self), "success_rate": self.success_rate, "lambda": self.lam}
 
 
 @dataclass(frozen=True)
-class SuccessRateFlow:
-    """The ``groups`` groups whose success rate is ``correct / responses``, with their summed
-    ``pos`` and ``neg`` and λ* from those sums."""
+class GroupFlow(Flows):
+    """One group: ``prompt``, its index in the batch, and its responses' flows."""
 
-    correct: int
-    responses: int
+    prompt: int
+
+
+@dataclass(frozen=True)
+class SuccessRateFlow(Flows):
+    """The ``groups`` groups whose success rate is ``correct / responses``, their flows summed."""
+
     groups: int
-    pos: float
-    neg: float
-
-    @property
-    def success_rate(self) -> float:
-        return self.correct / self.responses
-
-    @property
-    def lam(self) -> float | None:
-        return _lambda(self.pos, self.neg)
 
 
 def group_flows(
@@ -85,7 +83,13 @@ def group_flows(
     sizes = torch.bincount(index, minlength=n_groups)
     hits = torch.bincount(index, weights=correct.double(), minlength=n_groups)
     return [
-        GroupFlow(int(ids[g]), int(sizes[g]), round(float(hits[g])), float(pos[g]), float(neg[g]))
+        GroupFlow(
+            correct=round(float(hits[g])),
+            responses=int(sizes[g]),
+            pos=float(pos[g]),
+            neg=float(neg[g]),
+            prompt=int(ids[g]),
+        )
         for g in range(n_groups)
     ]
 
@@ -98,11 +102,11 @@ def by_success_rate(groups: Sequence[GroupFlow]) -> list[SuccessRateFlow]:
         bins.setdefault((group.correct, group.responses), []).append(group)
     return [
         SuccessRateFlow(
-            correct,
-            responses,
-            len(members),
-            sum(g.pos for g in members),
-            sum(g.neg for g in members),
+            correct=correct,
+            responses=responses,
+            pos=sum(g.pos for g in members),
+            neg=sum(g.neg for g in members),
+            groups=len(members),
         )
         for (correct, responses), members in sorted(
             bins.items(), key=lambda item: item[0][0] / item[0][1]
