@@ -26,7 +26,8 @@ EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders", "tiny_shortcut")
 """The embedded models' directory names under the cache (``conf/model/<name>.yaml``)."""
 SHIPPED = Path(__file__).parent / "shipped_warm_starts"
 """Warm starts shipped with the package, each in a directory named like its cache: the demo's
-(``tiny_arithmetic_orders``), the very weights its documented runs started from."""
+(``tiny_arithmetic_orders``), the weights the entropy-control study of docs/training.md started
+from."""
 
 
 class PromptEncoder(Protocol):
