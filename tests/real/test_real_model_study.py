@@ -16,7 +16,6 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from opefo_nemo.models.packaged import SMOLLM2_135M_INSTRUCT, gguf_path
-
 from tests.metric_bounds import U32, balanced_flow_bound, term_scale
 
 pytestmark = pytest.mark.slow
