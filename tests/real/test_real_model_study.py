@@ -5,7 +5,6 @@ covers them. Halves in the wrong order are refused before anything is written.""
 
 from __future__ import annotations
 
-import json
 import os
 import subprocess
 import sys
@@ -16,6 +15,7 @@ from omegaconf import OmegaConf
 from safetensors.torch import load_file
 
 from opefo_nemo.models.packaged import SMOLLM2_135M_INSTRUCT, gguf_path
+from opefo_nemo.trainer.metrics_log import read_metrics
 from tests.metric_bounds import U32, balanced_flow_bound, term_scale
 
 pytestmark = pytest.mark.slow
@@ -53,10 +53,6 @@ def study(out: Path, cache: Path, *parts: Path) -> subprocess.CompletedProcess:
     )
 
 
-def records(run: Path) -> list[dict]:
-    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-
-
 def test_parts_in_the_wrong_order_are_refused(tmp_path):
     first, second = halves(tmp_path)
     result = study(tmp_path / "out", tmp_path / "cache", second, first)
@@ -82,7 +78,7 @@ def test_cpu_study_from_halves_trains_each_method_and_reports(tmp_path, smollm2_
     for method in ("grpo_strict", "opefo"):
         config = OmegaConf.load(out / method / "config.yaml")
         assert (config.method.name, config.rollout.name) == (method, "engine")
-        rows = records(out / method)
+        rows = read_metrics(out / method / "metrics.jsonl")
         assert [r["step"] for r in rows if "val/pass@1" in r] == [0, 1]
         (steps[method],) = [r for r in rows if "reward/mean" in r]
         # sampled by the weights it trains: the trainer's log-probabilities are the sampler's
