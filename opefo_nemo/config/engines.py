@@ -50,7 +50,9 @@ class EngineConfig(OptimizerConfig):
     device: str = "cpu"
     """cpu | cuda | cuda:N."""
     dtype: str = "float32"
-    """float32 | bfloat16 (parameters and forward; the statistics are fp32)."""
+    """float32 | bfloat16: mixed precision, forward, backward and ``rollout=engine``
+    generation in bf16 with fp32 master weights, gradients and AdamW moments (the statistics
+    are fp32 from the logits in both; docs/training.md, "Precision")."""
     micro_batch_size: int = 16
     """Responses per forward/backward; gradients accumulate over them."""
 

@@ -15,6 +15,7 @@ from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch, to_device
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
+from opefo_nemo.engines.master_weights import MasterWeights
 from opefo_nemo.engines.protocols import LossFn, UpdateResult
 from opefo_nemo.engines.schedule import warmup_factor
 from opefo_nemo.models.transformers_compat import load_causal_lm, quiet_progress
@@ -29,7 +30,8 @@ TOKENIZER_SUBDIR = "tokenizer"
 class HFPolicy:
     """A causal LM loaded from ``model_dir`` (nothing is downloaded) with AdamW and the learning
     rate ``lr ·`` :func:`~.schedule.warmup_factor` at each rollout step; gradient clipping by
-    global norm."""
+    global norm. ``engine.dtype=bfloat16`` is mixed precision: the model computes in bf16,
+    AdamW updates fp32 master weights (:class:`~.master_weights.MasterWeights`)."""
 
     def __init__(
         self, model_dir: str | Path, config: EngineConfig, *, lr: float, temperature: float
@@ -41,11 +43,11 @@ class HFPolicy:
         self.config = config
         self.temperature = temperature
         self.device = torch.device(config.device)
-        self.model = load_causal_lm(path, _DTYPES[config.dtype])
+        self.model = load_causal_lm(path, torch.float32)
         self.model.to(self.device).train()
-        params = [p for p in self.model.parameters() if p.requires_grad]
+        self.weights = MasterWeights(self.model, _DTYPES[config.dtype])
         self.optimizer = torch.optim.AdamW(
-            params,
+            self.weights.masters,
             lr=lr,
             betas=(config.adam_beta1, config.adam_beta2),
             eps=config.adam_eps,
@@ -121,28 +123,29 @@ class HFPolicy:
                     raise ValueError(f"loss sums {sorted(out.sums)} are not {sorted(sums)}")
                 sums = {k: total + out.sums[k].detach() for k, total in sums.items()}
                 out.loss.backward()
+                self.weights.accumulate_grads()
         error = checks.first_error()
         if error is not None and not isinstance(error, NonFiniteLogitsError):
             raise error
         return error is not None or bool(nonfinite > 0), sums
 
-    def _params(self) -> list[Tensor]:
-        return [p for group in self.optimizer.param_groups for p in group["params"]]
-
     def capture_entropy_gradient(
         self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
     ) -> CapturedEntropyGradient | None:
         """``∇θ H̄`` of every parameter (``Policy.capture_entropy_gradient``): the ``grad``
-        tensors themselves, detached from the parameters (one more copy of the weights)."""
-        self.optimizer.zero_grad(set_to_none=True)
+        tensors of the optimizer's (fp32) tensors, detached from them (one more fp32 copy of the
+        weights); a move along it is published into the bf16 parameters in mixed precision."""
+        self.weights.zero_grad()
         failed, _ = self._backward(micro_batches, entropy_fn, ())
-        params = self._params()
-        grads = [torch.zeros_like(p) if p.grad is None else p.grad for p in params]
-        self.optimizer.zero_grad(set_to_none=True)
+        masters = self.weights.masters
+        grads = [torch.zeros_like(m) if m.grad is None else m.grad for m in masters]
+        self.weights.zero_grad()
         finite = torch.stack([torch.isfinite(g).all() for g in grads]).all()
         if failed or not bool(finite):  # one host read
             return None
-        return CapturedEntropyGradient(params, grads, [True] * len(params), on_one_device)
+        return CapturedEntropyGradient(
+            masters, grads, [True] * len(masters), on_one_device, self.weights.publish
+        )
 
     def train_step(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
@@ -151,16 +154,17 @@ class HFPolicy:
         of the global token mean, spec §5: nothing is rescaled), clip, step; skip the step if
         anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
         checked once, after the last backward."""
-        self.optimizer.zero_grad(set_to_none=True)
+        self.weights.zero_grad()
         failed, sums = self._backward(micro_batches, loss_fn, sum_names)
-        params = [p for p in self.model.parameters() if p.grad is not None]
+        masters = [m for m in self.weights.masters if m.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(params, max_norm)) if params else 0.0
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(masters, max_norm)) if masters else 0.0
         if failed or not math.isfinite(grad_norm):
-            self.optimizer.zero_grad(set_to_none=True)
+            self.weights.zero_grad()
             return UpdateResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
         self.optimizer.step()
-        self.optimizer.zero_grad(set_to_none=True)
+        self.weights.publish()
+        self.weights.zero_grad()
         return UpdateResult(
             grad_norm=grad_norm,
             lr=self.lr,
@@ -174,7 +178,8 @@ class HFPolicy:
         self.scheduler.step()
 
     def named_weights(self) -> Iterator[tuple[str, Tensor]]:
-        """``(hf_name, tensor)`` for every parameter, detached (tied weights appear once)."""
+        """``(hf_name, tensor)`` for every parameter as the model computes with it (bf16 in
+        mixed precision), detached (tied weights appear once)."""
         for name, param in self.model.named_parameters():
             yield name, param.detach()
 
@@ -187,9 +192,17 @@ class HFPolicy:
         torch.save(state, directory / _STATE_FILE)
 
     def save_model(self, directory: Path) -> None:
-        """The weights alone as a Hugging Face directory that vLLM and ``opefo-eval`` can load."""
+        """The weights alone as a Hugging Face directory that vLLM and ``opefo-eval`` can load:
+        the fp32 masters (the parameters themselves in fp32), so a resumed run continues from
+        exactly the weights it saved."""
+        state = self.model.state_dict()
+        owners = {
+            param.data_ptr(): master
+            for param, master in zip(self.weights.params, self.weights.masters, strict=True)
+        }
+        state = {name: owners.get(t.data_ptr(), t) for name, t in state.items()}
         with quiet_progress():
-            self.model.save_pretrained(directory, safe_serialization=True)
+            self.model.save_pretrained(directory, state_dict=state, safe_serialization=True)
         tokenizer = self.source_dir / TOKENIZER_SUBDIR
         if tokenizer.is_dir() and not (directory / TOKENIZER_SUBDIR).exists():
             shutil.copytree(tokenizer, directory / TOKENIZER_SUBDIR)
@@ -202,13 +215,15 @@ class HFPolicy:
             raise FileNotFoundError(
                 f"checkpoint {directory} has no {MODEL_SUBDIR}/model.safetensors"
             )
-        missing, unexpected = self.model.load_state_dict(load_file(weights), strict=False)
+        tensors = load_file(weights)
+        missing, unexpected = self.model.load_state_dict(tensors, strict=False)
         tied = set(getattr(self.model, "_tied_weights_keys", None) or ())
         if unexpected or set(missing) - tied:
             raise ValueError(
                 f"checkpoint {weights} does not match the model: missing {missing}, "
                 f"unexpected {unexpected}"
             )
+        self.weights.load(tensors)
         state = torch.load(directory / _STATE_FILE, map_location=self.device, weights_only=True)
         self.optimizer.load_state_dict(state["optimizer"])
         self.scheduler.load_state_dict(state["scheduler"])
