@@ -20,7 +20,7 @@ from opefo_nemo.cli.usage import OneLineParser, config_choices
 from opefo_nemo.config.compose import compose
 from opefo_nemo.core.entropy_flow import ESTIMATORS
 from opefo_nemo.trainer.inputs import check_inputs
-from opefo_nemo.trainer.probe import probe
+from opefo_nemo.trainer.probe import NothingToProbeError, probe
 from opefo_nemo.trainer.setup import build_trainer
 
 STAGES = 3 + len(ESTIMATORS)  # start-up, generation, token statistics, one prepare per estimator
@@ -85,6 +85,9 @@ def main(argv: Sequence[str] | None = None) -> int:
         return 2
     try:
         result = probe(trainer, stage)
+    except NothingToProbeError as error:
+        print(f"opefo-probe: error: {error}", file=sys.stderr)
+        return 1
     finally:
         trainer.rollout.close()
         bar.update(1)

@@ -36,6 +36,7 @@ def table(result: ProbeResult) -> str:
     for name in ROLLOUT_ROWS:
         if name in result.rollout:
             lines.append(f"  {name:<34}{_number(result.rollout[name]):>12}")
+    lines.append(f"  {dynamic_sampling_line(result)}")
     estimators = list(result.estimators)
     header = "".join(f"{e + ('*' if e == result.configured else ''):>14}" for e in estimators)
     lines += ["", f"  {'ΔH estimator':<34}{header}"]
@@ -53,6 +54,25 @@ def table(result: ProbeResult) -> str:
         f"  (* the configured estimator, method.entropy_flow.estimator={result.configured})"
     )
     return "\n".join([*lines, "", success_rate_table(result)])
+
+
+def dynamic_sampling_line(result: ProbeResult) -> str:
+    """What dynamic sampling (``trainer.dynamic_sampling``) keeps: with it on, the groups it kept
+    from the rounds it generated (the batch probed); off, the groups of this batch it would
+    keep, those whose rewards differ."""
+    rollout = result.rollout
+    if "sampling/rounds" in rollout:
+        generated = sum(
+            rollout[f"sampling/groups_{kind}"] for kind in ("kept", "dropped", "surplus")
+        )
+        return (
+            f"dynamic sampling kept {rollout['sampling/groups_kept']:.0f} groups with signal of "
+            f"{generated:.0f} generated in {rollout['sampling/rounds']:.0f} round(s)"
+        )
+    return (
+        f"dynamic sampling would keep {sum(result.signal)} of {len(result.signal)} groups "
+        "(those whose rewards differ)"
+    )
 
 
 def success_rate_table(result: ProbeResult) -> str:
@@ -170,8 +190,9 @@ def _sign(value: float) -> int:
 def document(
     result: ProbeResult, overrides: Sequence[str], settings: Mapping[str, Any]
 ) -> dict[str, Any]:
-    """The JSON document: the overrides and settings that made the batch, the figures, the
-    verdict."""
+    """The JSON document: the overrides and settings that made the batch, the figures, what
+    dynamic sampling keeps, the verdict."""
+    configured = result.groups[result.configured]
     return {
         "overrides": list(overrides),
         "settings": dict(settings),
@@ -179,6 +200,13 @@ def document(
         "responses_per_prompt": result.responses,
         "configured_estimator": result.configured,
         "rollout": result.rollout,
+        "dynamic_sampling": {
+            "enabled": "sampling/rounds" in result.rollout,
+            "summary": dynamic_sampling_line(result),
+            "groups_with_signal": [
+                flow.prompt for flow, kept in zip(configured, result.signal, strict=True) if kept
+            ],
+        },
         "estimators": result.estimators,
         "groups": {
             estimator: {

@@ -8,6 +8,10 @@ from dataclasses import dataclass
 
 from opefo_nemo.core.schema import require
 
+SEEDS_PER_STEP = 10_000
+"""Rollout step ``s`` samples with seeds ``(seed × 1_000_003 + s) × SEEDS_PER_STEP`` on, one per
+response (trainer/loop.py): a step may sample at most this many responses."""
+
 
 @dataclass(frozen=True)
 class RunConfig:
@@ -47,6 +51,16 @@ class TrainerConfig:
     """K responses per prompt, one GRPO group (paper: 8)."""
     max_nan_steps: int = 3
     """Abort after this many rollout steps in a row with a NaN loss or gradient."""
+    dynamic_sampling: bool = False
+    """DAPO's dynamic sampling (spec §4): drop the groups whose rewards are all equal and
+    generate more rounds of ``prompts_per_step`` prompts with the same weights until the step
+    holds ``prompts_per_step`` groups with signal (the first ones, in the order they were
+    sampled) or ``dynamic_sampling_max_rounds`` rounds have run; then train on what there is
+    (nothing at all: the step makes no update)."""
+    dynamic_sampling_max_rounds: int = 4
+    """Generation rounds per rollout step with ``dynamic_sampling``, the first included (>= 1;
+    1: filter without generating more); round ``r`` uses the step's sampling seeds
+    ``r × prompts_per_step × responses_per_prompt`` further on."""
 
     def validate(self) -> None:
         require(self.max_steps >= 0, "trainer.max_steps", "must be >= 0")
@@ -57,6 +71,20 @@ class TrainerConfig:
             "must be >= 2 (a group of one has advantage 0, spec §4)",
         )
         require(self.max_nan_steps >= 1, "trainer.max_nan_steps", "must be >= 1")
+        require(
+            self.dynamic_sampling_max_rounds >= 1,
+            "trainer.dynamic_sampling_max_rounds",
+            "must be >= 1 (the first generation round counts)",
+        )
+        if self.dynamic_sampling:
+            responses = self.prompts_per_step * self.responses_per_prompt
+            require(
+                self.dynamic_sampling_max_rounds * responses <= SEEDS_PER_STEP,
+                "trainer.dynamic_sampling_max_rounds",
+                f"({self.dynamic_sampling_max_rounds}) × trainer.prompts_per_step × "
+                f"trainer.responses_per_prompt ({responses}) must be at most {SEEDS_PER_STEP}: "
+                "the sampling seeds of a step's last round would reach the next step's",
+            )
 
 
 @dataclass(frozen=True)

@@ -61,12 +61,13 @@ def group_advantages(
     return torch.where(singleton, torch.zeros_like(centered), centered).float()
 
 
-def signal_fraction(rewards: Tensor, group_ids: Tensor) -> float:
-    """Share of the groups (``group_ids`` ``[B]``) whose rewards ``[B]`` are not all equal: those
-    whose advantages are not all zero, the only ones that move a group-relative policy gradient."""
+def group_signal(rewards: Tensor, group_ids: Tensor) -> Tensor:
+    """``[G]`` bool, in the order of the sorted group ids (``torch.unique``'s): whether the
+    rewards ``[B]`` of each group (``group_ids`` ``[B]``) are not all equal, i.e. whether its
+    advantages are not all zero, the only groups that move a group-relative policy gradient."""
     check_same_shape("rewards", rewards, group_ids=group_ids)
     if rewards.numel() == 0:
-        raise ValueError("signal_fraction of an empty batch")
+        return torch.zeros(0, dtype=torch.bool)
     _, group = torch.unique(group_ids, return_inverse=True)
     n_groups = int(group.max()) + 1
     r = rewards.double()
@@ -76,4 +77,12 @@ def signal_fraction(rewards: Tensor, group_ids: Tensor) -> float:
     high = torch.full((n_groups,), float("-inf"), dtype=torch.float64).scatter_reduce(
         0, group, r, "amax"
     )
-    return float((high > low).double().mean())
+    return high > low
+
+
+def signal_fraction(rewards: Tensor, group_ids: Tensor) -> float:
+    """Share of the groups (``group_ids`` ``[B]``) whose rewards ``[B]`` are not all equal
+    (:func:`group_signal`)."""
+    if rewards.numel() == 0:
+        raise ValueError("signal_fraction of an empty batch")
+    return float(group_signal(rewards, group_ids).double().mean())

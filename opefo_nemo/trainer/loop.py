@@ -14,6 +14,7 @@ from typing import Any
 
 import torch
 
+from opefo_nemo.config.run import SEEDS_PER_STEP
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.core import group_advantages
 from opefo_nemo.core.advantages import signal_fraction
@@ -33,7 +34,9 @@ from opefo_nemo.trainer.checkpoint import (
     save_checkpoint,
 )
 from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
+from opefo_nemo.trainer.dynamic_sampling import ScoredRound, sample_step
 from opefo_nemo.trainer.metrics_log import MetricsLogger
+from opefo_nemo.trainer.nan_guard import NanGuard
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
 from opefo_nemo.trainer.refit import refit_rollout
@@ -41,68 +44,29 @@ from opefo_nemo.trainer.rollout_guard import GuardedRollout
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score_responses
 from opefo_nemo.trainer.stop_tokens import stop_tokens
-from opefo_nemo.trainer.update import UpdateOutcome, realized_entropy_change, update_rollout_batch
+from opefo_nemo.trainer.update import (
+    UpdateOutcome,
+    predicted_change,
+    realized_entropy_change,
+    update_rollout_batch,
+)
 
 log = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
 
 
-class NanStreakError(RuntimeError):
-    """Too many consecutive rollout steps had a non-finite loss or gradient."""
-
-
-class NanGuard:
-    """Counts consecutive rollout steps with a skipped (non-finite) update; raises at ``limit``."""
-
-    def __init__(self, limit: int):
-        self.limit = limit
-        self.streak = 0
-
-    def record(self, step: int, skipped: int) -> None:
-        """Log a step whose update skipped ``skipped`` optimizer steps; raise after ``limit``."""
-        if not skipped:
-            self.streak = 0
-            return
-        self.streak += 1
-        log.warning(
-            "step %d: %d optimizer step(s) skipped for a non-finite loss or gradient "
-            "(%d rollout step(s) in a row, limit trainer.max_nan_steps=%d)",
-            step,
-            skipped,
-            self.streak,
-            self.limit,
-        )
-        if self.streak >= self.limit:
-            raise NanStreakError(
-                f"{self.streak} rollout steps in a row had a non-finite loss or gradient "
-                f"(trainer.max_nan_steps={self.limit}); last at step {step}"
-            )
-
-
-def predicted_change(outcome: UpdateOutcome) -> float | None:
-    """The entropy change an update predicts (spec §6 ``flow/predictor_corr``): the net flow
-    after weighting, or for corrected updates their exact first order ``⟨g, Δθ'⟩`` (summed over
-    the steps); ``None`` when it is zero by construction (adaptive OPEFO's; corrections to a
-    target of 0, up to the fp32 weights' rounding), which predicts nothing."""
-    if outcome.corrections:
-        if all(c.target == 0 for c in outcome.corrections):
-            return None
-        return sum(c.flow_after for c in outcome.corrections)
-    predicted = outcome.metrics["flow/net_after_balance"]
-    flows = outcome.metrics["flow/pos"] + outcome.metrics["flow/neg"]
-    return predicted if abs(predicted) > 1e-6 * flows else None
-
-
 @dataclass(frozen=True)
 class CollectedRollout:
-    """One step's generated batch: the training batch (advantages included), the rollout
-    metrics (reward, length, verifier outcomes, share of groups with signal, time) and, per row
-    of the batch, its group (the prompt's index in the step) and the verifier's verdict."""
+    """One step's generated batch: the training batch of the kept groups (advantages included;
+    ``None``: none kept), the rollout metrics (reward, length, verifier outcomes, share of groups
+    with signal, dynamic sampling's counts, time) and, per row of the batch, its group (``0, 1,
+    ...`` in the order kept), the verifier's verdict and the reward."""
 
-    batch: TrainBatch
+    batch: TrainBatch | None
     metrics: dict[str, float]
     group_ids: torch.Tensor
     correct: torch.Tensor
+    rewards: torch.Tensor
 
 
 @dataclass
@@ -155,55 +119,106 @@ class Trainer:
     # ----------------------------------------------------------------- one rollout step
     def collect(self) -> CollectedRollout:
         """The rollout half of a step: sample this step's prompts, generate K responses each,
-        score them and form the training batch with its group advantages (spec §4)."""
-        cfg, k = self.config, self.config.trainer.responses_per_prompt
+        score them (more rounds with ``trainer.dynamic_sampling``, :mod:`.dynamic_sampling`)
+        and form the training batch of the kept groups with their advantages (spec §4). The
+        rollout metrics are over every response generated; ``batch`` is ``None`` when no group
+        was kept."""
+        cfg = self.config
         start = time.perf_counter()
+        sample = sample_step(self._generate_round, cfg.trainer, cfg.method.updates_per_rollout)
+        every, kept = sample.generated(), sample.training()
+        lengths = torch.tensor([len(c.token_ids) for c in every.completions])
+        truncated = torch.tensor([c.finish_reason == "length" for c in every.completions])
+        metrics = rollout_metrics(rollout_sums(every.rewards, lengths, truncated))
+        metrics.update(reason_metrics(every.results))
+        metrics["reward/group_signal_frac"] = signal_fraction(every.rewards, every.group_ids)
+        if cfg.reward.overlong_buffer:
+            metrics["reward/overlong_penalty"] = sum(every.penalties) / every.rows
+        metrics.update(sample.metrics())
+        if sample.dynamic and len(sample.kept) < cfg.trainer.prompts_per_step:
+            log.warning(
+                "step %d: %d of trainer.prompts_per_step=%d groups with signal after %d "
+                "round(s) (trainer.dynamic_sampling_max_rounds)%s",
+                self.step,
+                len(sample.kept),
+                cfg.trainer.prompts_per_step,
+                len(sample.rounds),
+                "" if sample.kept else ": no update this step",
+            )
+        batch = None
+        if kept.rows:
+            a = cfg.advantage
+            advantages = group_advantages(
+                kept.rewards, kept.group_ids, a.normalize_std, a.leave_one_out
+            )
+            batch = build_batch(
+                kept.prompts,
+                [c.token_ids for c in kept.completions],
+                advantages,
+                self.codec.pad_id,
+                [c.logprobs for c in kept.completions],
+            )
+        rollout_s = sum(r.generate_s for r in sample.rounds)
+        metrics["time/rollout_s"] = rollout_s
+        metrics["time/reward_s"] = time.perf_counter() - start - rollout_s
+        correct = torch.tensor([r.correct for r in kept.results], dtype=torch.bool)
+        return CollectedRollout(batch, metrics, kept.group_ids, correct, kept.rewards)
+
+    def _generate_round(self, round_index: int) -> ScoredRound:
+        """The next ``trainer.prompts_per_step`` prompts of the sampler, K responses each with
+        the current weights and round ``round_index``'s seeds, scored."""
+        cfg, k = self.config, self.config.trainer.responses_per_prompt
         indices = self.sampler.next_batch()
         prompts = [self.train.prompts[i] for i in indices]
-        completions = self.rollout.generate(prompts, k, self._sampling(self.step))
-        rollout_s = time.perf_counter() - start
-
-        problems = [self.train.problems[indices[c.prompt_index]] for c in completions]
+        start = time.perf_counter()
+        completions = self.rollout.generate(prompts, k, self._sampling(self.step, round_index))
+        generate_s = time.perf_counter() - start
         responses = [self.codec.decode(c.token_ids) for c in completions]
-        truths = [p.ground_truth for p in problems]
+        truths = [self.train.problems[indices[c.prompt_index]].ground_truth for c in completions]
         results = self.ranks.on_main(lambda: score_responses(responses, truths, cfg.reward))
-        lengths = torch.tensor([len(c.token_ids) for c in completions])
-        penalties = overlong_penalties(lengths.tolist(), cfg.reward, cfg.rollout.max_new_tokens)
+        lengths = [len(c.token_ids) for c in completions]
+        penalties = overlong_penalties(lengths, cfg.reward, cfg.rollout.max_new_tokens)
         rewards = torch.tensor(
             [r.score + p for r, p in zip(results, penalties, strict=True)], dtype=torch.float32
         )
-        group_ids = torch.tensor([c.prompt_index for c in completions])
-        advantages = group_advantages(
-            rewards, group_ids, cfg.advantage.normalize_std, cfg.advantage.leave_one_out
-        )
-        batch = build_batch(
-            [prompts[c.prompt_index] for c in completions],
-            [c.token_ids for c in completions],
-            advantages,
-            self.codec.pad_id,
-            [c.logprobs for c in completions],
-        )
-        truncated = torch.tensor([c.finish_reason == "length" for c in completions])
-        metrics = rollout_metrics(rollout_sums(rewards, lengths, truncated))
-        metrics.update(reason_metrics(results))
-        metrics["reward/group_signal_frac"] = signal_fraction(rewards, group_ids)
-        if cfg.reward.overlong_buffer:
-            metrics["reward/overlong_penalty"] = sum(penalties) / max(len(penalties), 1)
-        metrics["time/rollout_s"] = rollout_s
-        metrics["time/reward_s"] = time.perf_counter() - start - rollout_s
-        correct = torch.tensor([r.correct for r in results])
-        return CollectedRollout(batch, metrics, group_ids, correct)
+        return ScoredRound(prompts, completions, results, penalties, rewards, generate_s)
 
     def train_step(self) -> dict[str, float]:
-        """One rollout step; returns its metrics (the step counter is advanced by the caller)."""
-        cfg, timings = self.config, {}
+        """One rollout step; returns its metrics (the step counter is advanced by the caller).
+        A step that kept no group (dynamic sampling) changes nothing: no update, no advance of
+        the learning-rate schedule, no refit."""
+        timings = {}
         start = time.perf_counter()
         collected = self.collect()
-        batch = collected.batch
-        self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
+        mark = time.perf_counter()
+        metrics: dict[str, float] = {}
+        outcome = UpdateOutcome({}, 0, float("nan"))
+        if collected.batch is not None:
+            self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
+            outcome, metrics = self._update(collected.batch)
+            self.policy.advance_schedule()
+        drift = self.entropy_drift.step(outcome.entropy_before, metrics.get("flow/realized"))
+        if drift is not None:
+            metrics["flow/drift"] = drift
+        timings["time/update_s"] = time.perf_counter() - mark
 
         mark = time.perf_counter()
-        micro = cfg.engine.micro_batch_size
+        if collected.batch is not None:
+            refit_rollout(self.rollout, self.policy)
+        timings["time/weight_sync_s"] = time.perf_counter() - mark
+
+        self.nan_guard.record(self.step, outcome.skipped_steps)
+        metrics.update(collected.metrics)
+        metrics.update(timings)
+        metrics["train/skipped_updates"] = float(outcome.skipped_steps)
+        metrics["data/epoch"] = float(self.sampler.epoch)
+        metrics["time/step_s"] = time.perf_counter() - start
+        return metrics
+
+    def _update(self, batch: TrainBatch) -> tuple[UpdateOutcome, dict[str, float]]:
+        """The update of the rollout batch, and its metrics with ``flow/realized`` on the
+        steps ``metrics.realized_every`` measures."""
+        cfg, micro = self.config, self.config.engine.micro_batch_size
         try:
             outcome = update_rollout_batch(
                 self.policy,
@@ -224,23 +239,7 @@ class Trainer:
                 self.policy, batch, micro, outcome.entropy_before
             )
             metrics.update(self._predictor_quality(outcome, metrics["flow/realized"]))
-        drift = self.entropy_drift.step(outcome.entropy_before, metrics.get("flow/realized"))
-        if drift is not None:
-            metrics["flow/drift"] = drift
-        self.policy.advance_schedule()
-        timings["time/update_s"] = time.perf_counter() - mark
-
-        mark = time.perf_counter()
-        refit_rollout(self.rollout, self.policy)
-        timings["time/weight_sync_s"] = time.perf_counter() - mark
-
-        self.nan_guard.record(self.step, outcome.skipped_steps)
-        metrics.update(collected.metrics)
-        metrics.update(timings)
-        metrics["train/skipped_updates"] = float(outcome.skipped_steps)
-        metrics["data/epoch"] = float(self.sampler.epoch)
-        metrics["time/step_s"] = time.perf_counter() - start
-        return metrics
+        return outcome, metrics
 
     def update_seed(self) -> int:
         """The seed of this step's update (a method's randomness: Clip-Cov's subset)."""
@@ -255,10 +254,11 @@ class Trainer:
         value = self.flow_predictor.value()
         return {} if value is None else {"flow/predictor_corr": value}
 
-    def _sampling(self, step: int) -> SamplingConfig:
-        """Seeded per step, so a resumed run samples what the uninterrupted one would have."""
-        r = self.config.rollout
-        seed = (self.config.run.seed * 1_000_003 + step) * 10_000
+    def _sampling(self, step: int, round_index: int = 0) -> SamplingConfig:
+        """Seeded per step, so a resumed run samples what the uninterrupted one would have; a
+        dynamic sampling round continues the step's seeds where the previous round's end."""
+        r, responses = self.config.rollout, self.config.rollout_batch_size
+        seed = (self.config.run.seed * 1_000_003 + step) * SEEDS_PER_STEP + round_index * responses
         return SamplingConfig(
             temperature=r.temperature,
             max_new_tokens=r.max_new_tokens,

@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 
 from opefo_nemo.core import SingleProcessReducer
+from opefo_nemo.core.advantages import group_signal
 from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
 from opefo_nemo.core.objectives import build_objective, prepare
 from opefo_nemo.trainer.loop import Trainer
@@ -25,7 +26,10 @@ class ProbeResult:
     """``rollout``: the batch's rollout and fidelity metrics (shared by every estimator);
     ``estimators``: ``prepare``'s metrics for each ΔH estimator; ``configured``: the estimator of
     the configured method; ``groups``: each estimator's flows of each group (prompt);
-    ``prompts`` × ``responses``: the batch."""
+    ``prompts`` × ``responses``: the batch; ``signal``: per group, in the order of ``groups``,
+    whether its rewards differ, i.e. whether dynamic sampling keeps it (with
+    ``trainer.dynamic_sampling`` the batch is already the kept groups, and ``rollout`` holds
+    ``sampling/*``)."""
 
     prompts: int
     responses: int
@@ -33,6 +37,11 @@ class ProbeResult:
     rollout: dict[str, float]
     estimators: dict[str, dict[str, float]]
     groups: dict[str, list[GroupFlow]]
+    signal: tuple[bool, ...] = ()
+
+
+class NothingToProbeError(RuntimeError):
+    """Dynamic sampling kept no group: no batch to compute statistics of."""
 
 
 def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> ProbeResult:
@@ -42,6 +51,13 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
     config = trainer.config
     stage(f"generating {config.trainer.prompts_per_step} × {config.trainer.responses_per_prompt}")
     collected = trainer.collect()
+    if collected.batch is None:
+        rounds = int(collected.metrics["sampling/rounds"])
+        raise NothingToProbeError(
+            f"no group's rewards differed in {rounds} round(s) of "
+            f"{config.trainer.prompts_per_step} prompts (trainer.dynamic_sampling): there is no "
+            "batch to probe; raise trainer.dynamic_sampling_max_rounds or turn dynamic sampling off"
+        )
     trainer.rollout.sleep()  # its GPU memory goes to the token-stats pass (no-op on CPU)
     stage("token statistics")
     micros = collected.batch.split(config.engine.micro_batch_size)
@@ -70,4 +86,5 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
         rollout=rollout,
         estimators=per_estimator,
         groups=per_group,
+        signal=tuple(group_signal(collected.rewards, collected.group_ids).tolist()),
     )

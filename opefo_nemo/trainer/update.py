@@ -49,6 +49,20 @@ class UpdateOutcome:
     corrections: tuple[CorrectionResult, ...] = ()
 
 
+def predicted_change(outcome: UpdateOutcome) -> float | None:
+    """The entropy change an update predicts (spec §6 ``flow/predictor_corr``): the net flow
+    after weighting, or for corrected updates their exact first order ``⟨g, Δθ'⟩`` (summed over
+    the steps); ``None`` when it is zero by construction (adaptive OPEFO's; corrections to a
+    target of 0, up to the fp32 weights' rounding), which predicts nothing."""
+    if outcome.corrections:
+        if all(c.target == 0 for c in outcome.corrections):
+            return None
+        return sum(c.flow_after for c in outcome.corrections)
+    predicted = outcome.metrics["flow/net_after_balance"]
+    flows = outcome.metrics["flow/pos"] + outcome.metrics["flow/neg"]
+    return predicted if abs(predicted) > 1e-6 * flows else None
+
+
 @dataclass(frozen=True)
 class StepOutcome:
     """One optimizer step: its metrics, whether the engine skipped it (a non-finite loss or

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from opefo_nemo.core import group_advantages
-from opefo_nemo.core.advantages import signal_fraction
+from opefo_nemo.core.advantages import group_signal, signal_fraction
 from tests.metric_bounds import U32
 
 from . import reference as ref
@@ -63,6 +63,8 @@ def test_signal_fraction_counts_groups_whose_rewards_differ(seed):
         groups.setdefault(g, set()).add(r)
     expected = sum(len(values) > 1 for values in groups.values()) / len(groups)
     assert signal_fraction(rewards, group_ids) == pytest.approx(expected, abs=1e-12)
+    # per group, in the order of the sorted ids: the groups dynamic sampling keeps
+    assert group_signal(rewards, group_ids).tolist() == [len(groups[g]) > 1 for g in sorted(groups)]
 
 
 def test_signal_fraction_of_the_issue_batch():

@@ -80,6 +80,17 @@ def test_every_method_file_composes(name):
         (["rollout.top_p=0.7"], "rollout.top_p"),
         (["rollout.temperature=0"], "rollout.temperature"),
         (["trainer.responses_per_prompt=1"], "trainer.responses_per_prompt"),
+        (["trainer.dynamic_sampling_max_rounds=0"], "trainer.dynamic_sampling_max_rounds"),
+        (
+            [
+                "trainer.dynamic_sampling=true",
+                "trainer.prompts_per_step=32",
+                "trainer.responses_per_prompt=8",
+                "trainer.dynamic_sampling_max_rounds=40",  # 40 × 256 seeds > 10 000
+            ],
+            "trainer.dynamic_sampling_max_rounds",
+        ),
+        (["trainer.dynamic_sampling=1"], "trainer.dynamic_sampling"),
         (["model=local"], "model.path"),
         (["data.long_prompt=truncate"], "data.long_prompt"),
         (["method.lr=-1"], "method.lr"),

@@ -39,12 +39,12 @@ from opefo_nemo.tasks.arithmetic import (
     score_final_answer,
     worked_solution,
 )
-from opefo_nemo.trainer.loop import predicted_change
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.update import (
     EntropyCorrection,
     UpdateOutcome,
     engine_step,
+    predicted_change,
     realized_entropy_change,
     update_rollout_batch,
 )

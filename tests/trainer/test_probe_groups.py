@@ -149,7 +149,8 @@ def _result(flows: dict[str, list[GroupFlow]]) -> ProbeResult:
         for e, fs in flows.items()
     }
     rollout = {"reward/group_signal_frac": 0.5}
-    return ProbeResult(len(HITS), K, "tabular", rollout, estimators, flows)
+    signal = tuple(0 < hits < K for hits in HITS)  # ±1 rewards differ exactly when hits do
+    return ProbeResult(len(HITS), K, "tabular", rollout, estimators, flows, signal)
 
 
 def test_the_report_shows_the_success_rate_table_and_the_json_holds_every_group():
@@ -175,3 +176,21 @@ def test_the_report_shows_the_success_rate_table_and_the_json_holds_every_group(
         assert [b["groups"] for b in by_rate] == [b.groups for b in bins[estimator]]
         assert [b["lambda"] for b in by_rate] == [b.lam for b in bins[estimator]]
         assert by_rate[0]["lambda"] is None and by_rate[-1]["lambda"] is None  # rates 0 and 1
+
+
+def test_the_report_says_which_groups_dynamic_sampling_keeps():
+    chunks, groups, correct = _batch(4)
+    flows = {e: group_flows(chunks, _prepared(chunks, e), groups, correct) for e in ESTIMATORS}
+    result = _result(flows)
+    mixed = [g for g, hits in enumerate(HITS) if 0 < hits < K]
+    line = f"dynamic sampling would keep {len(mixed)} of {len(HITS)} groups"
+    assert line in table(result)
+    doc = document(result, [], {})["dynamic_sampling"]
+    assert doc["groups_with_signal"] == mixed and not doc["enabled"]
+    # with dynamic sampling on, the batch is what it kept from the rounds it generated
+    counts = {"rounds": 3.0, "groups_kept": 6.0, "groups_dropped": 10.0, "groups_surplus": 2.0}
+    result.rollout.update({f"sampling/{name}": value for name, value in counts.items()})
+    assert "dynamic sampling kept 6 groups with signal of 18 generated in 3 round(s)" in table(
+        result
+    )
+    assert document(result, [], {})["dynamic_sampling"]["enabled"]

@@ -15,7 +15,7 @@ from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
-from opefo_nemo.trainer.loop import NanGuard, NanStreakError
+from opefo_nemo.trainer.nan_guard import NanGuard, NanStreakError
 from opefo_nemo.trainer.update import optimizer_step, stats_pass, update_rollout_batch
 from tests.core.test_method_plugins import _docs_block
 from tests.metric_bounds import assert_grads_close
