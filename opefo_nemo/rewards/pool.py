@@ -16,10 +16,17 @@ from opefo_nemo.rewards.result import ERROR, TIMEOUT, RewardConfig, RewardResult
 from opefo_nemo.rewards.scoring import score_with_config
 
 _PRELOAD = ["opefo_nemo.rewards.scoring", "opefo_nemo.rewards.symbolic"]
+READY = "ready"
+"""What a worker sends once it can score."""
+START_TIMEOUT_S = 300.0
+"""How long a worker may take to start (import the parent's main module) before the pool gives
+up on it."""
 
 
 def _worker_main(conn: Connection, config: RewardConfig) -> None:
-    """Score (index, response, ground_truth) messages until a None message or a closed pipe."""
+    """Send :data:`READY`, then score (index, response, ground_truth) messages until a None
+    message or a closed pipe: no item's time runs before the worker has started."""
+    conn.send(READY)
     while True:
         try:
             message = conn.recv()
@@ -40,6 +47,21 @@ class _Worker:
         )
         self.process.start()
         child_conn.close()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the worker has started (a new process imports the parent's main module
+        first: seconds in a trainer); raises ``RuntimeError`` if it dies or takes over
+        ``timeout_s``."""
+        try:
+            ready = self.conn.poll(timeout_s) and self.conn.recv() == READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise RuntimeError(
+                f"a reward worker did not start within {timeout_s:.0f} s "
+                f"(exit code {self.process.exitcode})"
+            )
 
     def kill(self) -> None:
         self.process.kill()
@@ -64,7 +86,9 @@ class RewardPool:
     Python code after `config.timeout_s`; if the worker is still busy `hard_grace_s` later (a long
     C call, e.g. a huge integer power in sympy), the parent kills it, scores the item as a timeout
     and starts a replacement. Workers come from `forkserver` by default: safe in a parent running
-    torch or vLLM threads, and cheap to restart since the server has the verifiers imported."""
+    torch or vLLM threads. The server has the verifiers imported, but each new worker imports the
+    parent's main module (seconds under `opefo-train`): an item's clock starts only when a worker
+    that has reported ready takes it."""
 
     def __init__(
         self,
@@ -84,6 +108,8 @@ class RewardPool:
         if start_method == "forkserver":
             self._context.set_forkserver_preload(_PRELOAD)
         self._workers = [_Worker(self._context, self.config) for _ in range(workers)]
+        for worker in self._workers:  # started together, waited for in turn
+            worker.wait_ready(START_TIMEOUT_S)
         self.restarts = 0
 
     def __enter__(self) -> RewardPool:
@@ -100,6 +126,7 @@ class RewardPool:
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
         fresh = _Worker(self._context, self.config)
+        fresh.wait_ready(START_TIMEOUT_S)
         self._workers[self._workers.index(worker)] = fresh
         self.restarts += 1
         return fresh
