@@ -6,12 +6,14 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import sys
 import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
+from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
 from opefo_nemo.rewards.result import ERROR, TIMEOUT, RewardConfig, RewardResult
 from opefo_nemo.rewards.scoring import score_with_config
 
@@ -19,13 +21,20 @@ _PRELOAD = ["opefo_nemo.rewards.scoring", "opefo_nemo.rewards.symbolic"]
 READY = "ready"
 """What a worker sends once it can score."""
 START_TIMEOUT_S = 300.0
-"""How long a worker may take to start (import the parent's main module) before the pool gives
-up on it."""
+"""How long a worker may take to start (import the parent's main module, and the reward
+function) before the pool gives up on it."""
 
 
-def _worker_main(conn: Connection, config: RewardConfig) -> None:
-    """Send :data:`READY`, then score (index, response, ground_truth) messages until a None
-    message or a closed pipe: no item's time runs before the worker has started."""
+def _worker_main(conn: Connection, config: RewardConfig, import_path: list[str]) -> None:
+    """Score (index, response, ground_truth) messages until a None message or a closed pipe.
+
+    A reward function is imported first, with the parent's ``sys.path`` (``import_path``: the
+    forkserver keeps the path it started with); an import that fails here fails again on each
+    item, scored ``error``. Then :data:`READY` is sent: no item's time runs before it."""
+    if config.function is not None:
+        sys.path[:] = import_path
+        with contextlib.suppress(RewardFunctionError):
+            load_reward_function(config.function)
     conn.send(READY)
     while True:
         try:
@@ -36,14 +45,17 @@ def _worker_main(conn: Connection, config: RewardConfig) -> None:
             return
         index, response, ground_truth = message
         result = score_with_config(response, ground_truth, config)
-        conn.send((index, result.score, result.answer, result.reason))
+        conn.send((index, result.score, result.answer, result.reason, dict(result.metrics)))
 
 
 class _Worker:
     def __init__(self, context: Any, config: RewardConfig):  # a multiprocessing context
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(
-            target=_worker_main, args=(child_conn, config), daemon=True, name="opefo-reward"
+            target=_worker_main,
+            args=(child_conn, config, list(sys.path)),
+            daemon=True,
+            name="opefo-reward",
         )
         self.process.start()
         child_conn.close()
@@ -164,12 +176,12 @@ class RewardPool:
             for conn in cast("list[Connection]", ready):  # wait returns what it was given
                 worker, index, _ = busy.pop(conn)
                 try:
-                    _, value, answer, reason = conn.recv()
+                    _, value, answer, reason, metrics = conn.recv()
                 except (EOFError, OSError):
                     results[index] = self._failed(ERROR)
                     idle.append(self._replace(worker))
                     continue
-                results[index] = RewardResult(value, answer, reason)
+                results[index] = RewardResult(value, answer, reason, metrics)
                 idle.append(worker)
             now = time.monotonic()
             for conn, (worker, index, deadline) in list(busy.items()):

@@ -1,7 +1,8 @@
 """Start-up checks of a run's inputs, shared by ``opefo-train``, ``opefo-probe`` and
-``opefo-preflight``: the model directory the model settings ask for, the data files and the run
-directory (``checkpoint.resume``). Each problem raises an error whose one-line message names the
-key and the fix; nothing is built, loaded or written here.
+``opefo-preflight``: the model directory the model settings ask for, the data files, the reward
+function (``reward.function``, imported here) and the run directory (``checkpoint.resume``). Each
+problem raises an error whose one-line message names the key and the fix; nothing else is
+built, loaded or written here.
 """
 
 from __future__ import annotations
@@ -13,13 +14,20 @@ import yaml
 from opefo_nemo.config.data import GENERATED_DATA
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import DatasetError
+from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
 from opefo_nemo.tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
 from opefo_nemo.tasks.warm_start import read_recipe
 from opefo_nemo.trainer.checkpoint import CHECKPOINTS_SUBDIR, RunDirectoryError, resume_point
 
 ARITHMETIC = "arithmetic"
 #: What :func:`check_inputs` raises: the user's set-up, one line each.
-INPUT_ERRORS = (FileNotFoundError, ModelPathError, DatasetError, RunDirectoryError)
+INPUT_ERRORS = (
+    FileNotFoundError,
+    ModelPathError,
+    DatasetError,
+    RewardFunctionError,
+    RunDirectoryError,
+)
 
 
 def check_embedded_model(config: TrainConfig) -> None:
@@ -78,6 +86,12 @@ def check_data(config: TrainConfig) -> None:
             raise FileNotFoundError(f"{key}={source}: no such file")
 
 
+def check_reward_function(config: TrainConfig) -> None:
+    """``reward.function`` imports and names a callable of (response, ground_truth)."""
+    if config.reward.function is not None:
+        load_reward_function(config.reward.function)
+
+
 #: Settings a continued run must share with the run it continues (others, e.g. the step count,
 #: may change).
 RUN_IDENTITY = (("method", "name"), ("model", "path"), ("data", "train"))
@@ -105,4 +119,5 @@ def check_inputs(config: TrainConfig, output_dir: Path) -> None:
     """Every check above, then the run directory against ``checkpoint.resume``."""
     check_model(config)
     check_data(config)
+    check_reward_function(config)
     check_run_directory(config, output_dir)
