@@ -14,6 +14,7 @@ import yaml
 from opefo_nemo.config.data import GENERATED_DATA
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import DatasetError
+from opefo_nemo.models.directory import architecture_problem, model_files_problem
 from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
 from opefo_nemo.tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
 from opefo_nemo.tasks.warm_start import read_recipe
@@ -60,15 +61,16 @@ def check_embedded_model(config: TrainConfig) -> None:
 
 
 def check_model(config: TrainConfig) -> None:
-    """The model settings point at a model that exists (a packaged one is converted on use)."""
+    """The model settings point at a model that exists (a packaged one is converted on use);
+    a model of the user's own holds what the engines load (:mod:`..models.directory`)."""
     if config.model.embedded:
         check_embedded_model(config)
     elif config.model.packaged is None:
         path = Path(config.model.path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path={path} is not a Hugging Face model directory (no config.json)"
-            )
+        name = f"model.path={path}"
+        problem = model_files_problem(path, name) or architecture_problem(path, name)
+        if problem is not None:
+            raise (FileNotFoundError if not path.exists() else ModelPathError)(problem)
 
 
 def check_data(config: TrainConfig) -> None:
