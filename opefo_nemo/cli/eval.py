@@ -31,6 +31,7 @@ from opefo_nemo.data import (
 from opefo_nemo.data.benchmarks import PASS_AT_K_VALUES
 from opefo_nemo.eval import score_benchmark, write_report
 from opefo_nemo.launch.placement import device_slices
+from opefo_nemo.rewards.function import load_reward_function
 from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
 from opefo_nemo.trainer.checkpoint import POLICY_SUBDIR
 from opefo_nemo.trainer.prompts import PromptCodec
@@ -90,6 +91,12 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
         default="math_verify",
         choices=VERIFIERS,
         help="how responses are scored, named in the table (default: math_verify)",
+    )
+    parser.add_argument(
+        "--reward-function",
+        metavar="MODULE:CALLABLE",
+        help="a reward of your own in place of --verifier, as opefo-train's reward.function "
+        "(imported from PYTHONPATH; a score >= 1.0 counts as correct)",
     )
     parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
     parser.add_argument(
@@ -195,6 +202,8 @@ def prepare(
     """The model directory, its prompt codec, and ``name → (problems, prompts, samples)``; every
     input error is raised here, before any vLLM server starts."""
     model = resolve_model(args.model)
+    if args.reward_function is not None:
+        load_reward_function(args.reward_function, "--reward-function")
     codec = PromptCodec(model, args.template)
     sets = {}
     for name, (problems, samples) in benchmark_sets(args).items():
@@ -220,7 +229,8 @@ def evaluate(
     sets: dict[str, tuple[list[Problem], list[list[int]], int]],
 ) -> tuple[Path, Path]:
     """Generate, score and write the table for the sets :func:`prepare` returned."""
-    reward = RewardSettings(verifier=args.verifier)
+    reward = RewardSettings(verifier=args.verifier, function=args.reward_function)
+    scored_by = args.reward_function or args.verifier
     stop = stop_tokens(codec, args.stop_token_ids)
     log.info("generation stops at token ids %s", stop.describe(codec))
     sampling = SamplingConfig(
@@ -265,7 +275,7 @@ def evaluate(
             scores[name] = score_benchmark(name, matrix, pass_k_values(samples))
             log.info("%s: avg@%d = %.3f", name, samples, scores[name].avg_at_k)
     write_samples(generated, Path(args.out) / "samples.jsonl")
-    return write_report({args.name or str(args.model): scores}, args.out, verifier=args.verifier)
+    return write_report({args.name or str(args.model): scores}, args.out, verifier=scored_by)
 
 
 def pass_k_values(samples: int) -> tuple[int, ...]:

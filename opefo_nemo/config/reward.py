@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opefo_nemo.core.schema import one_of, require
+from opefo_nemo.rewards.function import split_name
 
 VERIFIERS = ("arithmetic", "last_number", "dapo", "answer", "math_verify")
 
@@ -28,13 +29,19 @@ class RewardSettings:
     (the last integer of the response) | ``dapo`` (the DAPO rule exactly, the paper's) |
     ``answer`` (same extraction, lenient normalisation) | ``math_verify`` (symbolic
     equivalence)."""
+    function: str | None = None
+    """A reward of your own in place of ``verifier``: ``package.module:callable``, imported at
+    start-up (from ``PYTHONPATH``), called as ``callable(response, ground_truth)`` and returning
+    a score, or a mapping with ``"score"`` and extra metrics (each logged as
+    ``reward/function/<name>``); a score >= 1.0 counts as correct. null: ``verifier``."""
     timeout_s: float = 5.0
-    """Time limit per response (dapo / answer / math_verify)."""
+    """Time limit per response (dapo / answer / math_verify / function)."""
     workers: int = 0
     """Reward worker processes (0: score in the trainer process)."""
     incorrect_score: float | None = None
     """Score of a wrong or missing answer (correct = 1.0); null: the verifier's own, -1.0 for
-    dapo (the rule), 0.0 for the others."""
+    dapo (the rule), 0.0 for the others. With ``function``: the score of a response whose call
+    raised, returned no number or timed out (null: 0.0)."""
     overlong_buffer: int = 0
     """DAPO overlong shaping, off at 0 (the paper does not use it): a response of l tokens gets
     ``factor * min(0, (L - B - l) / B)`` added, L = ``rollout.max_new_tokens``, B = this
@@ -45,6 +52,11 @@ class RewardSettings:
     def validate(self) -> None:
         """Ranges and contradictions of the ``reward`` keys; errors name the key."""
         one_of(self.verifier, VERIFIERS, "reward.verifier")
+        require(
+            self.function is None or split_name(self.function) is not None,
+            "reward.function",
+            f"is {self.function!r}; expected package.module:callable (or null)",
+        )
         require(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
         require(self.workers >= 0, "reward.workers", "must be >= 0")
         require(

@@ -15,6 +15,7 @@ from opefo_nemo.launch.placement import (
     vllm_tensor_parallel_problems,
 )
 from opefo_nemo.launch.plan import LaunchPlan
+from opefo_nemo.models.directory import model_files_problem
 
 
 @dataclass(frozen=True)
@@ -155,15 +156,19 @@ def _writable_dir(path: Path) -> bool:
 
 
 def check_paths(plan: LaunchPlan) -> list[Problem]:
-    """The model directory (with ``config.json``), data files and resume checkpoint are
-    readable; the checkpoint directory is writable (or creatable)."""
+    """The model directory holds what the engines load, by its files
+    (:func:`~opefo_nemo.models.directory.model_files_problem`, which start-up checks too), the
+    data files and resume checkpoint are readable; the checkpoint directory is writable (or
+    creatable)."""
     problems = []
     if plan.model_path is not None:
         model = Path(plan.model_path)
-        if not model.is_dir() or not _readable_file_or_dir(model):
+        if model.exists() and not _readable_file_or_dir(model):
             problems.append(Problem("paths", f"model directory {model} is not readable"))
-        elif not (model / "config.json").is_file():
-            problems.append(Problem("paths", f"model directory {model} has no config.json"))
+        else:
+            problem = model_files_problem(model, f"model.path={model}")
+            if problem is not None:
+                problems.append(Problem("paths", problem))
     for data in plan.data_paths:
         if not Path(data).exists() or not _readable_file_or_dir(Path(data)):
             problems.append(Problem("paths", f"data path {data} is not readable"))

@@ -6,20 +6,36 @@ from __future__ import annotations
 
 import contextlib
 import multiprocessing
+import sys
 import time
 from collections import deque
 from collections.abc import Sequence
 from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
+from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
 from opefo_nemo.rewards.result import ERROR, TIMEOUT, RewardConfig, RewardResult
 from opefo_nemo.rewards.scoring import score_with_config
 
 _PRELOAD = ["opefo_nemo.rewards.scoring", "opefo_nemo.rewards.symbolic"]
+READY = "ready"
+"""What a worker sends once it can score."""
+START_TIMEOUT_S = 300.0
+"""How long a worker may take to start (import the parent's main module, and the reward
+function) before the pool gives up on it."""
 
 
-def _worker_main(conn: Connection, config: RewardConfig) -> None:
-    """Score (index, response, ground_truth) messages until a None message or a closed pipe."""
+def _worker_main(conn: Connection, config: RewardConfig, import_path: list[str]) -> None:
+    """Score (index, response, ground_truth) messages until a None message or a closed pipe.
+
+    A reward function is imported first, with the parent's ``sys.path`` (``import_path``: the
+    forkserver keeps the path it started with); an import that fails here fails again on each
+    item, scored ``error``. Then :data:`READY` is sent: no item's time runs before it."""
+    if config.function is not None:
+        sys.path[:] = import_path
+        with contextlib.suppress(RewardFunctionError):
+            load_reward_function(config.function)
+    conn.send(READY)
     while True:
         try:
             message = conn.recv()
@@ -29,17 +45,35 @@ def _worker_main(conn: Connection, config: RewardConfig) -> None:
             return
         index, response, ground_truth = message
         result = score_with_config(response, ground_truth, config)
-        conn.send((index, result.score, result.answer, result.reason))
+        conn.send((index, result.score, result.answer, result.reason, dict(result.metrics)))
 
 
 class _Worker:
     def __init__(self, context: Any, config: RewardConfig):  # a multiprocessing context
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(
-            target=_worker_main, args=(child_conn, config), daemon=True, name="opefo-reward"
+            target=_worker_main,
+            args=(child_conn, config, list(sys.path)),
+            daemon=True,
+            name="opefo-reward",
         )
         self.process.start()
         child_conn.close()
+
+    def wait_ready(self, timeout_s: float) -> None:
+        """Block until the worker has started (a new process imports the parent's main module
+        first: seconds in a trainer); raises ``RuntimeError`` if it dies or takes over
+        ``timeout_s``."""
+        try:
+            ready = self.conn.poll(timeout_s) and self.conn.recv() == READY
+        except (EOFError, OSError):
+            ready = False
+        if not ready:
+            self.kill()
+            raise RuntimeError(
+                f"a reward worker did not start within {timeout_s:.0f} s "
+                f"(exit code {self.process.exitcode})"
+            )
 
     def kill(self) -> None:
         self.process.kill()
@@ -64,7 +98,9 @@ class RewardPool:
     Python code after `config.timeout_s`; if the worker is still busy `hard_grace_s` later (a long
     C call, e.g. a huge integer power in sympy), the parent kills it, scores the item as a timeout
     and starts a replacement. Workers come from `forkserver` by default: safe in a parent running
-    torch or vLLM threads, and cheap to restart since the server has the verifiers imported."""
+    torch or vLLM threads. The server has the verifiers imported, but each new worker imports the
+    parent's main module (seconds under `opefo-train`): an item's clock starts only when a worker
+    that has reported ready takes it."""
 
     def __init__(
         self,
@@ -84,6 +120,8 @@ class RewardPool:
         if start_method == "forkserver":
             self._context.set_forkserver_preload(_PRELOAD)
         self._workers = [_Worker(self._context, self.config) for _ in range(workers)]
+        for worker in self._workers:  # started together, waited for in turn
+            worker.wait_ready(START_TIMEOUT_S)
         self.restarts = 0
 
     def __enter__(self) -> RewardPool:
@@ -100,6 +138,7 @@ class RewardPool:
     def _replace(self, worker: _Worker) -> _Worker:
         worker.kill()
         fresh = _Worker(self._context, self.config)
+        fresh.wait_ready(START_TIMEOUT_S)
         self._workers[self._workers.index(worker)] = fresh
         self.restarts += 1
         return fresh
@@ -137,12 +176,12 @@ class RewardPool:
             for conn in cast("list[Connection]", ready):  # wait returns what it was given
                 worker, index, _ = busy.pop(conn)
                 try:
-                    _, value, answer, reason = conn.recv()
+                    _, value, answer, reason, metrics = conn.recv()
                 except (EOFError, OSError):
                     results[index] = self._failed(ERROR)
                     idle.append(self._replace(worker))
                     continue
-                results[index] = RewardResult(value, answer, reason)
+                results[index] = RewardResult(value, answer, reason, metrics)
                 idle.append(worker)
             now = time.monotonic()
             for conn, (worker, index, deadline) in list(busy.items()):

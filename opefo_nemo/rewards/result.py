@@ -6,8 +6,11 @@ scalar reward the trainer uses (spec §4 turns these into advantages).
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Literal
+
+from opefo_nemo.rewards.function import split_name
 
 VERIFIERS = ("dapo", "answer", "math_verify")
 
@@ -40,6 +43,9 @@ class RewardConfig:
         characters instead of the last `Answer:` line.
     tail_chars: dapo and answer; only the final `tail_chars` characters of the response are
         read (the DAPO rule reads 300); None reads the whole response.
+    function: a reward of the user's own, `package.module:callable` (`function.py`), in place
+        of `verifier`: its score is the reward, `correct` when it is at least `correct_score`;
+        a timeout or an error scores `wrong_score` (None: 0.0).
     """
 
     verifier: Verifier = "dapo"
@@ -50,8 +56,14 @@ class RewardConfig:
     strict_box: bool = False
     tail_chars: int | None = 300
     strict_box_chars: int = 100
+    function: str | None = None
 
     def __post_init__(self) -> None:
+        if self.function is not None and split_name(self.function) is None:
+            raise ValueError(
+                "RewardConfig.function must be of the form package.module:callable, "
+                f"got {self.function!r}"
+            )
         if self.verifier not in VERIFIERS:
             raise ValueError(
                 f"RewardConfig.verifier must be one of {VERIFIERS}, got {self.verifier!r}"
@@ -75,7 +87,9 @@ class RewardConfig:
     @property
     def incorrect_score(self) -> float:
         """The score of a wrong answer, a timeout and an error (`wrong_score` resolved)."""
-        return INCORRECT_SCORES[self.verifier] if self.wrong_score is None else self.wrong_score
+        if self.wrong_score is not None:
+            return self.wrong_score
+        return 0.0 if self.function is not None else INCORRECT_SCORES[self.verifier]
 
     def score_for(self, reason: str) -> float:
         """The scalar reward for an outcome in `REASONS`."""
@@ -96,11 +110,13 @@ class RewardResult:
     answer: the answer extracted from the response, normalised (dapo, answer) or as extracted
         (math_verify); None when no answer was found or the time limit was hit.
     reason: one of `REASONS`.
+    metrics: a reward function's extra metrics for this response (empty otherwise).
     """
 
     score: float
     answer: str | None
     reason: str
+    metrics: Mapping[str, float] = field(default_factory=dict, hash=False)
 
     @property
     def correct(self) -> bool:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Any
 
 from opefo_nemo.rewards.answer import extract_answer, normalize_answer
 from opefo_nemo.rewards.dapo import dapo_answer, dapo_correct
+from opefo_nemo.rewards.function import load_reward_function, read_reward
 from opefo_nemo.rewards.result import (
     CORRECT,
     ERROR,
@@ -69,13 +70,25 @@ def _verify(response: str, ground_truth: str, config: RewardConfig) -> tuple[str
     return (CORRECT if verdict else WRONG), answer
 
 
+def _call_function(response: str, ground_truth: str, config: RewardConfig) -> RewardResult:
+    """The user's reward function on one response; may raise (its own error, a bad return)."""
+    assert config.function is not None
+    function = load_reward_function(config.function)
+    value, metrics = read_reward(function(response, ground_truth))
+    reason = CORRECT if value >= config.correct_score else WRONG
+    return RewardResult(value, None, reason, metrics)
+
+
 def score_with_config(response: object, ground_truth: str, config: RewardConfig) -> RewardResult:
     """Verify one response in this process under `config`'s soft time limit; never raises on
-    the response (a non-str response, an internal error or a timeout become reasons)."""
+    the response (a non-str response, an internal error, a reward function that raises or
+    returns no number, or a timeout become reasons)."""
     if not isinstance(response, str):
         return RewardResult(config.score_for(ERROR), None, ERROR)
     try:
         with time_limit(config.timeout_s):
+            if config.function is not None:
+                return _call_function(response, ground_truth, config)
             reason, answer = _verify(response, ground_truth, config)
     except VerificationTimeout:
         reason, answer = TIMEOUT, None

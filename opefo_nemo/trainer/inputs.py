@@ -1,7 +1,8 @@
 """Start-up checks of a run's inputs, shared by ``opefo-train``, ``opefo-probe`` and
-``opefo-preflight``: the model directory the model settings ask for, the data files and the run
-directory (``checkpoint.resume``). Each problem raises an error whose one-line message names the
-key and the fix; nothing is built, loaded or written here.
+``opefo-preflight``: the model directory the model settings ask for, the data files, the reward
+function (``reward.function``, imported here) and the run directory (``checkpoint.resume``). Each
+problem raises an error whose one-line message names the key and the fix; nothing else is
+built, loaded or written here.
 """
 
 from __future__ import annotations
@@ -13,13 +14,21 @@ import yaml
 from opefo_nemo.config.data import GENERATED_DATA
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import DatasetError
+from opefo_nemo.models.directory import architecture_problem, model_files_problem
+from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
 from opefo_nemo.tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
 from opefo_nemo.tasks.warm_start import read_recipe
 from opefo_nemo.trainer.checkpoint import CHECKPOINTS_SUBDIR, RunDirectoryError, resume_point
 
 ARITHMETIC = "arithmetic"
 #: What :func:`check_inputs` raises: the user's set-up, one line each.
-INPUT_ERRORS = (FileNotFoundError, ModelPathError, DatasetError, RunDirectoryError)
+INPUT_ERRORS = (
+    FileNotFoundError,
+    ModelPathError,
+    DatasetError,
+    RewardFunctionError,
+    RunDirectoryError,
+)
 
 
 def check_embedded_model(config: TrainConfig) -> None:
@@ -52,15 +61,16 @@ def check_embedded_model(config: TrainConfig) -> None:
 
 
 def check_model(config: TrainConfig) -> None:
-    """The model settings point at a model that exists (a packaged one is converted on use)."""
+    """The model settings point at a model that exists (a packaged one is converted on use);
+    a model of the user's own holds what the engines load (:mod:`..models.directory`)."""
     if config.model.embedded:
         check_embedded_model(config)
     elif config.model.packaged is None:
         path = Path(config.model.path)
-        if not (path / "config.json").is_file():
-            raise FileNotFoundError(
-                f"model.path={path} is not a Hugging Face model directory (no config.json)"
-            )
+        name = f"model.path={path}"
+        problem = model_files_problem(path, name) or architecture_problem(path, name)
+        if problem is not None:
+            raise (FileNotFoundError if not path.exists() else ModelPathError)(problem)
 
 
 def check_data(config: TrainConfig) -> None:
@@ -76,6 +86,12 @@ def check_data(config: TrainConfig) -> None:
             raise DatasetError(f"{key} is empty: give a .jsonl / .parquet file or one of {tasks}")
         if source not in GENERATED_DATA and not Path(source).is_file():
             raise FileNotFoundError(f"{key}={source}: no such file")
+
+
+def check_reward_function(config: TrainConfig) -> None:
+    """``reward.function`` imports and names a callable of (response, ground_truth)."""
+    if config.reward.function is not None:
+        load_reward_function(config.reward.function)
 
 
 #: Settings a continued run must share with the run it continues (others, e.g. the step count,
@@ -105,4 +121,5 @@ def check_inputs(config: TrainConfig, output_dir: Path) -> None:
     """Every check above, then the run directory against ``checkpoint.resume``."""
     check_model(config)
     check_data(config)
+    check_reward_function(config)
     check_run_directory(config, output_dir)

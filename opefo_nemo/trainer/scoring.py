@@ -4,7 +4,7 @@
 
 from __future__ import annotations
 
-from collections import Counter
+from collections import Counter, defaultdict
 from collections.abc import Sequence
 from typing import cast
 
@@ -25,7 +25,15 @@ crashing or slow item into an ``error`` or ``timeout`` reason scored like a wron
 def score_responses(
     responses: Sequence[str], ground_truths: Sequence[str], settings: RewardSettings
 ) -> list[RewardResult]:
-    """One result per response, in order."""
+    """One result per response, in order: by ``reward.function`` when set, else by
+    ``reward.verifier``."""
+    if settings.function is not None:
+        config = RewardConfig(
+            function=settings.function,
+            timeout_s=settings.timeout_s,
+            wrong_score=settings.incorrect_score,
+        )
+        return score_batch(responses, ground_truths, config=config, workers=settings.workers)
     if settings.verifier not in TASK_VERIFIERS:
         config = RewardConfig(
             verifier=cast(Verifier, settings.verifier),  # validated by RewardSettings
@@ -59,11 +67,19 @@ def overlong_penalties(
 
 
 def reason_metrics(results: Sequence[RewardResult]) -> dict[str, float]:
-    """``reward/<reason>_frac`` for every outcome, and ``reward/failed`` (error + timeout count)."""
+    """``reward/<reason>_frac`` for every outcome, ``reward/failed`` (error + timeout count),
+    and each extra metric of a reward function, ``reward/function/<name>``: its mean over the
+    responses that reported it."""
     counts = Counter(r.reason for r in results)
     n = max(len(results), 1)
     out = {
         f"reward/{reason}_frac": counts[reason] / n for reason in ("correct", "wrong", "no_answer")
     }
     out["reward/failed"] = float(counts["error"] + counts["timeout"])
+    reported: dict[str, list[float]] = defaultdict(list)
+    for result in results:
+        for name, value in result.metrics.items():
+            reported[name].append(value)
+    for name, values in sorted(reported.items()):
+        out[f"reward/function/{name}"] = sum(values) / len(values)
     return out

@@ -30,6 +30,8 @@ def plan(tmp_path) -> LaunchPlan:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps({"model_type": "qwen2"}))
+    (model / "model.safetensors").write_bytes(b"")  # the files' presence is what is checked
+    (model / "tokenizer.json").write_text("{}")
     data = tmp_path / "train.jsonl"
     data.write_text("{}\n")
     return LaunchPlan(
@@ -140,7 +142,8 @@ def test_unreadable_paths(plan, tmp_path):
         checkpoint_dir=str(locked / "run"),
     )
     messages = [p.message for p in plan_problems(bad)]
-    assert f"model directory {empty_model} has no config.json" in messages
+    no_config = f"model.path={empty_model} is not a Hugging Face model directory (no config.json)"
+    assert no_config in messages
     assert f"data path {tmp_path / 'missing.jsonl'} is not readable" in messages
     assert f"resume checkpoint {tmp_path / 'no-checkpoint'} is not readable" in messages
     if os.geteuid() != 0:  # root writes anywhere
@@ -148,7 +151,7 @@ def test_unreadable_paths(plan, tmp_path):
     assert len(messages) == (4 if os.geteuid() != 0 else 3)
     missing_model = dataclasses.replace(plan, model_path=str(tmp_path / "nowhere"))
     assert [p.message for p in plan_problems(missing_model)] == [
-        f"model directory {tmp_path / 'nowhere'} is not readable"
+        f"model.path={tmp_path / 'nowhere'} does not exist"
     ]
 
 

@@ -20,6 +20,17 @@ QWEN2_SMALL = {
 }
 
 
+def _model_dir(tmp_path: Path) -> Path:
+    """A model directory with QWEN2_SMALL's config and (empty) weight and tokenizer files: what
+    preflight reads is the config; of the others, their presence."""
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text(json.dumps(QWEN2_SMALL))
+    (model / "model.safetensors").write_bytes(b"")
+    (model / "tokenizer.json").write_text("{}")
+    return model
+
+
 def _run(capsys, *argv: str) -> tuple[int, str]:
     status = main(list(argv))
     return status, capsys.readouterr().out
@@ -48,9 +59,7 @@ def test_packaged_model_preset_passes_before_its_conversion(capsys, tmp_path, mo
 
 
 def test_memory_table_for_a_readable_model(capsys, tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(QWEN2_SMALL))
+    model = _model_dir(tmp_path)
     status, out = _run(
         capsys,
         "--world-size=1",
@@ -80,9 +89,7 @@ def test_memory_table_for_a_readable_model(capsys, tmp_path):
 
 
 def test_every_problem_printed_and_exit_status(capsys, tmp_path):
-    model = tmp_path / "model"
-    model.mkdir()
-    (model / "config.json").write_text(json.dumps(QWEN2_SMALL))
+    model = _model_dir(tmp_path)
     status, out = _run(
         capsys,
         "--world-size=3",

@@ -32,6 +32,8 @@ def _tiny_model_dir(tmp_path: Path) -> Path:
     model = tmp_path / "model"
     model.mkdir()
     (model / "config.json").write_text(json.dumps(hf_config("qwen2")))
+    (model / "model.safetensors").write_bytes(b"")  # start-up checks for the files, unread here
+    (model / "tokenizer.json").write_text("{}")
     return model
 
 
