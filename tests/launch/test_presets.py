@@ -52,10 +52,14 @@ PRESETS = {"opefo_7b": ("Qwen2.5-Math-7B", 3000), "opefo_4b": ("Qwen3-4B-Base", 
 @pytest.fixture
 def composed(tmp_path, monkeypatch):
     """Compose ``+preset=<name> method=<m>`` with Hydra over ``conf/``; models are the published
-    config.json files, written to a temporary model directory."""
+    config.json files, written to a temporary model directory beside empty weight and tokenizer
+    files (of those, the checks read only their presence)."""
     for name, config in HF_CONFIGS.items():
-        (tmp_path / "models" / name).mkdir(parents=True)
-        (tmp_path / "models" / name / "config.json").write_text(json.dumps(config))
+        model = tmp_path / "models" / name
+        model.mkdir(parents=True)
+        (model / "config.json").write_text(json.dumps(config))
+        (model / "model.safetensors").write_bytes(b"")
+        (model / "tokenizer.json").write_text("{}")
     (tmp_path / "data").mkdir()
     (tmp_path / "data" / "dapo-math-17k.parquet").write_bytes(b"")
     monkeypatch.setenv("OPEFO_MODEL_DIR", str(tmp_path / "models"))
