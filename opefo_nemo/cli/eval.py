@@ -19,6 +19,7 @@ import torch
 
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.data import (
     BENCHMARK_NAMES,
     TEMPLATES,
@@ -136,6 +137,10 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
     args = parser.parse_args(argv)
+    if args.num_servers < 1:
+        parser.error(f"--num-servers must be >= 1, got {args.num_servers}")
+    if args.startup_timeout_s <= 0:
+        parser.error(f"--startup-timeout-s must be > 0, got {args.startup_timeout_s}")
     if args.stop_token_ids is not None:
         try:
             args.stop_token_ids = [int(t) for t in args.stop_token_ids.split(",")]
@@ -242,15 +247,16 @@ def evaluate(
     )
     slices = server_devices(args)
     scores, generated = {}, {}
-    with VLLMRolloutEngine(
+    servers = RolloutConfig(
+        num_servers=args.num_servers, python=args.python, startup_timeout_s=args.startup_timeout_s
+    )
+    with VLLMRolloutEngine.from_config(
         model,
-        num_servers=args.num_servers,
-        python=args.python,
-        startup_timeout_s=args.startup_timeout_s,
+        servers,
         seed=args.seed,
         max_model_len=args.max_model_len,
         dtype=saved_dtype(model),
-        server_env=None if slices is None else [{"CUDA_VISIBLE_DEVICES": d} for d in slices],
+        devices=slices,
     ) as engine:
         for name, (problems, prompts, samples) in sets.items():
             completions = engine.generate(prompts, samples, sampling)

@@ -9,8 +9,8 @@ from dataclasses import dataclass
 from opefo_nemo.core.schema import require
 
 SEEDS_PER_STEP = 10_000
-"""Rollout step ``s`` samples with seeds ``(seed × 1_000_003 + s) × SEEDS_PER_STEP`` on, one per
-response (trainer/loop.py): a step may sample at most this many responses."""
+"""The sampling seeds each rollout step owns, one per response (``trainer/seeds.py``,
+``sampling_seed``): a step may sample at most this many responses."""
 
 
 @dataclass(frozen=True)

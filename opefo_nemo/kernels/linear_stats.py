@@ -18,7 +18,15 @@ from torch import Tensor
 from opefo_nemo.kernels import budgets
 from opefo_nemo.kernels.partials import SUM_COLUMNS, ShardPartials
 from opefo_nemo.kernels.select import triton_interpreted
-from opefo_nemo.kernels.tiles import count_bad, dot_acc, grad_tile, launch, merge_tile, store_sums
+from opefo_nemo.kernels.tiles import (
+    count_bad,
+    dot_acc,
+    grad_tile,
+    launch,
+    load_row_stats,
+    merge_tile,
+    store_sums,
+)
 
 
 @dataclass(frozen=True)
@@ -138,11 +146,7 @@ def _grad_logit_tile(
 ):
     """``∂L/∂z`` of the tile, fp32 ``[BLOCK_N, BLOCK_V]``, 0 outside real rows and columns."""
     target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
-    m = tl.load(row_stats_ptr + rows * 5, mask=row_ok, other=0.0)
-    log_s0 = tl.load(row_stats_ptr + rows * 5 + 1, mask=row_ok, other=0.0)
-    entropy = tl.load(row_stats_ptr + rows * 5 + 2, mask=row_ok, other=0.0)
-    g_l = tl.load(row_stats_ptr + rows * 5 + 3, mask=row_ok, other=0.0)
-    g_h = tl.load(row_stats_ptr + rows * 5 + 4, mask=row_ok, other=0.0)
+    m, log_s0, entropy, g_l, g_h = load_row_stats(row_stats_ptr, rows, row_ok)
     real = row_ok[:, None] & col_ok[None, :]
     z = _logit_tile(x_ptr, w_ptr, rows, cols, row_ok, col_ok, hidden, PRECISION, UPCAST, BLOCK_K)
     z = tl.where(real, z, float("-inf"))

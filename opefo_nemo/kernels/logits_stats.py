@@ -11,7 +11,14 @@ import triton.language as tl
 from torch import Tensor
 
 from opefo_nemo.kernels.partials import SUM_COLUMNS, ShardPartials
-from opefo_nemo.kernels.tiles import count_bad, grad_tile, launch, merge_tile, store_sums
+from opefo_nemo.kernels.tiles import (
+    count_bad,
+    grad_tile,
+    launch,
+    load_row_stats,
+    merge_tile,
+    store_sums,
+)
 
 #: Widest vocabulary tile a program holds (fp32 registers per row).
 MAX_BLOCK_V = 4096
@@ -80,11 +87,7 @@ def _grad_kernel(
     row_ok = rows < tokens
     cols = tl.arange(0, BLOCK_V)
     target = tl.load(target_ptr + rows, mask=row_ok, other=-1)
-    m = tl.load(row_stats_ptr + rows * 5, mask=row_ok, other=0.0)
-    log_s0 = tl.load(row_stats_ptr + rows * 5 + 1, mask=row_ok, other=0.0)
-    entropy = tl.load(row_stats_ptr + rows * 5 + 2, mask=row_ok, other=0.0)
-    g_l = tl.load(row_stats_ptr + rows * 5 + 3, mask=row_ok, other=0.0)
-    g_h = tl.load(row_stats_ptr + rows * 5 + 4, mask=row_ok, other=0.0)
+    m, log_s0, entropy, g_l, g_h = load_row_stats(row_stats_ptr, rows, row_ok)
     for start in range(0, width, BLOCK_V):
         c = start + cols
         real = row_ok[:, None] & (c[None, :] < valid)

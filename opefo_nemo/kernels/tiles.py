@@ -73,6 +73,20 @@ def count_bad(z):
 
 
 @triton.jit
+def load_row_stats(row_stats_ptr, rows, row_ok):
+    """The gradient kernels' per-row inputs ``(m, log S0, H, g_l, g_H)``, each ``[BLOCK_N]`` fp32,
+    from the row-major ``[tokens, 5]`` buffer ``parallel/triton_stats.py``'s ``row_stats``
+    packs: row ``r`` holds its five values at ``5r`` to ``5r + 4``; 0 outside ``row_ok``."""
+    row = row_stats_ptr + rows * 5
+    m = tl.load(row, mask=row_ok, other=0.0)
+    log_s0 = tl.load(row + 1, mask=row_ok, other=0.0)
+    entropy = tl.load(row + 2, mask=row_ok, other=0.0)
+    g_l = tl.load(row + 3, mask=row_ok, other=0.0)
+    g_h = tl.load(row + 4, mask=row_ok, other=0.0)
+    return m, log_s0, entropy, g_l, g_h
+
+
+@triton.jit
 def grad_tile(z, cols, target, m, log_s0, entropy, g_l, g_h, inv_t):
     """``∂(g_l·logprob + g_H·H)/∂z`` for the tile, fp32 ``[BLOCK_N, BLOCK_V]``:
     ``(g_l onehot(y) − p (g_l + g_H (log p + H))) / T`` with ``log p = (z − m)/T − log S0``.

@@ -75,7 +75,8 @@ def row_stats(
     grad_logprob: Tensor | None,
     grad_entropy: Tensor | None,
 ) -> Tensor:
-    """``[c, 5]`` fp32 ``[m, log S0, H, g_l, g_H]`` for the gradient kernels (absent → 0)."""
+    """``[c, 5]`` fp32 ``[m, log S0, H, g_l, g_H]`` for the gradient kernels (absent → 0), which
+    read it with ``kernels/tiles.py``'s ``load_row_stats``."""
     zeros = torch.zeros_like(row_max)
     g_l = zeros if grad_logprob is None else grad_logprob.float()
     g_h = zeros if grad_entropy is None else grad_entropy.float()

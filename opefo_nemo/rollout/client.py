@@ -16,7 +16,7 @@ import threading
 import weakref
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Literal
+from typing import Literal, Protocol
 
 import torch
 
@@ -28,6 +28,22 @@ from opefo_nemo.rollout.types import Completion, SamplingConfig
 
 log = logging.getLogger(__name__)
 _LIVE_ENGINES: weakref.WeakSet[VLLMRolloutEngine] = weakref.WeakSet()
+
+
+class ServerSettings(Protocol):
+    """The ``rollout`` keys the servers start with; ``config/rollout.py``'s ``RolloutConfig``,
+    whose ``validate`` checks their ranges, is one."""
+
+    @property
+    def num_servers(self) -> int: ...
+    @property
+    def python(self) -> str | None: ...
+    @property
+    def request_timeout_s(self) -> float: ...
+    @property
+    def startup_timeout_s(self) -> float: ...
+    @property
+    def gpu_memory_utilization(self) -> float: ...
 
 
 class VLLMRolloutEngine:
@@ -45,6 +61,8 @@ class VLLMRolloutEngine:
     parallelism; 1 on the CPU; > 1 is passed to vLLM unverified here: no GPU).
     ``weight_transport``: "shm" (host shared memory, any device; tested) or "cuda_ipc" (CUDA IPC
     handles for servers on the trainer's GPUs; not verified, see ``cuda_ipc.py``).
+    The ranges of the counts and timeouts are not checked here: :meth:`from_config` passes
+    validated ``rollout`` keys.
     """
 
     def __init__(
@@ -66,14 +84,9 @@ class VLLMRolloutEngine:
         weight_transport: Literal["shm", "cuda_ipc"] = "shm",
         tensor_parallel_size: int = 1,
     ) -> None:
-        if num_servers < 1:
-            raise ValueError(f"num_servers must be >= 1, got {num_servers}")
-        if tensor_parallel_size < 1:
-            raise ValueError(f"tensor_parallel_size must be >= 1, got {tensor_parallel_size}")
-        if not (Path(model_dir) / "config.json").is_file():
+        model_config = Path(model_dir) / "config.json"
+        if not model_config.is_file():
             raise FileNotFoundError(f"{model_dir} is not a Hugging Face model directory")
-        if request_timeout_s <= 0 or startup_timeout_s <= 0:
-            raise ValueError("request_timeout_s and startup_timeout_s must be positive")
         if server_env is not None and len(server_env) != num_servers:
             raise ValueError(
                 f"server_env has {len(server_env)} entries for {num_servers} server(s)"
@@ -85,8 +98,7 @@ class VLLMRolloutEngine:
         self.weight_transport = weight_transport
         self.request_timeout_s = request_timeout_s
         self.max_model_len = max_model_len
-        config = json.loads((Path(model_dir) / "config.json").read_text())
-        self.vocab_size = int(config["vocab_size"])
+        self.vocab_size = int(json.loads(model_config.read_text())["vocab_size"])
         self.chunk_bytes = chunk_bytes
         self.shm_dir = Path(shm_dir)
         self._closed = False
@@ -96,44 +108,71 @@ class VLLMRolloutEngine:
         )
         self.log_dir.mkdir(parents=True, exist_ok=True)
         remove_stale_segments(self.shm_dir)
+        flags = {
+            "--model": str(Path(model_dir).resolve()),
+            "--dtype": dtype,
+            "--max-model-len": str(max_model_len),
+            "--seed": str(seed),
+            "--gpu-memory-utilization": str(gpu_memory_utilization),
+            "--shm-dir": str(self.shm_dir),
+            "--tensor-parallel-size": str(tensor_parallel_size),
+        }
+        server_args = [part for flag in flags.items() for part in flag]
         env = {**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1", **(extra_env or {})}
-        server_args = [
-            "--model",
-            str(Path(model_dir).resolve()),
-            "--dtype",
-            dtype,
-            "--max-model-len",
-            str(max_model_len),
-            "--seed",
-            str(seed),
-            "--gpu-memory-utilization",
-            str(gpu_memory_utilization),
-            "--shm-dir",
-            str(self.shm_dir),
-            "--tensor-parallel-size",
-            str(tensor_parallel_size),
-        ]
+        envs = [{**env, **(server_env[i] if server_env else {})} for i in range(num_servers)]
         self.servers: list[ServerProcess] = []
         _LIVE_ENGINES.add(self)
         _install_sigterm_handler()
-        try:
-            for index in range(num_servers):
-                self.servers.append(
-                    ServerProcess(
-                        index,
-                        rollout_python(python),
-                        server_args,
-                        {**env, **(server_env[index] if server_env else {})},
-                        self.log_dir / f"server{index}.log",
-                    )
-                )
+        self._start_servers(python, server_args, envs, startup_timeout_s)
+
+    @classmethod
+    def from_config(
+        cls,
+        model_dir: str | os.PathLike,
+        settings: ServerSettings,
+        *,
+        seed: int,
+        max_model_len: int,
+        dtype: str,
+        devices: Sequence[str] | None = None,
+        tensor_parallel_size: int = 1,
+        weight_transport: Literal["shm", "cuda_ipc"] = "shm",
+    ) -> VLLMRolloutEngine:
+        """``settings.num_servers`` servers as the validated ``rollout`` keys ``settings`` say;
+        ``devices``: each server's ``CUDA_VISIBLE_DEVICES`` (``None``: the process's own)."""
+        return cls(
+            model_dir,
+            num_servers=settings.num_servers,
+            python=settings.python,
+            request_timeout_s=settings.request_timeout_s,
+            startup_timeout_s=settings.startup_timeout_s,
+            dtype=dtype,
+            max_model_len=max_model_len,
+            seed=seed,
+            gpu_memory_utilization=settings.gpu_memory_utilization,
+            server_env=None if devices is None else [{"CUDA_VISIBLE_DEVICES": d} for d in devices],
+            weight_transport=weight_transport,
+            tensor_parallel_size=tensor_parallel_size,
+        )
+
+    def _start_servers(
+        self,
+        python: str | None,
+        server_args: list[str],
+        envs: list[dict[str, str]],
+        startup_timeout_s: float,
+    ) -> None:
+        """One server per environment of ``envs``, each waited for until it reports ready; a
+        failure stops those started (:meth:`close`) and is raised."""
+        with self._close_on_failure():
+            for index, env in enumerate(envs):
+                log_path = self.log_dir / f"server{index}.log"
+                server = ServerProcess(index, rollout_python(python), server_args, env, log_path)
+                self.servers.append(server)
             for server in self.servers:
                 server.wait_ready(startup_timeout_s)
                 report = describe(server.info["environment"])
                 log.info("rollout server %d: %s", server.index, report)
-        except BaseException:
-            self.close()
-            raise
 
     def generate(
         self, prompts: list[list[int]], n: int, sampling: SamplingConfig

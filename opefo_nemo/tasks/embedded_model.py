@@ -125,30 +125,8 @@ def embedded_model(
     warm start (:func:`shipped_warm_start`) is copied from it when ``use_shipped``; building
     draws the training ``problems()`` and encodes them with ``encoder(base model directory)``.
     """
-    defaults = embedded_paths()
-    is_default = is_embedded_default(target)
-    if not target.exists() and not is_default:
-        raise FileNotFoundError(
-            f"model.path={target} does not exist. To train a model of your own, select it with "
-            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
-            f"built only into {' or '.join(map(str, defaults))} (set OPEFO_CACHE to move them)"
-        )
-    if target.exists():
-        found = read_recipe(target)
-        if found is None:
-            raise ModelPathError(
-                f"model.path={target} holds no embedded warm start: point model.path at a new "
-                "directory, or add `model=local` if it is a model of your own"
-            )
-        if found == recipe:
-            return target
-        if not is_default:
-            raise ModelPathError(
-                f"model.path={target} holds a warm start made with other model.warm_start or "
-                "data settings: restore those, or leave model.path at its default (rebuilt there)"
-            )
-        log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
-        shutil.rmtree(target)
+    if _holds_warm_start(target, recipe):
+        return target
     shipped = shipped_warm_start(target.name, recipe) if use_shipped else None
     if shipped is not None:
         log.info("copying the warm start shipped with the package into %s", target)
@@ -157,12 +135,54 @@ def embedded_model(
         shutil.copytree(shipped, staging)
         staging.rename(target)
         return target
-    train = list(problems())
+    return _build(target, warm_start, recipe, list(problems()), encoder)
+
+
+def _holds_warm_start(target: Path, recipe: Mapping[str, Any]) -> bool:
+    """Whether ``target`` already holds the warm start of ``recipe``; ``False`` where one is to
+    be built (a missing default place, or a stale cache there, removed). Refuses a missing
+    place of the user's own and one holding anything else."""
+    is_default = is_embedded_default(target)
+    if not target.exists():
+        if is_default:
+            return False
+        raise FileNotFoundError(
+            f"model.path={target} does not exist. To train a model of your own, select it with "
+            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
+            f"built only into {' or '.join(map(str, embedded_paths()))} (set OPEFO_CACHE to move "
+            "them)"
+        )
+    found = read_recipe(target)
+    if found is None:
+        raise ModelPathError(
+            f"model.path={target} holds no embedded warm start: point model.path at a new "
+            "directory, or add `model=local` if it is a model of your own"
+        )
+    if found == recipe:
+        return True
+    if not is_default:
+        raise ModelPathError(
+            f"model.path={target} holds a warm start made with other model.warm_start or "
+            "data settings: restore those, or leave model.path at its default (rebuilt there)"
+        )
+    log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
+    shutil.rmtree(target)
+    return False
+
+
+def _build(
+    target: Path,
+    w: WarmStartConfig,
+    recipe: dict[str, Any],
+    train: Sequence[Problem],
+    encoder: Callable[[Path], PromptEncoder],
+) -> Path:
+    """A fresh tiny model beside ``target``, warm-started into it on responses to the ``train``
+    problems written as ``w`` says (:func:`warm_start_response`)."""
     log.info("building the embedded tiny model and warm-starting it into %s", target)
-    base = build_tiny_model(target.parent / f"{target.name}.base", TinyModelSpec(), warm_start.seed)
+    base = build_tiny_model(target.parent / f"{target.name}.base", TinyModelSpec(), w.seed)
     codec = encoder(base)
     prompts = [codec.encode(p) for p in train]
-    w = warm_start
 
     def draw(rng: random.Random) -> tuple[list[int], list[int]]:
         index = rng.randrange(len(train))

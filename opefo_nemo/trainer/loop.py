@@ -14,7 +14,6 @@ from typing import Any
 
 import torch
 
-from opefo_nemo.config.run import SEEDS_PER_STEP
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.core import group_advantages
 from opefo_nemo.core.advantages import signal_fraction
@@ -43,6 +42,7 @@ from opefo_nemo.trainer.refit import refit_rollout
 from opefo_nemo.trainer.rollout_guard import GuardedRollout
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score_responses
+from opefo_nemo.trainer.seeds import sampling_seed, step_seed
 from opefo_nemo.trainer.stop_tokens import stop_tokens
 from opefo_nemo.trainer.update import (
     UpdateOutcome,
@@ -243,7 +243,7 @@ class Trainer:
 
     def update_seed(self) -> int:
         """The seed of this step's update (a method's randomness: Clip-Cov's subset)."""
-        return self.config.run.seed * 1_000_003 + self.step
+        return step_seed(self.config.run.seed, self.step)
 
     def _predictor_quality(self, outcome: UpdateOutcome, realized: float) -> dict[str, float]:
         """``flow/predictor_corr``: correlation of the step's :func:`predicted_change` with
@@ -258,7 +258,7 @@ class Trainer:
         """Seeded per step, so a resumed run samples what the uninterrupted one would have; a
         dynamic sampling round continues the step's seeds where the previous round's end."""
         r, responses = self.config.rollout, self.config.rollout_batch_size
-        seed = (self.config.run.seed * 1_000_003 + step) * SEEDS_PER_STEP + round_index * responses
+        seed = sampling_seed(self.config.run.seed, step, round_index * responses)
         return SamplingConfig(
             temperature=r.temperature,
             max_new_tokens=r.max_new_tokens,

@@ -135,17 +135,13 @@ def start_rollout(
     )
 
     def start() -> VLLMRolloutEngine:
-        return VLLMRolloutEngine(
+        return VLLMRolloutEngine.from_config(
             path,
-            num_servers=r.num_servers,
-            python=r.python,
-            startup_timeout_s=r.startup_timeout_s,
-            request_timeout_s=r.request_timeout_s,
+            r,
             seed=config.run.seed,
             max_model_len=max_len,
-            gpu_memory_utilization=r.gpu_memory_utilization,
             dtype=config.engine.dtype,  # sample from the policy the engine trains (spec §1)
-            server_env=None if slices is None else [{"CUDA_VISIBLE_DEVICES": d} for d in slices],
+            devices=slices,
         )
 
     return GuardedRollout(start, weights, r.max_restarts)
@@ -168,18 +164,14 @@ def start_colocated_rollout(
     def start(placement: ColocatedPlacement, index: int) -> RolloutEngine:
         server = placement.server(index)
         devices = server.visible_devices(os.environ.get("CUDA_VISIBLE_DEVICES"))
-        return VLLMRolloutEngine(
+        return VLLMRolloutEngine.from_config(
             path,
-            num_servers=1,
-            python=r.python,
-            startup_timeout_s=r.startup_timeout_s,
-            request_timeout_s=r.request_timeout_s,
+            dataclasses.replace(r, num_servers=1),
             seed=config.run.seed,
             max_model_len=max_len,
-            gpu_memory_utilization=r.gpu_memory_utilization,
             dtype=config.engine.dtype,
+            devices=[devices] if on_gpu else None,
             tensor_parallel_size=placement.rollout_tp_size,
-            extra_env={"CUDA_VISIBLE_DEVICES": devices} if on_gpu else None,
             weight_transport="cuda_ipc" if on_gpu else "shm",
         )
 

@@ -31,6 +31,7 @@ from opefo_nemo.core.update_correction import CorrectionResult, correction_size
 from opefo_nemo.engines.batch import TrainBatch, to_device
 from opefo_nemo.engines.protocols import EntropyGradient, LossFn, Policy, UpdateResult
 from opefo_nemo.parallel import TokenStats
+from opefo_nemo.trainer.seeds import mini_batch_seed
 
 
 @dataclass(frozen=True)
@@ -331,7 +332,7 @@ def update_rollout_batch(
                 mini_micros,
                 stats,
                 old,
-                seed * k + j,
+                mini_batch_seed(seed, k, j),
                 confident_prob,
                 old_entropy=[s.entropy for s in first[j]],
             )

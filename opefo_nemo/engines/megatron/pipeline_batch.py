@@ -146,6 +146,20 @@ class PipelineMicroBatches:
             out.append(tensor[start : start + rows, :width])
         return out
 
+    def stack_rows(self, stats: Mapping[str, Tensor], names: Sequence[str], width: int) -> Tensor:
+        """The statistics ``names`` of :meth:`gather_stats` as one fp32 ``[len(names), rows,
+        width]`` tensor: the micro-batches' rows in order, padding dropped (:meth:`unpad`), 0
+        past each micro-batch's own width."""
+        rows = sum(int(micro.targets.shape[0]) for micro in self.micros)
+        device = stats[names[0]].device
+        out = torch.zeros((len(names), rows, width), dtype=torch.float32, device=device)
+        for field, name in enumerate(names):
+            start = 0
+            for block in self.unpad(stats[name]):
+                out[field, start : start + block.shape[0], : block.shape[1]] = block
+                start += block.shape[0]
+        return out
+
 
 ForwardStep = Callable[[object, torch.nn.Module], tuple[Tensor, LossFunction | None]]
 """megatron's ``forward_step_func(data_iterator, model) -> (output, fn)``."""

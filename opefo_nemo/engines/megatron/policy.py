@@ -192,43 +192,11 @@ class MegatronPolicy:
         size, rank = self._dp
         rows = balanced_rows(batch.rows, size, rank)
         names = ("logprob", "entropy", *requested_sums(sums))
-        shape = (len(names), len(rows), batch.input_ids.shape[1] - 1)
-        local = torch.zeros(shape, dtype=torch.float32, device=self.device)
+        width = batch.input_ids.shape[1] - 1
+        local = torch.zeros((len(names), 0, width), dtype=torch.float32, device=self.device)
         error: Exception | None = None
         if len(rows):
-            micros = PipelineMicroBatches.split(
-                batch.select(rows), self.config.micro_batch_size, self._seq_multiple
-            )
-            order = iter(range(micros.num_microbatches))
-
-            def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
-                checks.label = f"micro-batch {next(order)} of the token-stats pass"
-                return stats_function(item["targets"], self.outputs, names[2:])
-
-            with deferred_checks() as checks:  # recorded on the last stage, every TP rank
-                outputs = run_schedule(
-                    self.model,
-                    micros,
-                    make_fn,
-                    forward_only=True,
-                    stop_before_output_layer=self.outputs.stops_before_output_layer,
-                )
-            error = checks.first_error()
-            if error is not None and not isinstance(error, NonFiniteLogitsError):
-                raise error
-            if error is not None:  # the other ranks learn it from the NaN rows gathered below
-                nan = torch.full(
-                    (micros.micro_batch_size, micros.seq_length), math.nan, device=self.device
-                )
-                outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
-            stats = micros.gather_stats(outputs, self.pp_group, self.device, names[2:])
-            per_micro = {name: micros.unpad(stats[name]) for name in names}
-            start = 0
-            for i, micro in enumerate(micros.micros):
-                for field, name in enumerate(names):
-                    block = per_micro[name][i]
-                    local[field, start : start + micro.rows, : block.shape[1]] = block
-                start += micro.rows
+            local, error = self._shard_stats(batch.select(rows), names, width)
         full = gather_rows(local, batch.rows, self.dp_group).cpu()
         if error is not None:
             raise error
@@ -237,6 +205,38 @@ class MegatronPolicy:
                 "token_stats: non-finite logits on another data-parallel rank's last stage"
             )
         return TokenStats(**dict(zip(names, full, strict=True)))
+
+    def _shard_stats(
+        self, shard: TrainBatch, names: Sequence[str], width: int
+    ) -> tuple[Tensor, Exception | None]:
+        """This rank's rows ``shard`` through the forward-only schedule: the statistics
+        ``[len(names), rows, width]`` fp32 on the device, and non-finite logits as an error to
+        raise after the gather (its rows NaN, so the other ranks learn of it); any other failed
+        check is raised at once."""
+        micros = PipelineMicroBatches.split(shard, self.config.micro_batch_size, self._seq_multiple)
+        order = iter(range(micros.num_microbatches))
+
+        def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
+            checks.label = f"micro-batch {next(order)} of the token-stats pass"
+            return stats_function(item["targets"], self.outputs, names[2:])
+
+        with deferred_checks() as checks:  # recorded on the last stage, every TP rank
+            outputs = run_schedule(
+                self.model,
+                micros,
+                make_fn,
+                forward_only=True,
+                stop_before_output_layer=self.outputs.stops_before_output_layer,
+            )
+        error = checks.first_error()
+        if error is not None and not isinstance(error, NonFiniteLogitsError):
+            raise error
+        if error is not None:
+            shape = (micros.micro_batch_size, micros.seq_length)
+            nan = torch.full(shape, math.nan, device=self.device)
+            outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
+        stats = micros.gather_stats(outputs, self.pp_group, self.device, names[2:])
+        return micros.stack_rows(stats, names, width), error
 
     def train_step(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
