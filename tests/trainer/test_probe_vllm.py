@@ -87,7 +87,7 @@ def test_group_flows_add_up_to_the_batch_and_follow_the_rewards(make_trainer, tm
     [
         (["trainer.no_such_key=1"], "unknown key trainer.no_such_key"),
         (["run.compare=[grpo_strict,opefo]"], "run.compare and run.seeds"),
-        (["model=local", "model.path=/nonexistent/model"], "model.path=/nonexistent/model does not exist"),
+        (["model=local", "model.path=/nonexistent/model"], "/nonexistent/model does not exist"),
     ],
 )
 def test_start_up_problems_are_one_line_and_exit_2(overrides, message, capsys):
