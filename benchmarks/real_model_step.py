@@ -76,18 +76,23 @@ def overrides(args: argparse.Namespace, precision: str, prompts: int, path: Path
 
 
 class PhaseClock:
-    """Wall seconds spent inside wrapped callables, by phase name."""
+    """Seconds spent inside wrapped callables, by phase name: wall time, and this process's CPU
+    time (all its threads) under ``<phase>_cpu``, steadier than wall time on a shared machine."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
 
+    def add(self, phase: str, wall: float, cpu: float) -> None:
+        self.seconds[phase] = self.seconds.get(phase, 0.0) + wall
+        self.seconds[f"{phase}_cpu"] = self.seconds.get(f"{phase}_cpu", 0.0) + cpu
+
     def wrap(self, phase: str, function):
         def timed(*args, **kwargs):
-            start = time.perf_counter()
+            wall, cpu = time.perf_counter(), time.process_time()
             try:
                 return function(*args, **kwargs)
             finally:
-                self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+                self.add(phase, time.perf_counter() - wall, time.process_time() - cpu)
 
         return timed
 
@@ -108,19 +113,22 @@ def forward_flops_per_token(path: Path) -> float:
     return 2.0 * (layers * per_layer + d * config["vocab_size"])
 
 
-def gemm_rate(dtype: torch.dtype, tokens: int, path: Path) -> float:
-    """Best FLOP/s of ``F.linear`` at the model's shapes (``tokens`` rows): the limit."""
+def gemm_rate(dtype: torch.dtype, tokens: int, path: Path) -> tuple[float, float]:
+    """Best FLOP/s of ``F.linear`` at the model's shapes (``tokens`` rows), the limit: per wall
+    second, and per CPU second of this process over its threads (steadier under load)."""
     config = json.loads((path / "config.json").read_text())
     d = config["hidden_size"]
-    best = 0.0
+    best_wall = best_cpu = 0.0
     for n in (config["intermediate_size"], config["vocab_size"]):
         x, w = torch.randn(tokens, d, dtype=dtype), torch.randn(n, d, dtype=dtype)
         torch.nn.functional.linear(x, w)
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         for _ in range(3):
             torch.nn.functional.linear(x, w)
-        best = max(best, 3 * 2.0 * tokens * d * n / (time.perf_counter() - start))
-    return best
+        flops = 3 * 2.0 * tokens * d * n
+        best_wall = max(best_wall, flops / (time.perf_counter() - wall))
+        best_cpu = max(best_cpu, flops / (time.process_time() - cpu) * torch.get_num_threads())
+    return best_wall, best_cpu
 
 
 def opefo_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
@@ -146,11 +154,12 @@ def opefo_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
     for step in range(args.steps + 1):
         clock.seconds.clear()
         shapes.clear()
-        start = time.perf_counter()
+        wall, cpu = time.perf_counter(), time.process_time()
         metrics = trainer.train_step()
         trainer.step += 1
         if step:  # the first step warms up
-            steps.append({**clock.seconds, "step": time.perf_counter() - start})
+            clock.add("step", time.perf_counter() - wall, time.process_time() - cpu)
+            steps.append(dict(clock.seconds))
             generated += round(metrics["response/length_mean"] * prompts * RESPONSES)
     tokens = sum(rows * width for rows, width in shapes)
     return summary("opefo-nemo", precision, prompts, steps, generated, tokens, path)
@@ -217,12 +226,13 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
         def on_step_begin(self, *_, **__):
             clock.seconds.clear()
             counts.update(generated=0, tokens=0)
-            self.start = time.perf_counter()
+            self.start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, state_args, state, *_, **__):
             if state.global_step > 1:  # the first step warms up
-                seconds = time.perf_counter() - self.start
-                steps.append({**clock.seconds, "step": seconds, **counts})
+                wall, cpu = self.start
+                clock.add("step", time.perf_counter() - wall, time.process_time() - cpu)
+                steps.append({**clock.seconds, **counts})
 
     runner = trl.GRPOTrainer(
         model=model,
@@ -233,8 +243,9 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
         callbacks=[StepClock()],
     )
     runner.train()
-    for step in steps:
-        step["update"] = step["step"] - step.get("generation", 0.0)
+    for step in steps:  # everything but generation: scoring, the loss passes, the optimizer
+        for suffix in ("", "_cpu"):
+            step[f"update{suffix}"] = step[f"step{suffix}"] - step.get(f"generation{suffix}", 0.0)
     generated = sum(s.pop("generated") for s in steps)
     tokens = sum(s.pop("tokens") for s in steps) // len(steps)
     return summary(f"TRL {trl.__version__}", precision, prompts, steps, generated, tokens, path)
@@ -246,7 +257,8 @@ def summary(impl, precision, prompts, steps, generated, tokens, path) -> dict:
     mean = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in steps[0]}
     flops = 3 * forward_flops_per_token(path) * tokens  # forward + backward (2 ×)
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    limit = flops / gemm_rate(dtype, min(tokens, 4096), path)
+    rate_wall, rate_cpu = gemm_rate(dtype, min(tokens, 4096), path)
+    limit, limit_cpu = flops / rate_wall, flops / rate_cpu * torch.get_num_threads()
     return {
         "impl": impl,
         "precision": precision,
@@ -255,6 +267,7 @@ def summary(impl, precision, prompts, steps, generated, tokens, path) -> dict:
         "gen_tok_s": round(generated / len(steps) / mean.get("generation", float("nan")), 1),
         "peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
         "update_gemm_frac": round(limit / mean["update"], 3),
+        "update_gemm_frac_cpu": round(limit_cpu / mean["update_cpu"], 3),
     }
 
 
@@ -280,10 +293,14 @@ def main() -> None:
         f"{torch.get_num_threads()} threads, torch {torch.__version__}, CPU flags: {cpu_flags()}"
     )
     for dtype in (torch.float32, torch.bfloat16):
-        rate = gemm_rate(dtype, 2560, path)
-        print(f"# GEMM at the model's shapes, {dtype}: {rate / 1e9:.0f} GFLOP/s")
+        rate, rate_cpu = gemm_rate(dtype, 2560, path)
+        print(
+            f"# GEMM at the model's shapes, {dtype}: {rate / 1e9:.0f} GFLOP/s "
+            f"({rate_cpu / 1e9:.0f} per second of every thread's CPU time)"
+        )
     impls = ["opefo"] + ([] if args.no_trl or not _trl_installed() else ["trl"])
     for prompts in args.prompts:
+        rows = []
         for impl in impls:
             for precision in args.precisions:
                 command = [sys.executable, __file__, "--row", f"{impl}:{precision}:{prompts}"]
@@ -292,7 +309,34 @@ def main() -> None:
                 if done.returncode:
                     print(f"{impl} {precision} {prompts}: failed\n{done.stderr[-2000:]}")
                     continue
-                print(done.stdout.strip().splitlines()[-1], flush=True)
+                rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
+                print(json.dumps(rows[-1]), flush=True)
+        print_table(rows)
+
+
+def print_table(rows: list[dict]) -> None:
+    """The rows as a Markdown table; each row's step time over the best TRL row's and over
+    opefo-nemo's fp32 row's, in CPU seconds (the steadier measure on a shared machine)."""
+    if not rows:
+        return
+    trl = [r["step_cpu"] for r in rows if r["impl"].startswith("TRL")]
+    fp32 = [
+        r["step_cpu"] for r in rows if r["impl"] == "opefo-nemo" and r["precision"] == PRECISIONS[0]
+    ]
+    print(
+        "\n| impl | dtype | rows | step s (CPU s) | generation | statistics | update | gen tok/s "
+        "| peak GiB | update / GEMM limit | ÷ best TRL | ÷ fp32 |"
+    )
+    print("|" + " --- |" * 12)
+    for r in rows:
+        over_trl = f"{r['step_cpu'] / min(trl):.2f}" if trl else "—"
+        over_fp32 = f"{r['step_cpu'] / fp32[0]:.2f}" if fp32 else "—"
+        print(
+            f"| {r['impl']} | {r['precision']} | {r['rows']} | {r['step']} ({r['step_cpu']}) "
+            f"| {r.get('generation', 0)} | {r.get('statistics', '—')} | {r['update']} "
+            f"| {r['gen_tok_s']} | {r['peak_gib']} | {r['update_gemm_frac_cpu']:.0%} "
+            f"| {over_trl} | {over_fp32} |"
+        )
 
 
 def _trl_installed() -> bool:
