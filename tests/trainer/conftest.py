@@ -36,6 +36,15 @@ def warm_model(tmp_path_factory) -> Path:
 
 
 @pytest.fixture(scope="session")
+def demo_model(tmp_path_factory) -> Path:
+    """The demo's warm-started model (``model=tiny_arithmetic_orders``), copied from the package
+    into a temporary ``OPEFO_CACHE`` once per session."""
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return embedded_model(compose([])[0])
+
+
+@pytest.fixture(scope="session")
 def shared_rollout(warm_model):
     config, _ = compose(["model=tiny_arithmetic", f"model.path={warm_model}"])
     rollout = start_rollout(config, warm_model, lambda: iter(()))

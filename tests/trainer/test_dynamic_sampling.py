@@ -25,7 +25,7 @@ from opefo_nemo.trainer.metrics_log import read_metrics
 from opefo_nemo.trainer.probe import NothingToProbeError, probe
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import score_responses
-from opefo_nemo.trainer.setup import build_trainer, embedded_model
+from opefo_nemo.trainer.setup import build_trainer
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.metric_bounds import assert_metrics_close
 from tests.parallel.world import run_world
@@ -45,14 +45,6 @@ SMALL = (
     "metrics.tensorboard=false",
     "checkpoint.every=0",
 )
-
-
-@pytest.fixture(scope="module")
-def demo_model(tmp_path_factory) -> Path:
-    """The demo's warm-started model, copied from the package into a temporary cache."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return embedded_model(compose([])[0])
 
 
 def overrides(model: Path, out: Path, extra: tuple[str, ...] = ()) -> list[str]:
