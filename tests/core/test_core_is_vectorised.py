@@ -14,8 +14,8 @@ CORE = Path(opefo_nemo.core.__file__).parent
 ALLOWED = {
     # (file, function): what its loops iterate over
     ("entropy_flow.py", "delta_entropy"): "three named input tensors",
-    ("validation.py", "check_same_shape"): "named tensors",
-    ("validation.py", "_nonfinite_error"): "the dimensions of one index",
+    ("tensor_checks.py", "check_same_shape"): "named tensors",
+    ("tensor_checks.py", "_nonfinite_error"): "the dimensions of one index",
     ("deferred_checks.py", "first_error"): "the checks of one pass (a few per micro-batch)",
     ("reduction.py", "sum"): "named sums",
     ("metrics.py", "add_sums"): "named sums",
