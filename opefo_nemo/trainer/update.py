@@ -74,10 +74,11 @@ class StepOutcome:
 
 
 @dataclass(frozen=True)
-class EntropyCorrection:
-    """What a corrected update needs: ``entropy_fn(i, stats_with_grad)``, micro-batch ``i``'s
-    share ``Σ mask·H_t / N`` of the batch's token-mean entropy ``H̄``, and ``target``, the
-    first-order change ``⟨∇θ H̄, Δθ'⟩`` the step must have (``Objective.update_target``)."""
+class EntropyCorrectionRequest:
+    """The request that :func:`engine_step` correct the update it applies, with what that needs:
+    ``entropy_fn(i, stats_with_grad)``, micro-batch ``i``'s share ``Σ mask·H_t / N`` of the
+    batch's token-mean entropy ``H̄``, and ``target``, the first-order change ``⟨∇θ H̄, Δθ'⟩`` the
+    step must have (``Objective.update_target``); what was done: :class:`CorrectionResult`."""
 
     entropy_fn: LossFn
     target: float
@@ -199,16 +200,16 @@ def optimizer_step(
             entropy=with_grad.entropy if objective.differentiates_entropy else None,
         )
 
-    correction = None
+    request = None
     if prepared.update_target is not None:
 
         def entropy_fn(index: int, with_grad: TokenStats) -> LossOutput:
             mask = inputs[index][1]
             return LossOutput((with_grad.entropy * mask).sum() / prepared.n_tokens, {})
 
-        correction = EntropyCorrection(entropy_fn, prepared.update_target)
+        request = EntropyCorrectionRequest(entropy_fn, prepared.update_target)
     names = loss_sum_names(objective)
-    result, corrected = engine_step(policy, micro_batches, loss_fn, names, correction)
+    result, corrected = engine_step(policy, micro_batches, loss_fn, names, request)
     metrics = dict(prepared.metrics)
     if not result.skipped:
         metrics.update(step_loss_metrics(objective, result.sums, prepared.n_tokens))
@@ -223,24 +224,25 @@ def engine_step(
     micro_batches: Sequence[TrainBatch],
     loss_fn: LossFn,
     sum_names: Sequence[str],
-    correction: EntropyCorrection | None,
+    request: EntropyCorrectionRequest | None,
 ) -> tuple[UpdateResult, CorrectionResult | None]:
-    """One optimizer step of ``policy``; with a ``correction``, in this order for every engine:
+    """One optimizer step of ``policy``; with a correction ``request``, in this order for every
+    engine:
 
     1. ``g = ∇θ H̄`` captured at the weights before the step (``Policy.capture_entropy_gradient``:
        one more forward and backward of the batch); a non-finite ``g`` skips the step;
     2. the policy-gradient step (``Policy.train_step``);
     3. the applied update corrected along ``g`` (:func:`correct_update`), unless step 2 skipped.
     """
-    if correction is None:
+    if request is None:
         return policy.train_step(micro_batches, loss_fn, sum_names), None
-    gradient = policy.capture_entropy_gradient(micro_batches, correction.entropy_fn)
+    gradient = policy.capture_entropy_gradient(micro_batches, request.entropy_fn)
     if gradient is None:
         return UpdateResult(grad_norm=math.nan, lr=policy.lr, skipped=True), None
     result = policy.train_step(micro_batches, loss_fn, sum_names)
     if result.skipped:
         return result, None
-    return result, correct_update(gradient, correction.target)
+    return result, correct_update(gradient, request.target)
 
 
 def correct_update(gradient: EntropyGradient, target: float) -> CorrectionResult:

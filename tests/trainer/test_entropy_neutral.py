@@ -41,7 +41,7 @@ from opefo_nemo.tasks.arithmetic import (
 )
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.update import (
-    EntropyCorrection,
+    EntropyCorrectionRequest,
     UpdateOutcome,
     engine_step,
     predicted_change,
@@ -192,7 +192,9 @@ def test_a_non_finite_entropy_gradient_skips_the_step(warm_model, batch):
     def entropy_fn(index, stats):
         return LossOutput(stats.entropy.sum() * (math.inf if index == 1 else 1.0), {})
 
-    result, correction = engine_step(policy, micros, loss_fn, (), EntropyCorrection(entropy_fn, 0))
+    result, correction = engine_step(
+        policy, micros, loss_fn, (), EntropyCorrectionRequest(entropy_fn, 0)
+    )
     assert result.skipped and correction is None and math.isnan(result.grad_norm)
     for name, weight in policy.named_weights():
         assert torch.equal(weight, before[name]), name
