@@ -29,7 +29,7 @@ from opefo_nemo.core.objectives import (
 from opefo_nemo.core.reweighting import DEFAULT_CONFIDENT_PROB
 from opefo_nemo.core.update_correction import CorrectionResult, correction_size
 from opefo_nemo.engines.batch import TrainBatch, to_device
-from opefo_nemo.engines.protocols import EntropyGradient, LossFn, Policy, UpdateResult
+from opefo_nemo.engines.protocols import EngineStepResult, EntropyGradient, LossFn, Policy
 from opefo_nemo.parallel import TokenStats
 
 
@@ -225,7 +225,7 @@ def engine_step(
     loss_fn: LossFn,
     sum_names: Sequence[str],
     request: EntropyCorrectionRequest | None,
-) -> tuple[UpdateResult, CorrectionResult | None]:
+) -> tuple[EngineStepResult, CorrectionResult | None]:
     """One optimizer step of ``policy``; with a correction ``request``, in this order for every
     engine:
 
@@ -238,7 +238,7 @@ def engine_step(
         return policy.train_step(micro_batches, loss_fn, sum_names), None
     gradient = policy.capture_entropy_gradient(micro_batches, request.entropy_fn)
     if gradient is None:
-        return UpdateResult(grad_norm=math.nan, lr=policy.lr, skipped=True), None
+        return EngineStepResult(grad_norm=math.nan, lr=policy.lr, skipped=True), None
     result = policy.train_step(micro_batches, loss_fn, sum_names)
     if result.skipped:
         return result, None
