@@ -64,9 +64,11 @@ def predicted_change(outcome: UpdateOutcome) -> float | None:
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    """One optimizer step: its metrics, whether the engine skipped it (a non-finite loss or
-    gradient) and its correction (``None``: not corrected, or skipped)."""
+class OptimizerStepSummary:
+    """What the trainer makes of one optimizer step (:func:`optimizer_step`): its spec §6
+    metrics, from phase 2 and the engine's :class:`EngineStepResult`, whether the engine skipped
+    it (a non-finite loss or gradient) and its correction (``None``: not corrected, or
+    skipped)."""
 
     metrics: dict[str, float]
     skipped: bool
@@ -172,7 +174,7 @@ def optimizer_step(
     seed: int,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
     old_entropy: Sequence[Tensor] | None = None,
-) -> StepOutcome:
+) -> OptimizerStepSummary:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``
     (``confident_prob``: ``metrics.confident_prob``, spec §6; ``old_entropy``: the rollout
     policy's entropies of a later mini-batch): its metrics are spec §6 flow, loss, clip,
@@ -216,7 +218,7 @@ def optimizer_step(
     if corrected is not None:
         metrics.update(corrected.metrics())
     metrics.update({"grad/norm": result.grad_norm, "lr": result.lr})
-    return StepOutcome(metrics, result.skipped, corrected)
+    return OptimizerStepSummary(metrics, result.skipped, corrected)
 
 
 def engine_step(
@@ -322,7 +324,7 @@ def update_rollout_batch(
             {**step.metrics, **fidelity}, int(step.skipped), entropy_before, corrected
         )
 
-    steps: list[StepOutcome] = []
+    steps: list[OptimizerStepSummary] = []
     for j, mini_micros in enumerate(micros):
         stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, sums)
         old = [s.logprob for s in first[j]]
