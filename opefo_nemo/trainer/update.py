@@ -34,8 +34,9 @@ from opefo_nemo.parallel import TokenStats
 
 
 @dataclass(frozen=True)
-class UpdateOutcome:
-    """Metrics of the rollout batch's update(s) and how many optimizer steps were skipped (NaN).
+class RolloutUpdateSummary:
+    """What the trainer makes of the update of one rollout batch (:func:`update_rollout_batch`):
+    the metrics of its optimizer steps (averaged over them) and how many were skipped (NaN).
 
     ``entropy_before``: token-mean entropy of the whole rollout batch under the policy that
     generated it (the first stats pass); ``flow/realized`` compares it with a pass after the update.
@@ -49,7 +50,7 @@ class UpdateOutcome:
     corrections: tuple[CorrectionResult, ...] = ()
 
 
-def predicted_change(outcome: UpdateOutcome) -> float | None:
+def predicted_change(outcome: RolloutUpdateSummary) -> float | None:
     """The entropy change an update predicts (spec §6 ``flow/predictor_corr``): the net flow
     after weighting, or for corrected updates their exact first order ``⟨g, Δθ'⟩`` (summed over
     the steps); ``None`` when it is zero by construction (adaptive OPEFO's; corrections to a
@@ -289,7 +290,7 @@ def update_rollout_batch(
     *,
     fidelity_threshold: float = DEFAULT_THRESHOLD,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
-) -> UpdateOutcome:
+) -> RolloutUpdateSummary:
     """All optimizer steps of one rollout batch; its metrics include :func:`rollout_fidelity`
     when the batch carries the rollout engine's logprobs.
 
@@ -320,7 +321,7 @@ def update_rollout_batch(
     if k == 1:
         step = optimizer_step(policy, objective, micros[0], first[0], None, seed, confident_prob)
         corrected = () if step.correction is None else (step.correction,)
-        return UpdateOutcome(
+        return RolloutUpdateSummary(
             {**step.metrics, **fidelity}, int(step.skipped), entropy_before, corrected
         )
 
@@ -348,7 +349,9 @@ def update_rollout_batch(
     averaged["entropy/mean"] = entropy_before
     skipped_steps = sum(step.skipped for step in steps)
     corrections = tuple(step.correction for step in steps if step.correction is not None)
-    return UpdateOutcome({**averaged, **fidelity}, skipped_steps, entropy_before, corrections)
+    return RolloutUpdateSummary(
+        {**averaged, **fidelity}, skipped_steps, entropy_before, corrections
+    )
 
 
 @torch.no_grad()

@@ -42,7 +42,7 @@ from opefo_nemo.tasks.arithmetic import (
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.update import (
     EntropyCorrectionRequest,
-    UpdateOutcome,
+    RolloutUpdateSummary,
     engine_step,
     predicted_change,
     realized_entropy_change,
@@ -207,7 +207,7 @@ def test_the_prediction_of_a_corrected_step_is_its_exact_first_order():
     flows = {"flow/pos": 3.0, "flow/neg": 5.0, "flow/net_after_balance": -2.0}
 
     def outcome(metrics, *corrections):
-        return UpdateOutcome(metrics, 0, 1.0, corrections)
+        return RolloutUpdateSummary(metrics, 0, 1.0, corrections)
 
     assert predicted_change(outcome(flows)) == -2.0
     assert predicted_change(outcome({**flows, "flow/net_after_balance": 1e-7})) is None  # OPEFO
