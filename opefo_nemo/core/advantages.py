@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from opefo_nemo.core.validation import check_finite, check_same_shape
+from opefo_nemo.core.tensor_checks import check_finite, check_same_shape
 
 STD_EPS = 1e-6
 

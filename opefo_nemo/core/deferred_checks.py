@@ -56,7 +56,7 @@ def deferred_checks() -> Iterator[DeferredChecks]:
     :meth:`DeferredChecks.first_error` after it.
 
     On a GPU a check that decides in Python whether to raise (``bool(t.any())``) makes the host
-    wait for the device. Inside the block the checks of :mod:`.validation` and of
+    wait for the device. Inside the block the checks of :mod:`.tensor_checks` and of
     ``parallel.token_stats`` record a device count of offending values and a way to build their
     error; ``first_error`` reads every count in one transfer and returns the error the first
     failing check would have raised, with its message and the label current when it was recorded

@@ -8,7 +8,7 @@ from __future__ import annotations
 import torch
 from torch import Tensor
 
-from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
+from opefo_nemo.core.tensor_checks import as_bool_mask, check_finite, check_same_shape
 
 #: The vocabulary sums (``TokenStats`` field names) each ΔH estimator needs from ``token_stats``.
 ESTIMATOR_SUMS: dict[str, tuple[str, ...]] = {

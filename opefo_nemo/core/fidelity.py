@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
+from opefo_nemo.core.tensor_checks import as_bool_mask, check_finite, check_same_shape
 
 DEFAULT_THRESHOLD = 0.2
 

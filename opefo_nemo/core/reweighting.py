@@ -10,7 +10,7 @@ from collections.abc import Mapping
 import torch
 from torch import Tensor
 
-from opefo_nemo.core.validation import as_bool_mask, check_same_shape
+from opefo_nemo.core.tensor_checks import as_bool_mask, check_same_shape
 
 DEFAULT_CONFIDENT_PROB = 0.9
 #: The sums of :func:`split_sums` (computed with the flow sums, before any weight exists).

@@ -16,7 +16,7 @@ from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch, to_device
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
 from opefo_nemo.engines.master_weights import MasterWeights
-from opefo_nemo.engines.protocols import LossFn, UpdateResult
+from opefo_nemo.engines.protocols import EngineStepResult, LossFn
 from opefo_nemo.engines.schedule import warmup_factor
 from opefo_nemo.models.transformers_compat import load_causal_lm, quiet_progress
 from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums, token_stats
@@ -149,7 +149,7 @@ class HFPolicy:
 
     def train_step(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
-    ) -> UpdateResult:
+    ) -> EngineStepResult:
         """Accumulate every micro-batch's gradient and metric sums (each loss is already its share
         of the global token mean, spec §5: nothing is rescaled), clip, step; skip the step if
         anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
@@ -161,11 +161,11 @@ class HFPolicy:
         grad_norm = float(torch.nn.utils.clip_grad_norm_(masters, max_norm)) if masters else 0.0
         if failed or not math.isfinite(grad_norm):
             self.weights.zero_grad()
-            return UpdateResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
+            return EngineStepResult(grad_norm=float("nan"), lr=self.lr, skipped=True)
         self.optimizer.step()
         self.weights.publish()
         self.weights.zero_grad()
-        return UpdateResult(
+        return EngineStepResult(
             grad_norm=grad_norm,
             lr=self.lr,
             skipped=False,

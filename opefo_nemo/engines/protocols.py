@@ -36,11 +36,12 @@ class EntropyGradient(Protocol):
 
 
 @dataclass(frozen=True)
-class UpdateResult:
-    """Outcome of one optimizer step: the pre-clip global gradient norm, the learning rate used,
-    whether the step was skipped because the loss or the gradient was not finite, and the
-    ``LossOutput.sums`` of every micro-batch of the step added up (over all ranks; empty when
-    skipped)."""
+class EngineStepResult:
+    """What an engine reports of one optimizer step it took (:meth:`Policy.train_step`): the
+    pre-clip global gradient norm, the learning rate used, whether the step was skipped because
+    the loss or the gradient was not finite, and the ``LossOutput.sums`` of every micro-batch of
+    the step added up (over all ranks; empty when skipped). The trainer turns it into the step's
+    metrics (``trainer.update``)."""
 
     grad_norm: float
     lr: float
@@ -70,7 +71,7 @@ class Policy(Protocol):
 
     def train_step(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
-    ) -> UpdateResult:
+    ) -> EngineStepResult:
         """One optimizer step: for each micro-batch ``i`` a forward with gradient, then
         ``loss_fn(i, stats).loss.backward()`` (the loss is already a share of the global token
         mean, so gradients just accumulate); then clipping and the optimizer step. The returned

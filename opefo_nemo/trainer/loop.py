@@ -45,7 +45,7 @@ from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score
 from opefo_nemo.trainer.seeds import sampling_seed, step_seed
 from opefo_nemo.trainer.stop_tokens import stop_tokens
 from opefo_nemo.trainer.update import (
-    UpdateOutcome,
+    RolloutUpdateSummary,
     predicted_change,
     realized_entropy_change,
     update_rollout_batch,
@@ -192,7 +192,7 @@ class Trainer:
         collected = self.collect()
         mark = time.perf_counter()
         metrics: dict[str, float] = {}
-        outcome = UpdateOutcome({}, 0, float("nan"))
+        outcome = RolloutUpdateSummary({}, 0, float("nan"))
         if collected.batch is not None:
             self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
             outcome, metrics = self._update(collected.batch)
@@ -215,7 +215,7 @@ class Trainer:
         metrics["time/step_s"] = time.perf_counter() - start
         return metrics
 
-    def _update(self, batch: TrainBatch) -> tuple[UpdateOutcome, dict[str, float]]:
+    def _update(self, batch: TrainBatch) -> tuple[RolloutUpdateSummary, dict[str, float]]:
         """The update of the rollout batch, and its metrics with ``flow/realized`` on the
         steps ``metrics.realized_every`` measures."""
         cfg, micro = self.config, self.config.engine.micro_batch_size
@@ -231,7 +231,7 @@ class Trainer:
             )
         except NonFiniteLogitsError as error:
             log.warning("step %d: non-finite logits in the token-stats pass (%s)", self.step, error)
-            outcome = UpdateOutcome({}, cfg.method.updates_per_rollout, float("nan"))
+            outcome = RolloutUpdateSummary({}, cfg.method.updates_per_rollout, float("nan"))
         metrics = dict(outcome.metrics)
         every = cfg.metrics.realized_every
         if every and (self.step + 1) % every == 0 and not outcome.skipped_steps:
@@ -245,7 +245,9 @@ class Trainer:
         """The seed of this step's update (a method's randomness: Clip-Cov's subset)."""
         return step_seed(self.config.run.seed, self.step)
 
-    def _predictor_quality(self, outcome: UpdateOutcome, realized: float) -> dict[str, float]:
+    def _predictor_quality(
+        self, outcome: RolloutUpdateSummary, realized: float
+    ) -> dict[str, float]:
         """``flow/predictor_corr``: correlation of the step's :func:`predicted_change` with
         ``flow/realized`` over every measured step so far (steps predicting nothing left out)."""
         predicted = predicted_change(outcome)

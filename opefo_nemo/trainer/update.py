@@ -29,14 +29,15 @@ from opefo_nemo.core.objectives import (
 from opefo_nemo.core.reweighting import DEFAULT_CONFIDENT_PROB
 from opefo_nemo.core.update_correction import CorrectionResult, correction_size
 from opefo_nemo.engines.batch import TrainBatch, to_device
-from opefo_nemo.engines.protocols import EntropyGradient, LossFn, Policy, UpdateResult
+from opefo_nemo.engines.protocols import EngineStepResult, EntropyGradient, LossFn, Policy
 from opefo_nemo.parallel import TokenStats
 from opefo_nemo.trainer.seeds import mini_batch_seed
 
 
 @dataclass(frozen=True)
-class UpdateOutcome:
-    """Metrics of the rollout batch's update(s) and how many optimizer steps were skipped (NaN).
+class RolloutUpdateSummary:
+    """What the trainer makes of the update of one rollout batch (:func:`update_rollout_batch`):
+    the metrics of its optimizer steps (averaged over them) and how many were skipped (NaN).
 
     ``entropy_before``: token-mean entropy of the whole rollout batch under the policy that
     generated it (the first stats pass); ``flow/realized`` compares it with a pass after the update.
@@ -50,7 +51,7 @@ class UpdateOutcome:
     corrections: tuple[CorrectionResult, ...] = ()
 
 
-def predicted_change(outcome: UpdateOutcome) -> float | None:
+def predicted_change(outcome: RolloutUpdateSummary) -> float | None:
     """The entropy change an update predicts (spec §6 ``flow/predictor_corr``): the net flow
     after weighting, or for corrected updates their exact first order ``⟨g, Δθ'⟩`` (summed over
     the steps); ``None`` when it is zero by construction (adaptive OPEFO's; corrections to a
@@ -65,9 +66,11 @@ def predicted_change(outcome: UpdateOutcome) -> float | None:
 
 
 @dataclass(frozen=True)
-class StepOutcome:
-    """One optimizer step: its metrics, whether the engine skipped it (a non-finite loss or
-    gradient) and its correction (``None``: not corrected, or skipped)."""
+class OptimizerStepSummary:
+    """What the trainer makes of one optimizer step (:func:`optimizer_step`): its spec §6
+    metrics, from phase 2 and the engine's :class:`EngineStepResult`, whether the engine skipped
+    it (a non-finite loss or gradient) and its correction (``None``: not corrected, or
+    skipped)."""
 
     metrics: dict[str, float]
     skipped: bool
@@ -75,10 +78,11 @@ class StepOutcome:
 
 
 @dataclass(frozen=True)
-class EntropyCorrection:
-    """What a corrected update needs: ``entropy_fn(i, stats_with_grad)``, micro-batch ``i``'s
-    share ``Σ mask·H_t / N`` of the batch's token-mean entropy ``H̄``, and ``target``, the
-    first-order change ``⟨∇θ H̄, Δθ'⟩`` the step must have (``Objective.update_target``)."""
+class EntropyCorrectionRequest:
+    """The request that :func:`engine_step` correct the update it applies, with what that needs:
+    ``entropy_fn(i, stats_with_grad)``, micro-batch ``i``'s share ``Σ mask·H_t / N`` of the
+    batch's token-mean entropy ``H̄``, and ``target``, the first-order change ``⟨∇θ H̄, Δθ'⟩`` the
+    step must have (``Objective.update_target``); what was done: :class:`CorrectionResult`."""
 
     entropy_fn: LossFn
     target: float
@@ -172,7 +176,7 @@ def optimizer_step(
     seed: int,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
     old_entropy: Sequence[Tensor] | None = None,
-) -> StepOutcome:
+) -> OptimizerStepSummary:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``
     (``confident_prob``: ``metrics.confident_prob``, spec §6; ``old_entropy``: the rollout
     policy's entropies of a later mini-batch): its metrics are spec §6 flow, loss, clip,
@@ -200,23 +204,23 @@ def optimizer_step(
             entropy=with_grad.entropy if objective.differentiates_entropy else None,
         )
 
-    correction = None
+    request = None
     if prepared.update_target is not None:
 
         def entropy_fn(index: int, with_grad: TokenStats) -> LossOutput:
             mask = inputs[index][1]
             return LossOutput((with_grad.entropy * mask).sum() / prepared.n_tokens, {})
 
-        correction = EntropyCorrection(entropy_fn, prepared.update_target)
+        request = EntropyCorrectionRequest(entropy_fn, prepared.update_target)
     names = loss_sum_names(objective)
-    result, corrected = engine_step(policy, micro_batches, loss_fn, names, correction)
+    result, corrected = engine_step(policy, micro_batches, loss_fn, names, request)
     metrics = dict(prepared.metrics)
     if not result.skipped:
         metrics.update(step_loss_metrics(objective, result.sums, prepared.n_tokens))
     if corrected is not None:
         metrics.update(corrected.metrics())
     metrics.update({"grad/norm": result.grad_norm, "lr": result.lr})
-    return StepOutcome(metrics, result.skipped, corrected)
+    return OptimizerStepSummary(metrics, result.skipped, corrected)
 
 
 def engine_step(
@@ -224,24 +228,25 @@ def engine_step(
     micro_batches: Sequence[TrainBatch],
     loss_fn: LossFn,
     sum_names: Sequence[str],
-    correction: EntropyCorrection | None,
-) -> tuple[UpdateResult, CorrectionResult | None]:
-    """One optimizer step of ``policy``; with a ``correction``, in this order for every engine:
+    request: EntropyCorrectionRequest | None,
+) -> tuple[EngineStepResult, CorrectionResult | None]:
+    """One optimizer step of ``policy``; with a correction ``request``, in this order for every
+    engine:
 
     1. ``g = ∇θ H̄`` captured at the weights before the step (``Policy.capture_entropy_gradient``:
        one more forward and backward of the batch); a non-finite ``g`` skips the step;
     2. the policy-gradient step (``Policy.train_step``);
     3. the applied update corrected along ``g`` (:func:`correct_update`), unless step 2 skipped.
     """
-    if correction is None:
+    if request is None:
         return policy.train_step(micro_batches, loss_fn, sum_names), None
-    gradient = policy.capture_entropy_gradient(micro_batches, correction.entropy_fn)
+    gradient = policy.capture_entropy_gradient(micro_batches, request.entropy_fn)
     if gradient is None:
-        return UpdateResult(grad_norm=math.nan, lr=policy.lr, skipped=True), None
+        return EngineStepResult(grad_norm=math.nan, lr=policy.lr, skipped=True), None
     result = policy.train_step(micro_batches, loss_fn, sum_names)
     if result.skipped:
         return result, None
-    return result, correct_update(gradient, correction.target)
+    return result, correct_update(gradient, request.target)
 
 
 def correct_update(gradient: EntropyGradient, target: float) -> CorrectionResult:
@@ -286,7 +291,7 @@ def update_rollout_batch(
     *,
     fidelity_threshold: float = DEFAULT_THRESHOLD,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
-) -> UpdateOutcome:
+) -> RolloutUpdateSummary:
     """All optimizer steps of one rollout batch; its metrics include :func:`rollout_fidelity`
     when the batch carries the rollout engine's logprobs.
 
@@ -317,11 +322,11 @@ def update_rollout_batch(
     if k == 1:
         step = optimizer_step(policy, objective, micros[0], first[0], None, seed, confident_prob)
         corrected = () if step.correction is None else (step.correction,)
-        return UpdateOutcome(
+        return RolloutUpdateSummary(
             {**step.metrics, **fidelity}, int(step.skipped), entropy_before, corrected
         )
 
-    steps: list[StepOutcome] = []
+    steps: list[OptimizerStepSummary] = []
     for j, mini_micros in enumerate(micros):
         stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, sums)
         old = [s.logprob for s in first[j]]
@@ -345,7 +350,9 @@ def update_rollout_batch(
     averaged["entropy/mean"] = entropy_before
     skipped_steps = sum(step.skipped for step in steps)
     corrections = tuple(step.correction for step in steps if step.correction is not None)
-    return UpdateOutcome({**averaged, **fidelity}, skipped_steps, entropy_before, corrections)
+    return RolloutUpdateSummary(
+        {**averaged, **fidelity}, skipped_steps, entropy_before, corrections
+    )
 
 
 @torch.no_grad()

@@ -14,8 +14,8 @@ CORE = Path(opefo_nemo.core.__file__).parent
 ALLOWED = {
     # (file, function): what its loops iterate over
     ("entropy_flow.py", "delta_entropy"): "three named input tensors",
-    ("validation.py", "check_same_shape"): "named tensors",
-    ("validation.py", "_nonfinite_error"): "the dimensions of one index",
+    ("tensor_checks.py", "check_same_shape"): "named tensors",
+    ("tensor_checks.py", "_nonfinite_error"): "the dimensions of one index",
     ("deferred_checks.py", "first_error"): "the checks of one pass (a few per micro-batch)",
     ("reduction.py", "sum"): "named sums",
     ("metrics.py", "add_sums"): "named sums",
@@ -23,8 +23,8 @@ ALLOWED = {
     ("objectives/prepare.py", "prepare"): "chunks",
     ("objectives/prepare.py", "_applied_sums"): "chunks",
     ("objectives/base.py", "coefficients"): "chunks",
-    ("objectives/methods/policy_gradient.py", "coefficients"): "chunks",
-    ("objectives/methods/policy_gradient.py", "corrected"): "chunks",
+    ("objectives/methods/balanced_policy_gradient.py", "coefficients"): "chunks",
+    ("objectives/methods/grpo_strict.py", "corrected"): "chunks",
     ("metrics.py", "load_state_dict"): "the fields of a running correlation",
     ("objectives/methods/clip_cov.py", "coefficients"): "chunks",
     ("objectives/methods/kl_cov.py", "coefficients"): "chunks",

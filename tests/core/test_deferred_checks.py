@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from opefo_nemo.core.deferred_checks import deferred_checks
-from opefo_nemo.core.validation import check_finite
+from opefo_nemo.core.tensor_checks import check_finite
 from tests.host_syncs import count_host_syncs
 
 

@@ -148,7 +148,7 @@ def test_entropy_reg_current_rule_closes_the_loop_within_its_bounds():
 
 
 def test_a_method_must_declare_the_loss_sums_it_returns(monkeypatch):
-    from opefo_nemo.core.objectives.methods.policy_gradient import StrictPolicyGradient
+    from opefo_nemo.core.objectives.methods.grpo_strict import StrictPolicyGradient
 
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
 

@@ -41,8 +41,8 @@ from opefo_nemo.tasks.arithmetic import (
 )
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.update import (
-    EntropyCorrection,
-    UpdateOutcome,
+    EntropyCorrectionRequest,
+    RolloutUpdateSummary,
     engine_step,
     predicted_change,
     realized_entropy_change,
@@ -192,7 +192,9 @@ def test_a_non_finite_entropy_gradient_skips_the_step(warm_model, batch):
     def entropy_fn(index, stats):
         return LossOutput(stats.entropy.sum() * (math.inf if index == 1 else 1.0), {})
 
-    result, correction = engine_step(policy, micros, loss_fn, (), EntropyCorrection(entropy_fn, 0))
+    result, correction = engine_step(
+        policy, micros, loss_fn, (), EntropyCorrectionRequest(entropy_fn, 0)
+    )
     assert result.skipped and correction is None and math.isnan(result.grad_norm)
     for name, weight in policy.named_weights():
         assert torch.equal(weight, before[name]), name
@@ -205,7 +207,7 @@ def test_the_prediction_of_a_corrected_step_is_its_exact_first_order():
     flows = {"flow/pos": 3.0, "flow/neg": 5.0, "flow/net_after_balance": -2.0}
 
     def outcome(metrics, *corrections):
-        return UpdateOutcome(metrics, 0, 1.0, corrections)
+        return RolloutUpdateSummary(metrics, 0, 1.0, corrections)
 
     assert predicted_change(outcome(flows)) == -2.0
     assert predicted_change(outcome({**flows, "flow/net_after_balance": 1e-7})) is None  # OPEFO

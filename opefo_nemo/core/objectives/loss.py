@@ -12,7 +12,7 @@ from torch import Tensor
 
 from opefo_nemo.core.objectives.base import Objective
 from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs
-from opefo_nemo.core.validation import as_bool_mask, check_finite, check_same_shape
+from opefo_nemo.core.tensor_checks import as_bool_mask, check_finite, check_same_shape
 
 
 @dataclass(frozen=True)

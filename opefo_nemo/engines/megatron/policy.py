@@ -39,7 +39,7 @@ from opefo_nemo.engines.megatron.schedule_driver import (
     per_rank,
     run_schedule,
 )
-from opefo_nemo.engines.protocols import LossFn, UpdateResult
+from opefo_nemo.engines.protocols import EngineStepResult, LossFn
 from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 from opefo_nemo.models.megatron_weights.streaming import DistributedFetch, hf_named_weights
 from opefo_nemo.models.megatron_weights.weight_mapping import Sharding, stage_specs
@@ -240,24 +240,24 @@ class MegatronPolicy:
 
     def train_step(
         self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
-    ) -> UpdateResult:
+    ) -> EngineStepResult:
         """Phase 3 (spec §5): one optimizer step over all ``micro_batches`` of the step.
 
         Micro-batch ``i`` of the ``M`` belongs to DP rank ``⌊i·D/M⌋`` (:meth:`_backward`). Then
         the gradients' DP reduction, the global norm over TP and PP, clipping to
         ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A non-finite loss or
         logits on any rank, or a non-finite gradient, skips the step on every rank (gradients
-        dropped, ``UpdateResult(nan, lr, skipped=True)``), as ``HFPolicy`` does. The loss's
+        dropped, ``EngineStepResult(nan, lr, skipped=True)``), as ``HFPolicy`` does. The loss's
         finiteness and metric sums accumulate on the device and are read once, after the
         backward."""
         self.updates.zero_grad()
         failed, sums = self._backward(micro_batches, loss_fn, sum_names)
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
-            return UpdateResult(grad_norm=math.nan, lr=self.lr, skipped=True)
+            return EngineStepResult(grad_norm=math.nan, lr=self.lr, skipped=True)
         totals = self._reduce_sums(sums, sum_names)
         grad_norm = self.updates.step()
-        return UpdateResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
+        return EngineStepResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
 
     def capture_entropy_gradient(
         self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn

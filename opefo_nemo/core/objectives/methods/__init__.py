@@ -1,21 +1,33 @@
-"""The built-in methods of spec §5, one module each (importing this package registers them)."""
+"""The built-in methods of spec §5, one module each (importing this package registers them); the
+bases they share: :mod:`.clipped_surrogate`, :mod:`.balanced_policy_gradient`,
+:mod:`.covariance`."""
 
 from opefo_nemo.core.objectives.methods import (
     clip_cov,
-    clipped,
+    clip_higher,
     entropy_neutral,
     entropy_reg,
+    grpo,
+    grpo_strict,
     kl_cov,
-    policy_gradient,
+    neg_only,
+    opefo,
+    pos_only,
+    static,
     steer,
 )
 
 __all__ = [
     "clip_cov",
-    "clipped",
+    "clip_higher",
     "entropy_neutral",
     "entropy_reg",
+    "grpo",
+    "grpo_strict",
     "kl_cov",
-    "policy_gradient",
+    "neg_only",
+    "opefo",
+    "pos_only",
+    "static",
     "steer",
 ]

@@ -12,7 +12,7 @@ import torch
 from torch import Tensor
 
 from opefo_nemo.core.objectives.base import BatchStatistics, fraction
-from opefo_nemo.core.objectives.methods.clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.methods.clipped_surrogate import ClippedConfig, ClippedSurrogate
 from opefo_nemo.core.objectives.methods.covariance import (
     covariance,
     covariance_means,

@@ -10,7 +10,7 @@ from typing import ClassVar
 
 from opefo_nemo.core.objectives.base import BatchStatistics, MethodConfig
 from opefo_nemo.core.objectives.entropy_target import TargetedObjective, TargetFlowConfig
-from opefo_nemo.core.objectives.methods.policy_gradient import StrictConfig, StrictPolicyGradient
+from opefo_nemo.core.objectives.methods.grpo_strict import StrictConfig, StrictPolicyGradient
 from opefo_nemo.core.objectives.registry import register_objective
 from opefo_nemo.core.schema import require
 

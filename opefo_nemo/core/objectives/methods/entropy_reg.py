@@ -13,7 +13,7 @@ from torch import Tensor
 
 from opefo_nemo.core.objectives.base import BatchStatistics, non_negative
 from opefo_nemo.core.objectives.entropy_target import INITIAL, require_target
-from opefo_nemo.core.objectives.methods.clipped import ClippedConfig, ClippedSurrogate
+from opefo_nemo.core.objectives.methods.clipped_surrogate import ClippedConfig, ClippedSurrogate
 from opefo_nemo.core.objectives.registry import register_objective
 from opefo_nemo.core.objectives.tokens import Coefficients, LossInputs
 from opefo_nemo.core.reduction import BatchReducer

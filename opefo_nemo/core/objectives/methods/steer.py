@@ -13,7 +13,7 @@ import torch
 from torch import Tensor
 
 from opefo_nemo.core.objectives.base import BatchStatistics
-from opefo_nemo.core.objectives.methods.clipped import (
+from opefo_nemo.core.objectives.methods.clipped_surrogate import (
     ClippedConfig,
     ClippedSurrogate,
     surrogate_terms,

@@ -1,4 +1,4 @@
-"""Input checks shared by every core function: finite values, matching shapes, a usable mask.
+"""Checks of the tensors every core function takes: finite values, matching shapes, a usable mask.
 
 Errors name the offending tensor so that a failure deep inside a training step points at its cause.
 """

@@ -1,5 +1,5 @@
-"""The clipped surrogate of the approximate on-policy baselines (spec §5): ``grpo``,
-``clip_higher`` (and the base of ``clip_cov`` and ``entropy_reg``)."""
+"""The clipped surrogate of the approximate on-policy methods (spec §5) and its clip metrics: the
+base of ``grpo``, ``clip_higher``, ``clip_cov``, ``entropy_reg`` and ``steer``."""
 
 from __future__ import annotations
 
@@ -12,7 +12,6 @@ import torch
 from torch import Tensor
 
 from opefo_nemo.core.objectives.base import MethodConfig, Objective, positive
-from opefo_nemo.core.objectives.registry import register_objective
 from opefo_nemo.core.objectives.tokens import LossInputs
 from opefo_nemo.core.schema import require
 
@@ -57,7 +56,7 @@ def surrogate_terms(inputs: LossInputs, config: ClippedConfig) -> tuple[Tensor, 
 
 
 class ClippedSurrogate(Objective):
-    """The clipped surrogate with its clip metrics (module docstring)."""
+    """The clipped surrogate with its clip metrics (module docstring); registered by its methods."""
 
     config_type = ClippedConfig
     strict = False
@@ -107,20 +106,3 @@ class ClippedSurrogate(Objective):
             "clip/dh_lower": float(sums["dh_lower"]),
             "clip/frac_dual": float(sums["clip_dual"]) / n_tokens,
         }
-
-
-@register_objective("grpo")
-class Grpo(ClippedSurrogate):
-    """GRPO with ratio clipping (paper: ε 0.2 / 0.2, 8 updates per rollout)."""
-
-
-@dataclass(frozen=True)
-class ClipHigherConfig(ClippedConfig):
-    clip_eps_high: float = 0.28  # relaxed: keeps entropy-increasing updates (paper Fig. 2c)
-
-
-@register_objective("clip_higher")
-class ClipHigher(ClippedSurrogate):
-    """The same loss with a relaxed upper bound (paper: ε_low 0.2, ε_high 0.28)."""
-
-    config_type = ClipHigherConfig
