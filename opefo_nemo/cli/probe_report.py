@@ -192,7 +192,7 @@ def document(
 ) -> dict[str, Any]:
     """The JSON document: the overrides and settings that made the batch, the figures, what
     dynamic sampling keeps, the verdict."""
-    configured = result.groups[result.configured]
+    configured = result.groups.get(result.configured, [])  # none without per-group flows
     return {
         "overrides": list(overrides),
         "settings": dict(settings),
