@@ -24,6 +24,10 @@ class EntropyFlowConfig:
     ``entropy_flow`` derives from it."""
 
     estimator: str = "paper"
+    """ΔH per token (spec §2), logged for every method as ``flow/*`` and λ*: ``paper`` (Eq. 5 at
+    the sampled token) | ``tabular`` (the exact first order of the sampled token's logit step; two
+    more vocabulary sums) | ``expectation`` (Eq. 5 averaged over the token drawn from π; has the
+    sign of A; four more vocabulary sums)."""
 
     def validate(self, path: str) -> None:
         """Ranges of the keys under ``path``; a subclass extends it (``super().validate``)."""
@@ -32,12 +36,21 @@ class EntropyFlowConfig:
 
 @dataclass(frozen=True)
 class MethodConfig:
-    """The settings every method has; a method's own dataclass derives from this one."""
+    """The keys every method accepts, with their defaults; each ``conf/method/<name>.yaml``
+    starts from this file and adds the keys of its method's settings dataclass (which derives
+    from this one, ``core/objectives/methods/``). An unknown key or an impossible value fails at
+    start-up, naming the key. spec §2-§5; adding a method: docs/core.md."""
 
     name: str
+    """The objective's registry key (``core/objectives/methods/``); required."""
     updates_per_rollout: int = 1
+    """Optimizer steps per rollout batch: 1 = strict on-policy (ρ ≡ 1); the approximate
+    on-policy baselines take 8 sequential mini-batch steps."""
     lr: float = 2.83e-6
+    """AdamW peak learning rate (paper: 2.83e-6 = 1e-6 × √8 strict on-policy, one full-batch
+    update per rollout; 1e-6 otherwise)."""
     entropy_flow: EntropyFlowConfig = field(default_factory=EntropyFlowConfig)
+    """The per-token entropy change and its flows (spec §2, §3)."""
 
     @property
     def strict_on_policy(self) -> bool:

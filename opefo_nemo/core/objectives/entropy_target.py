@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, ClassVar, Generic, TypeVar, cast
 
 from opefo_nemo.core.objectives.base import (
@@ -18,6 +18,9 @@ from opefo_nemo.core.objectives.base import (
 from opefo_nemo.core.schema import one_of, require
 
 INITIAL = "initial"
+BALANCE = "balance"
+"""Field metadata: the ``entropy_flow.balance`` a setting applies under. A method's file in
+``conf/method/`` lists the setting only when the method accepts that balance."""
 
 
 def require_target(target: object, path: str, *, optional: bool = False) -> None:
@@ -60,8 +63,11 @@ class TargetFlowConfig(EntropyFlowConfig):
     """``entropy_flow`` of a method that can steer the entropy to a target; a method adds how
     strongly it steers (``opefo``: ``target_gain``; ``entropy_neutral``: ``target_rate``)."""
 
-    balance: str = "adaptive"  # the method's variant; ``target`` steers to ``target_entropy``
-    target_entropy: float | str = INITIAL  # nats, or ``initial``: the first step's ``H̄``
+    balance: str = "adaptive"
+    """The method's variant (each method accepts its own):"""
+    target_entropy: float | str = field(default=INITIAL, metadata={BALANCE: "target"})
+    """balance=target only: nats, or ``initial`` (the first step's token-mean entropy H̄, kept in
+    the checkpoint)."""
 
     def validate(self, path: str) -> None:
         super().validate(path)

@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 
 from opefo_nemo.core.entropy_flow import balance, side_weights, target_shift
 from opefo_nemo.core.objectives.base import BatchStatistics, MethodConfig
-from opefo_nemo.core.objectives.entropy_target import TargetedObjective, TargetFlowConfig
+from opefo_nemo.core.objectives.entropy_target import (
+    BALANCE,
+    TargetedObjective,
+    TargetFlowConfig,
+)
 from opefo_nemo.core.objectives.methods.grpo_strict import StrictConfig, StrictPolicyGradient
 from opefo_nemo.core.objectives.tokens import Coefficients
 from opefo_nemo.core.reduction import BatchReducer
@@ -21,8 +25,16 @@ class BalancedFlowConfig(TargetFlowConfig):
     """spec §3: how ``opefo`` and its ablations weigh the entropy-increasing tokens S+ (``w₊``)
     and the entropy-decreasing tokens S− (``w₋``), ``core.entropy_flow``."""
 
-    static_lambda: float = 0.001  # balance=static: the fixed λ, in (−1, 1)
-    target_gain: float = 1.0  # balance=target: g > 0, λ = clip(λ* + g (H_target − H), −1, 1)
+    balance: str = "adaptive"
+    """adaptive: λ = λ* = (N − P) / (N + P) over the whole optimizer-step batch, zero predicted
+    net flow (the paper) | target: λ = clip(λ* + target_gain · (target_entropy − H_batch), −1, 1)
+    | static: a fixed λ, ``static_lambda`` | pos_only, neg_only: only S+ weighted, by 1 + λ*, or
+    only S−, by 1 − λ*. ``opefo`` takes adaptive or target, each ablation its own name only."""
+    static_lambda: float = field(default=0.001, metadata={BALANCE: "static"})
+    """balance=static only: the fixed λ, in (−1, 1) (paper: 0.001)."""
+    target_gain: float = field(default=1.0, metadata={BALANCE: "target"})
+    """balance=target only: the gain g > 0; the predicted net flow is then g (H_target −
+    H_batch)(P + N) (before λ's clip to [−1, 1])."""
 
     def validate(self, path: str) -> None:
         super().validate(path)

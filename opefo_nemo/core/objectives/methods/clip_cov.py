@@ -30,15 +30,23 @@ from opefo_nemo.core.schema import require
 
 @dataclass(frozen=True)
 class ClipCovSettings:
+    """``method.clip_cov``: which tokens lose their gradient."""
+
     ratio: float = 2e-4
+    """r_c: the fraction of the batch's tokens whose gradient is removed, in (0, 1]."""
     lb: float = 1.0
+    """Candidates have lb < cov_t < ub, cov_t = (A − Ā)(logprob − mean logprob), both means over
+    the whole optimizer-step batch."""
     ub: float = 5.0
+    """The upper bound of the candidate window, > lb."""
 
 
 @dataclass(frozen=True)
 class ClipCovConfig(ClippedConfig):
-    clip_ratio_c: float | None = None  # Cui et al.'s Clip-Cov has no dual clip
+    clip_ratio_c: float | None = None
+    """Off, as in Cui et al.'s Clip-Cov."""
     clip_cov: ClipCovSettings = field(default_factory=ClipCovSettings)
+    """Clip-Cov's token selection."""
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -60,6 +68,10 @@ def ratio_clipped(chunk: TokenChunk, config: ClippedConfig) -> Tensor:
 
 @register_objective("clip_cov")
 class ClipCov(ClippedSurrogate):
+    """Clip-Cov (Cui et al. 2025 settings): the clipped surrogate, with the gradient removed on a
+    random r_c of the tokens with lb < cov_t < ub, chosen over the whole optimizer-step batch (not
+    per micro-batch); ``select/frac`` logs the chosen fraction."""
+
     config_type = ClipCovConfig
     loss_sum_names = (*ClippedSurrogate.loss_sum_names, "selected")
 

@@ -11,11 +11,13 @@ from opefo_nemo.core.objectives.registry import register_objective
 
 @dataclass(frozen=True)
 class ClipHigherConfig(ClippedConfig):
-    clip_eps_high: float = 0.28  # relaxed: keeps entropy-increasing updates (paper Fig. 2c)
+    clip_eps_high: float = 0.28
+    """Relaxed: keeps entropy-increasing updates (paper Fig. 2c)."""
 
 
 @register_objective("clip_higher")
 class ClipHigher(ClippedSurrogate):
-    """The same loss with a relaxed upper bound (paper: ε_low 0.2, ε_high 0.28)."""
+    """Clip-higher (DAPO): GRPO's clipped surrogate with a relaxed upper clip bound (paper:
+    ε_low 0.2, ε_high 0.28)."""
 
     config_type = ClipHigherConfig

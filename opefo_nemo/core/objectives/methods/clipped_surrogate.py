@@ -27,8 +27,11 @@ class ClippedConfig(MethodConfig):
     updates_per_rollout: int = 8
     lr: float = 1e-6
     clip_eps_low: float = 0.2
+    """Ratio clip: the lower bound 1 − ε_low, ε_low in (0, 1)."""
     clip_eps_high: float = 0.2
+    """Ratio clip: the upper bound 1 + ε_high, ε_high > 0."""
     clip_ratio_c: float | None = 3.0
+    """Dual clip: for A < 0 the loss is capped at −c·A (c > 1; null: off)."""
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)

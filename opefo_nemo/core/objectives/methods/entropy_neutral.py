@@ -9,7 +9,11 @@ from dataclasses import dataclass, field
 from typing import ClassVar
 
 from opefo_nemo.core.objectives.base import BatchStatistics, MethodConfig
-from opefo_nemo.core.objectives.entropy_target import TargetedObjective, TargetFlowConfig
+from opefo_nemo.core.objectives.entropy_target import (
+    BALANCE,
+    TargetedObjective,
+    TargetFlowConfig,
+)
 from opefo_nemo.core.objectives.methods.grpo_strict import StrictConfig, StrictPolicyGradient
 from opefo_nemo.core.objectives.registry import register_objective
 from opefo_nemo.core.schema import require
@@ -19,7 +23,12 @@ from opefo_nemo.core.schema import require
 class NeutralFlowConfig(TargetFlowConfig):
     """The wanted first-order entropy change of each step (:meth:`EntropyNeutral.update_target`)."""
 
-    target_rate: float = 0.1  # balance=target: the share of H_target − H̄ closed per step, (0, 1]
+    balance: str = "adaptive"
+    """adaptive: ⟨∇θH̄, Δθ'⟩ = 0, the entropy held to first order | target: ⟨∇θH̄, Δθ'⟩ =
+    target_rate · (target_entropy − H̄), steering it to a target."""
+    target_rate: float = field(default=0.1, metadata={BALANCE: "target"})
+    """balance=target only: the share of the gap (target_entropy − H̄) closed per step to first
+    order, in (0, 1]."""
 
     def validate(self, path: str) -> None:
         super().validate(path)
@@ -38,8 +47,12 @@ class EntropyNeutralConfig(StrictConfig):
 
 @register_objective("entropy_neutral")
 class EntropyNeutral(TargetedObjective[NeutralFlowConfig], StrictPolicyGradient):
-    """Strict GRPO's loss, ``−A_t log π(y_t)`` (w ≡ 1, optionally times the truncated
-    importance-sampling weight); the trainer corrects the update to :meth:`update_target`."""
+    """The entropy-neutral update (spec §3, "Exact first order"): strict GRPO's loss,
+    ``−A_t log π(y_t)`` (w ≡ 1, optionally times the truncated importance-sampling weight); after
+    the optimizer step the engine adds α ∇θH̄ to the applied update Δθ so that the exact
+    first-order change of the batch's token-mean entropy, ⟨∇θH̄, Δθ'⟩, is
+    :meth:`update_target`, what ``balance`` asks. Costs one more forward and backward of the
+    batch per step (docs/core.md, "The entropy-neutral update")."""
 
     config_type: ClassVar[type[MethodConfig]] = EntropyNeutralConfig
     corrects_update = True

@@ -25,11 +25,22 @@ RULES = ("skywork", "current")
 @dataclass(frozen=True)
 class EntropyRegConfig(ClippedConfig):
     entropy_coef: float = 0.01
+    """β (paper: fixed 0.01); with a target, the controller's starting value."""
     entropy_coef_target: float | str | None = None
+    """null: β fixed. Nats or ``initial`` (the first step's token-mean entropy, kept in the
+    checkpoint): β closed-loop, raised by ``entropy_coef_step`` while the batch entropy is below
+    the target, lowered above it."""
     entropy_coef_step: float = 1e-3
+    """With a target: the change of β per optimizer step, >= 0."""
     entropy_coef_min: float = 0.0
+    """With a target: β's lower bound, >= 0."""
     entropy_coef_max: float = 0.1
-    entropy_coef_rule: str = "skywork"  # with a target: skywork | current (_close_loop)
+    """With a target: β's upper bound (``entropy_coef`` must lie within the bounds)."""
+    entropy_coef_rule: str = "skywork"
+    """With a target: ``skywork`` (Skywork-OR1's control, as TRL's ``use_adaptive_entropy``: c
+    stepped after each step by H <= target, and applied in the next step only if that H was <=
+    target; none on the first) | ``current`` (c stepped by sign(target − H) on the step's own
+    batch, applied to its loss); docs/core.md, "Entropy-Reg's closed loop"."""
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -56,7 +67,9 @@ class EntropyRegConfig(ClippedConfig):
 
 @register_objective("entropy_reg")
 class EntropyReg(ClippedSurrogate):
-    """``ℓ_t = clipped surrogate − β H_t`` (module docstring)."""
+    """Entropy-Reg (paper Table 1): GRPO minus β H_t, the entropy differentiated: ``ℓ_t =
+    clipped surrogate − β H_t``, β fixed or closed-loop (docs/core.md, "Entropy-Reg's closed
+    loop")."""
 
     config_type = EntropyRegConfig
     differentiates_entropy = True

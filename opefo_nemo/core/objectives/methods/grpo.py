@@ -9,4 +9,5 @@ from opefo_nemo.core.objectives.registry import register_objective
 
 @register_objective("grpo")
 class Grpo(ClippedSurrogate):
-    """GRPO with ratio clipping (paper: ε 0.2 / 0.2, 8 updates per rollout)."""
+    """GRPO (paper Table 1): the clipped surrogate, ε 0.2 / 0.2, 8 sequential mini-batch updates
+    per rollout."""

@@ -21,10 +21,13 @@ from opefo_nemo.core.schema import require
 
 @dataclass(frozen=True)
 class StrictConfig(MethodConfig):
-    # null: off (the paper); c >= 1: each token's weight times the truncated importance-sampling
-    # weight min(π_train/π_rollout, c) (core.fidelity), correcting for the rollout engine
-    # sampling with its own kernels and precision
+    """Settings of the strict on-policy policy gradient and of the methods built on it."""
+
     rollout_is_cap: float | None = None
+    """null: off (the paper). A number c >= 1: each token's weight times the truncated
+    importance-sampling weight min(π_train/π_rollout, c) (``core/fidelity.py``), correcting for
+    the rollout engine sampling with its own kernels and precision (the ``fidelity/*`` metrics
+    show how far the two differ)."""
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -38,7 +41,8 @@ class StrictConfig(MethodConfig):
 
 @register_objective("grpo_strict")
 class StrictPolicyGradient(Objective):
-    """``ℓ_t = −w_t A_t log π(y_t)``; here ``w ≡ 1`` (the paper's strict GRPO baseline)."""
+    """GRPO, strict on-policy (paper Table 1, "GRPO (Strict on-policy)"): ``ℓ_t = −w_t A_t log
+    π(y_t)`` with ρ ≡ 1 and ``w ≡ 1``, one full-batch update per rollout."""
 
     config_type: ClassVar[type[MethodConfig]] = StrictConfig
 

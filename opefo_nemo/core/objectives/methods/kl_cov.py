@@ -33,15 +33,21 @@ from opefo_nemo.core.reduction import BatchReducer
 
 @dataclass(frozen=True)
 class KLCovSettings:
+    """``method.kl_cov``: which tokens are penalised, and how much."""
+
     ratio: float = 2e-3
+    """r_k: the fraction of the batch's tokens (the top by cov_t) that are penalised, in (0, 1]."""
     coef: float = 1.0
+    """κ: the weight of |logprob − logprob_old| on the selected tokens, >= 0."""
 
 
 @dataclass(frozen=True)
 class KLCovConfig(MethodConfig):
-    updates_per_rollout: int = 8  # the penalty needs ρ ≠ 1: approximate on-policy, as the paper
+    updates_per_rollout: int = 8
+    """The penalty needs ρ ≠ 1: approximate on-policy, as in the paper."""
     lr: float = 1e-6
     kl_cov: KLCovSettings = field(default_factory=KLCovSettings)
+    """KL-Cov's penalty."""
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -57,9 +63,11 @@ class KLCovConfig(MethodConfig):
 
 @register_objective("kl_cov")
 class KLCov(Objective):
-    """No ratio clip, so no ``clip/*`` metrics; ``select/frac`` logs the penalised fraction. With
-    one update per rollout (ρ ≡ 1) the penalty is identically zero and only the selection runs
-    (a warning says so at start-up)."""
+    """KL-Cov (Cui et al. 2025 settings): ``−A ρ`` plus ``κ |logprob − logprob_old|`` on the
+    top r_k of the tokens by cov_t over the whole optimizer-step batch. No ratio clip, so no
+    ``clip/*`` metrics; ``select/frac`` logs the penalised fraction. With one update per rollout
+    (ρ ≡ 1) the penalty is identically zero and only the selection runs (a warning says so at
+    start-up)."""
 
     config_type = KLCovConfig
     strict = False

@@ -22,7 +22,8 @@ class NegativeSideConfig(BalancedConfig):
 
 @register_objective("neg_only")
 class NegativeSideOnly(BalancedPolicyGradient):
-    """Ablation: only S− weighted (``1 − λ*``)."""
+    """Ablation of ``opefo``: only the entropy-decreasing set S− is rescaled, by ``1 − λ*``
+    (strict on-policy)."""
 
     config_type = NegativeSideConfig
     balances = ("neg_only",)

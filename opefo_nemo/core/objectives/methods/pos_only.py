@@ -22,7 +22,8 @@ class PositiveSideConfig(BalancedConfig):
 
 @register_objective("pos_only")
 class PositiveSideOnly(BalancedPolicyGradient):
-    """Ablation: only S+ weighted (``1 + λ*``)."""
+    """Ablation of ``opefo``: only the entropy-increasing set S+ is rescaled, by ``1 + λ*``
+    (strict on-policy)."""
 
     config_type = PositiveSideConfig
     balances = ("pos_only",)

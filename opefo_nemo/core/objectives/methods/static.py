@@ -22,7 +22,8 @@ class StaticConfig(BalancedConfig):
 
 @register_objective("static")
 class StaticBalance(BalancedPolicyGradient):
-    """Ablation: ``1 ± λ`` with a fixed ``static_lambda``."""
+    """Ablation of ``opefo``: a fixed λ on both sides, ``1 ± static_lambda``, instead of the
+    adaptive λ* (strict on-policy)."""
 
     config_type = StaticConfig
     balances = ("static",)

@@ -31,19 +31,30 @@ _EXPONENTIAL_SCALE_FLOOR = 0.02  # k's denominator never falls below it
 
 @dataclass(frozen=True)
 class SteerSettings:
-    """``method.steer`` (conf/method/steer.yaml documents each key)."""
+    """``method.steer``: how |Ω| is mapped to the weights."""
 
-    scope: str = "batch"  # whose |Ω| range sets the mapping: batch | micro_batch (one chunk)
-    mapping: str = "linear"  # linear | exponential (map_weights)
-    weight_min: float = 0.8  # the least weight, in (0, weight_max]
-    weight_max: float = 1.2  # the largest weight (exponential: 1)
+    scope: str = "batch"
+    """The tokens whose least and largest |Ω| set the mapping: ``batch`` (the whole
+    optimizer-step batch, like every global sum) | ``micro_batch`` (each chunk of
+    ``engine.micro_batch_size`` responses on its own, as STEER's code does)."""
+    mapping: str = "linear"
+    """``linear``: |Ω| mapped onto [weight_min, weight_max], the largest |Ω| → weight_min |
+    ``exponential``: exp(−k|Ω|) within [weight_min, 1], k = −ln(weight_min) / max(largest |Ω|,
+    0.02) (needs weight_max: 1.0)."""
+    weight_min: float = 0.8
+    """The least weight, in (0, weight_max] (exponential: < 1)."""
+    weight_max: float = 1.2
+    """The largest weight (exponential: exactly 1.0)."""
 
 
 @dataclass(frozen=True)
 class SteerConfig(ClippedConfig):
-    clip_eps_high: float = 0.28  # STEER's published runs
-    clip_ratio_c: float | None = 10.0  # STEER's published runs
+    clip_eps_high: float = 0.28
+    """STEER's published runs: 0.28."""
+    clip_ratio_c: float | None = 10.0
+    """STEER's published runs: 10."""
     steer: SteerSettings = field(default_factory=SteerSettings)
+    """STEER's token weights (docs/core.md, "STEER")."""
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
@@ -125,11 +136,14 @@ def _global_range(
 
 @register_objective("steer")
 class Steer(ClippedSurrogate):
-    """``ℓ_t = w_t · clipped surrogate`` with STEER's weights (:func:`map_weights` over the |Ω|
-    range of ``steer.scope``: one micro-batch, i.e. one chunk of ``prepare``, or the whole
-    optimizer-step batch through the reducer). Metrics: ``steer/weight_mean`` (over the batch's
-    valid tokens), ``steer/omega_min`` and ``steer/omega_max`` (``m`` and ``M`` over the whole
-    batch, whatever the scope)."""
+    """STEER ("Rethinking Entropy Interventions in RLVR: An Entropy Change Perspective"), with the
+    settings of its published linear runs: ``ℓ_t = w_t · clipped surrogate`` with dual clip, each
+    token's weight from |Ω_t|, its first-order entropy change ``Ω_t = A_t/π_old · π(1 − π)(log
+    π + H_t)``: the tokens that move the entropy most get the smallest weight
+    (:func:`map_weights` over the |Ω| range of ``steer.scope``: one micro-batch, i.e. one chunk
+    of ``prepare``, or the whole optimizer-step batch through the reducer). Metrics:
+    ``steer/weight_mean`` (over the batch's valid tokens), ``steer/omega_min`` and
+    ``steer/omega_max`` (``m`` and ``M`` over the whole batch, whatever the scope)."""
 
     config_type = SteerConfig
 
