@@ -32,6 +32,11 @@ class ArithmeticConfig:
 
 @dataclass(frozen=True)
 class DataConfig:
+    """The ``data`` section, with the defaults of ``data=arithmetic``: the embedded synthetic task
+    (``tasks/arithmetic.py``), addition of two multi-digit numbers written out column by column,
+    "47+38=" → "7+8=15 4+3+1=8 =85"; the verifier ``arithmetic`` scores the final answer (after
+    the lone "=")."""
+
     train: str = "arithmetic"
     """A built-in task (``arithmetic``, ``word_arithmetic``: generated) or a .jsonl / .parquet
     file of problems."""

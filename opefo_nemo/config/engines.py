@@ -43,10 +43,12 @@ class OptimizerConfig:
 
 @dataclass(frozen=True)
 class EngineConfig(OptimizerConfig):
-    """``engine=hf`` (``conf/engine/hf.yaml``): one device."""
+    """``engine=hf`` (``engines/hf.py``): a Hugging Face causal LM on one device (CPU or one GPU),
+    AdamW, the schedule of spec §8."""
 
     name: str = "hf"
-    """The engine: a Hugging Face causal LM on one device (``engines/hf.py``)."""
+    """This engine, a Hugging Face causal LM on one device (``engines/hf.py``); megatron and
+    aligner: megatron-core (``conf/engine/megatron.yaml``)."""
     device: str = "cpu"
     """cpu | cuda | cuda:N."""
     dtype: str = "float32"
@@ -71,10 +73,11 @@ class EngineConfig(OptimizerConfig):
 
 @dataclass(frozen=True)
 class MegatronEngineConfig(OptimizerConfig):
-    """``engine=megatron`` and ``engine=aligner`` (``conf/engine/megatron.yaml``; ``aligner.yaml``
-    extends it): the megatron-core engine's layout, precision and optimizer, and the colocated
-    rollout. ``megatron`` reads the Hugging Face checkpoint,
-    ``aligner`` restores a NeMo checkpoint through the NeMo-Aligner actor."""
+    """``engine=megatron`` (``engines/megatron``): a megatron-core GPT model built from the Hugging
+    Face ``config.json`` at ``model.path``, its safetensors streamed into this rank's TP/PP
+    shards; megatron DDP and optimizer (docs/megatron.md). ``engine=aligner``
+    (``conf/engine/aligner.yaml``) takes the same keys and restores a NeMo checkpoint through the
+    NeMo-Aligner actor instead. The paper presets (``conf/preset/opefo_*.yaml``) set the layout."""
 
     name: str = "megatron"
     """megatron (reads the Hugging Face checkpoint at ``model.path``) | aligner (restores a
@@ -92,10 +95,11 @@ class MegatronEngineConfig(OptimizerConfig):
     """TP: each layer's weights and the vocabulary split over TP GPUs; must divide the attention
     heads and the MLP width, and divide or be a multiple of the key/value heads."""
     pipeline_model_parallel_size: int = 1
-    """PP: the decoder layers split into PP stages of equal size; must divide the layers."""
+    """PP: the decoder layers split into PP stages of equal size; must divide the number of
+    layers."""
     sequence_parallel: bool = False
-    """Split LayerNorm/dropout activations along the sequence over the TP group; needs
-    ``tensor_model_parallel_size`` > 1."""
+    """Split LayerNorm/dropout activations along the sequence over the TP group (sequences padded
+    to a multiple of TP); needs ``tensor_model_parallel_size`` > 1."""
     transformer_engine: bool = True
     """Transformer Engine's fused layers when it imports on a GPU rank; otherwise (false, not
     installed, device=cpu) megatron-core's local layer spec (the weight names differ,

@@ -11,9 +11,11 @@ from opefo_nemo.core.schema import one_of, require
 @dataclass(frozen=True)
 class ValidationConfig:
     every: int = 0
-    """Validate every N rollout steps (0: never); needs ``data.validation``."""
+    """Validate every N rollout steps and at step 0, the warm start (0: never); needs
+    ``data.validation``."""
     k: int = 4
-    """Samples per problem: ``val/avg@k``."""
+    """Samples per problem n: ``val/avg@n``, and ``val/pass@k`` at every power of two k < n and
+    at n (spec §7; 32: pass@1, @2, ..., @32)."""
     max_problems: int | None = None
     """Cap on the validation problems (null: all)."""
     temperature: float = 1.0
@@ -41,7 +43,9 @@ class MetricsConfig:
     realized_every: int = 5
     """``flow/realized`` (entropy after − before the update, same batch) every N steps; one extra
     forward pass; 0: never. With it, ``flow/predictor_corr``: the correlation of
-    ``flow/realized`` with the predicted net flow over all measured steps so far (spec §6)."""
+    ``flow/realized`` with the predicted net flow over all measured steps so far, and on the next
+    step ``flow/drift``: the sampled entropy's change the update's own batch did not see
+    (spec §6)."""
     fidelity_threshold: float = 0.2
     """``fidelity/frac_beyond`` counts the tokens whose trainer and rollout-engine logprobs differ
     by more than this (nats), spec §6."""

@@ -13,6 +13,11 @@ from opefo_nemo.tasks.warm_start import WarmStartConfig
 
 @dataclass(frozen=True)
 class ModelConfig:
+    """The ``model`` section, with the defaults of the embedded default model,
+    ``model=tiny_arithmetic_orders`` (whose file extends this one and adds the run settings that
+    suit that model). Another model's file sets the keys it needs; those it leaves out keep these
+    defaults."""
+
     path: str = "${oc.env:OPEFO_CACHE,.cache/opefo}/tiny_arithmetic_orders"
     """The model directory (``config.json``, weights, tokenizer); for an embedded model, where
     the warm-started model lives."""
@@ -24,10 +29,12 @@ class ModelConfig:
     """A packaged model converted into ``path`` when it is missing (``models/packaged.py``);
     null: ``path`` must already hold a model, or be built (``embedded``)."""
     shipped_warm_start: bool = True
-    """With ``embedded``: copy the warm start shipped with the package (the demo's model) into a
-    missing ``path`` when its recipe equals this one, instead of building it; false: build."""
+    """With ``embedded``: copy the warm start shipped with the package (the demo's model, that of
+    the documented studies) into a missing ``path`` when its recipe equals this one, instead of
+    building it; false: build it (the demo's model: about 4 min on 2 cores)."""
     warm_start: WarmStartConfig = field(default_factory=WarmStartConfig)
-    """How the embedded model is warm-started (used only with ``embedded``)."""
+    """How the embedded model is warm-started (``tasks/warm_start.py``; used only with
+    ``embedded``)."""
 
     def validate(self) -> None:
         """Ranges and contradictions of the ``model`` keys; errors name the key."""

@@ -6,9 +6,11 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opefo_nemo.core.schema import one_of, require
+from opefo_nemo.rewards import VERIFIERS as REWARD_VERIFIERS
 from opefo_nemo.rewards.function import split_name
 
-VERIFIERS = ("arithmetic", "last_number", "dapo", "answer", "math_verify")
+VERIFIERS = ("arithmetic", "last_number", *REWARD_VERIFIERS)
+"""``reward.verifier``: the built-in tasks' (``trainer/scoring.py``), then the rewards package's."""
 
 
 @dataclass(frozen=True)

@@ -13,6 +13,10 @@ ROLLOUT_BACKENDS = ("vllm", "engine")
 
 @dataclass(frozen=True)
 class RolloutConfig:
+    """The ``rollout`` section, with the defaults of ``rollout=vllm`` (``opefo_nemo/rollout``):
+    vLLM server processes, the policy re-loaded into them after every step. ``rollout=engine``
+    (``conf/rollout/engine.yaml``) samples with the training engine instead."""
+
     name: str = "vllm"
     """The generation backend: vllm (server processes, the policy re-loaded into them every
     step) | engine (the training engine samples with its own weights, conf/rollout/engine.yaml;
@@ -40,8 +44,8 @@ class RolloutConfig:
     startup_timeout_s: float = 300.0
     """Seconds a server may take to import vLLM, load the model and be ready."""
     request_timeout_s: float = 600.0
-    """Seconds a server may take to answer one request: a step's whole generation, or a weight
-    update."""
+    """Seconds a server may take to answer one request: a step's whole generation (raise it for
+    long responses on slow hardware), or a weight update."""
     stop_token_ids: tuple[int, ...] | None = None
     """Token ids that end a response; null: derived from the model (the tokenizer's eos,
     ``generation_config.json``'s eos ids and the chat template's end-of-turn token, listed in the

@@ -60,7 +60,8 @@ class TrainerConfig:
     dynamic_sampling_max_rounds: int = 4
     """Generation rounds per rollout step with ``dynamic_sampling``, the first included (>= 1;
     1: filter without generating more); round ``r`` uses the step's sampling seeds
-    ``r × prompts_per_step × responses_per_prompt`` further on."""
+    ``r × prompts_per_step × responses_per_prompt`` further on, so rounds × prompts × responses
+    must stay <= 10000 (the seeds a step owns)."""
 
     def validate(self) -> None:
         require(self.max_steps >= 0, "trainer.max_steps", "must be >= 0")

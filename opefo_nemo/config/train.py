@@ -30,17 +30,29 @@ class TrainConfig:
     meanings and checks its own keys; :meth:`validate` adds the checks that span sections."""
 
     method: MethodConfig
+    """The objective of spec §5 and its settings (``conf/method/``)."""
     run: RunConfig = field(default_factory=RunConfig)
+    """What is trained, and where it goes."""
     model: ModelConfig = field(default_factory=ModelConfig)
+    """The policy model (``conf/model/``)."""
     data: DataConfig = field(default_factory=DataConfig)
+    """The training and validation problems (``conf/data/``)."""
     engine: EngineConfig | MegatronEngineConfig = field(default_factory=EngineConfig)
+    """The training engine and its optimizer (``conf/engine/``)."""
     rollout: RolloutConfig = field(default_factory=RolloutConfig)
+    """The generation service and its sampling (``conf/rollout/``)."""
     trainer: TrainerConfig = field(default_factory=TrainerConfig)
+    """How many steps, and what each samples."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
+    """Group-relative advantages (spec §4)."""
     reward: RewardSettings = field(default_factory=RewardSettings)
+    """How responses are scored (docs/rewards_data_eval.md)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
+    """When checkpoints are written, and where a run starts."""
     validation: ValidationConfig = field(default_factory=ValidationConfig)
+    """Held-out evaluation (spec §7)."""
     metrics: MetricsConfig = field(default_factory=MetricsConfig)
+    """Measurements beside the step metrics of spec §6, and where they are logged."""
 
     @property
     def rollout_batch_size(self) -> int:

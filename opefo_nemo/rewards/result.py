@@ -30,33 +30,34 @@ REASONS = (CORRECT, WRONG, NO_ANSWER, TIMEOUT, ERROR)
 
 @dataclass(frozen=True)
 class RewardConfig:
-    """How responses are verified and scored.
-
-    verifier: "dapo" (the DAPO rule exactly, `dapo.py`), "answer" (the same extraction with a
-        lenient normalisation, `answer.py`) or "math_verify" (symbolic equivalence).
-    correct_score / wrong_score / no_answer_score: reward for each outcome; a timeout or an
-        internal error scores `wrong_score`. `wrong_score=None` takes the verifier's own
-        (`INCORRECT_SCORES`: −1 for dapo, as the rule, 0 otherwise); `no_answer_score=None`
-        takes the wrong score.
-    timeout_s: time limit per response, in seconds (extraction plus comparison).
-    strict_box: answer only; read the last `\\boxed{}` in the final `strict_box_chars`
-        characters instead of the last `Answer:` line.
-    tail_chars: dapo and answer; only the final `tail_chars` characters of the response are
-        read (the DAPO rule reads 300); None reads the whole response.
-    function: a reward of the user's own, `package.module:callable` (`function.py`), in place
-        of `verifier`: its score is the reward, `correct` when it is at least `correct_score`;
-        a timeout or an error scores `wrong_score` (None: 0.0).
-    """
+    """How responses are verified and scored; the trainer makes one from its `reward` section
+    (`trainer/scoring.py`), whose keys are documented where they are defined
+    (`config/reward.py`)."""
 
     verifier: Verifier = "dapo"
+    """One of `VERIFIERS`; what each checks is said by its module: `dapo.py` (the DAPO
+    rule exactly), `answer.py`, `symbolic.py` (`math_verify`)."""
     correct_score: float = 1.0
+    """The reward of a correct response."""
     wrong_score: float | None = None
+    """The reward of a wrong answer, a timeout and an internal error; None: the verifier's own
+    (`INCORRECT_SCORES`), 0.0 with `function`."""
     no_answer_score: float | None = None
+    """The reward of a response with no answer; None: `wrong_score`'s."""
     timeout_s: float = 5.0
+    """Time limit per response, in seconds (extraction plus comparison)."""
     strict_box: bool = False
+    """`answer` only: read the last `\\boxed{}` in the final `strict_box_chars`
+    characters instead of the last `Answer:` line."""
     tail_chars: int | None = 300
+    """`dapo` and `answer`: only the final `tail_chars` characters of the response are read
+    (the DAPO rule reads 300); None reads the whole response."""
     strict_box_chars: int = 100
+    """With `strict_box`: how many final characters hold the box."""
     function: str | None = None
+    """A reward function of the user's own, `package.module:callable` (`function.py`), in
+    place of `verifier`: its score is the reward, `correct` when it is at least
+    `correct_score`."""
 
     def __post_init__(self) -> None:
         if self.function is not None and split_name(self.function) is None:
