@@ -10,6 +10,8 @@ from opefo_nemo.core.schema import one_of, require
 GENERATED_DATA = ("arithmetic", "word_arithmetic")
 """``data.train`` / ``data.validation`` values that name a built-in task instead of a file."""
 LONG_PROMPT_POLICIES = ("skip", "error")
+OPERATIONS = ("add", "multiply")
+"""``data.arithmetic.operation`` values; the embedded task (``arithmetic``) adds only."""
 
 
 @dataclass(frozen=True)
@@ -24,10 +26,14 @@ class ArithmeticConfig:
     """Held-out validation problems."""
     seed: int = 1234
     """Which problems go where."""
+    operation: str = "add"
+    """``add`` ("What is 3 + 5?") | ``multiply`` ("What is 3 * 5?", ``word_arithmetic`` only:
+    the embedded task's worked solutions are column additions)."""
 
     def validate(self) -> None:
         require(1 <= self.digits <= 4, "data.arithmetic.digits", "must be in 1..4")
         require(self.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
+        one_of(self.operation, OPERATIONS, "data.arithmetic.operation")
 
 
 @dataclass(frozen=True)
@@ -56,6 +62,13 @@ class DataConfig:
     """The built-in tasks' problems."""
 
     def validate(self) -> None:
+        embedded = "arithmetic" in (self.train, self.validation)
+        require(
+            self.arithmetic.operation == "add" or not embedded,
+            "data.arithmetic.operation",
+            f"is {self.arithmetic.operation!r}, but the embedded task (data.train or "
+            "data.validation = arithmetic) only adds; use word_arithmetic",
+        )
         one_of(self.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
         one_of(self.defective_rows, ("error", "skip"), "data.defective_rows")
         require(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")

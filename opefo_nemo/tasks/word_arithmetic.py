@@ -1,5 +1,6 @@
-"""Additions asked in words, for a pretrained chat model: ``"What is 3 + 5?"`` → ``"8"``, scored by
-the last integer of the response (docs/rewards_data_eval.md, "Verifiers").
+"""Additions or products asked in words, for a pretrained chat model: ``"What is 3 + 5?"`` →
+``"8"``, ``"What is 3 * 5?"`` → ``"15"``, scored by the last integer of the response
+(docs/rewards_data_eval.md, "Verifiers").
 """
 
 from __future__ import annotations
@@ -14,19 +15,20 @@ SOURCE = "word_arithmetic"
 _INTEGER = re.compile(r"-?\d+")
 
 
-def question(a: int, b: int) -> str:
-    return f"What is {a} + {b}?"
+OPERATORS = {"add": ("+", int.__add__), "multiply": ("*", int.__mul__)}
+"""Each ``data.arithmetic.operation``: its sign in the question and its result."""
 
 
 def make_word_problems(
-    digits: int, num_train: int, num_validation: int, seed: int
+    digits: int, num_train: int, num_validation: int, seed: int, operation: str = "add"
 ) -> tuple[list[Problem], list[Problem]]:
     """Training and validation questions of :func:`.arithmetic.operand_pairs` (the
     ``data.arithmetic`` settings; one digit gives the 100 pairs 0..9 × 0..9), each the user's
     message in the model's chat template (``data.template: raw``)."""
+    sign, result = OPERATORS[operation]
 
     def problem(a: int, b: int) -> Problem:
-        text, answer = question(a, b), str(a + b)
+        text, answer = f"What is {a} {sign} {b}?", str(result(a, b))
         return Problem(prompt_id_for(SOURCE, text, answer), text, answer, SOURCE)
 
     train, validation = operand_pairs(digits, num_train, num_validation, seed)

@@ -51,13 +51,15 @@ def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Pr
     if name == ARITHMETIC:
         return arithmetic_split(data)
     a = data.arithmetic
-    return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed)
+    return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed, a.operation)
 
 
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
     """The recipe of the embedded model ``config`` describes (:mod:`..tasks.embedded_model`)."""
     data = config.data
-    return recipe_of(config.model.warm_start, data.template, dataclasses.asdict(data.arithmetic))
+    problems = dataclasses.asdict(data.arithmetic)
+    del problems["operation"]  # always add (validated): earlier warm starts keep their recipe
+    return recipe_of(config.model.warm_start, data.template, problems)
 
 
 def embedded_model(config: TrainConfig) -> Path:

@@ -10,8 +10,10 @@ import pytest
 from opefo_nemo.config.compose import compose
 from opefo_nemo.tasks.word_arithmetic import make_word_problems, score_last_number
 from opefo_nemo.trainer.scoring import score_responses
+from opefo_nemo.trainer.setup import generated_split
 
 QUESTION = re.compile(r"^What is (\d+) \+ (\d+)\?$")
+PRODUCT = re.compile(r"^What is (\d+) \* (\d+)\?$")
 
 
 def test_one_digit_questions_cover_all_pairs_once_and_answer_with_the_sum():
@@ -25,6 +27,40 @@ def test_one_digit_questions_cover_all_pairs_once_and_answer_with_the_sum():
     assert sorted(pairs) == [(a, b) for a in range(10) for b in range(10)]
     assert make_word_problems(1, 90, 10, seed=1234) == (train, validation)
     assert make_word_problems(1, 90, 10, seed=5)[1] != validation
+
+
+def test_products_ask_every_pair_once_and_answer_with_the_product():
+    train, validation = make_word_problems(1, 90, 10, seed=1234, operation="multiply")
+    pairs = []
+    for problem in train + validation:
+        a, b = map(int, PRODUCT.match(problem.problem).groups())
+        assert problem.ground_truth == str(a * b)
+        pairs.append((a, b))
+    assert sorted(pairs) == [(a, b) for a in range(10) for b in range(10)]
+    sums = make_word_problems(1, 90, 10, seed=1234)
+    assert [p.problem.replace("+", "*") for p in sums[1]] == [p.problem for p in validation]
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        (["data.arithmetic.operation=multiply"], "only adds"),
+        (["+preset=smollm2_cpu", "data.arithmetic.operation=divide"], "'divide'"),
+    ],
+)
+def test_an_operation_the_task_cannot_ask_is_refused_naming_the_key(overrides, message):
+    with pytest.raises(ValueError, match="data.arithmetic.operation") as error:
+        compose(overrides)
+    assert message in str(error.value)
+
+
+def test_the_preset_with_products_trains_and_validates_on_products():
+    config, _ = compose(["+preset=smollm2_cpu", "data.arithmetic.operation=multiply"])
+    train, validation = generated_split("word_arithmetic", config.data)
+    for problem in train + validation:
+        a, b = map(int, PRODUCT.match(problem.problem).groups())
+        assert problem.ground_truth == str(a * b)
+    assert (len(train), len(validation)) == (90, 10)
 
 
 @pytest.mark.parametrize(
