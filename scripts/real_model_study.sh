@@ -1,10 +1,11 @@
 #!/usr/bin/env bash
 # The first real-model study on one GPU (docs/training.md, "SmolLM2 on one GPU"): SmolLM2-135M-
-# Instruct on word additions (+preset=smollm2_cpu's task), trained by the `hf` engine generating
-# with its own weights (rollout=engine: no vLLM, no server, exactly on-policy), STEPS rollout steps
-# each of grpo_strict, opefo and steer (STEER's weights over the batch, the entropy-control
-# study's controller that kept strict GRPO's gains on both toys), held-out pass@k every VALIDATE
-# steps, then the opefo-report of the three runs, all under OUTDIR:
+# Instruct on single-digit products asked in words (+preset=smollm2_cpu with
+# data.arithmetic.operation=multiply: strict GRPO's first batch at reward 0.2-0.5), trained by
+# the `hf` engine generating with its own weights (rollout=engine: no vLLM, no server, exactly
+# on-policy), STEPS rollout steps each of grpo_strict, opefo and steer (STEER's weights over the
+# batch, the entropy-control study's controller that kept strict GRPO's gains on both toys),
+# held-out pass@1..32 every VALIDATE steps, then the opefo-report of the runs, all under OUTDIR:
 #
 #   bash scripts/real_model_study.sh OUTDIR [GGUF_PART ...]
 #
@@ -44,7 +45,8 @@ fi
 common=(
     +preset=smollm2_cpu rollout=engine "engine.device=${DEVICE:-cuda}"
     "trainer.max_steps=${STEPS:-150}" "trainer.prompts_per_step=${PROMPTS:-32}"
-    "validation.every=${VALIDATE:-25}" validation.k=16 validation.top_p=1.0
+    data.arithmetic.operation=multiply
+    "validation.every=${VALIDATE:-25}" validation.k=32 validation.top_p=1.0
     "engine.micro_batch_size=${MICRO:-64}" method.updates_per_rollout=1 checkpoint.every=0
     metrics.tensorboard=false
 )
