@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # The first real-model study on one GPU (docs/training.md, "SmolLM2 on one GPU"): SmolLM2-135M-
-# Instruct on single-digit products asked in words (+preset=smollm2_cpu with
-# data.arithmetic.operation=multiply: strict GRPO's first batch at reward 0.2-0.5), trained by
+# Instruct on the times tables to 12 asked in words (+preset=smollm2_cpu data=word_times_tables:
+# strict GRPO's first batch at reward 0.2-0.5, held-out pass@32 below 1), trained by
 # the `hf` engine generating with its own weights (rollout=engine: no vLLM, no server, exactly
 # on-policy), STEPS rollout steps each of grpo_strict, opefo and steer (STEER's weights over the
 # batch, the entropy-control study's controller that kept strict GRPO's gains on both toys),
@@ -45,7 +45,7 @@ fi
 common=(
     +preset=smollm2_cpu rollout=engine "engine.device=${DEVICE:-cuda}"
     "trainer.max_steps=${STEPS:-150}" "trainer.prompts_per_step=${PROMPTS:-32}"
-    data.arithmetic.operation=multiply
+    data=word_times_tables
     "validation.every=${VALIDATE:-25}" validation.k=32 validation.top_p=1.0
     "engine.micro_batch_size=${MICRO:-64}" method.updates_per_rollout=1 checkpoint.every=0
     metrics.tensorboard=false

@@ -12,6 +12,9 @@ GENERATED_DATA = ("arithmetic", "word_arithmetic")
 LONG_PROMPT_POLICIES = ("skip", "error")
 OPERATIONS = ("add", "multiply")
 """``data.arithmetic.operation`` values; the embedded task (``arithmetic``) adds only."""
+WORD_TASK_KEYS = ("operation", "max_operand")
+"""``data.arithmetic`` keys only ``word_arithmetic`` reads; the embedded task needs their
+defaults."""
 
 
 @dataclass(frozen=True)
@@ -29,11 +32,19 @@ class ArithmeticConfig:
     operation: str = "add"
     """``add`` ("What is 3 + 5?") | ``multiply`` ("What is 3 * 5?", ``word_arithmetic`` only:
     the embedded task's worked solutions are column additions)."""
+    max_operand: int | None = None
+    """null: operands of ``digits`` digits; a number n: operands 0..n instead, ``digits`` unused
+    (``word_arithmetic`` only; 12 with ``multiply``: the times tables to 12, 169 questions)."""
 
     def validate(self) -> None:
         require(1 <= self.digits <= 4, "data.arithmetic.digits", "must be in 1..4")
         require(self.num_train >= 1, "data.arithmetic.num_train", "must be >= 1")
         one_of(self.operation, OPERATIONS, "data.arithmetic.operation")
+        require(
+            self.max_operand is None or self.max_operand >= 1,
+            "data.arithmetic.max_operand",
+            f"({self.max_operand}) must be >= 1, or null",
+        )
 
 
 @dataclass(frozen=True)
@@ -62,13 +73,17 @@ class DataConfig:
     """The built-in tasks' problems."""
 
     def validate(self) -> None:
-        embedded = "arithmetic" in (self.train, self.validation)
-        require(
-            self.arithmetic.operation == "add" or not embedded,
-            "data.arithmetic.operation",
-            f"is {self.arithmetic.operation!r}, but the embedded task (data.train or "
-            "data.validation = arithmetic) only adds; use word_arithmetic",
-        )
+        if "arithmetic" in (self.train, self.validation):  # the embedded task
+            defaults = ArithmeticConfig()
+            for key in WORD_TASK_KEYS:
+                value = getattr(self.arithmetic, key)
+                require(
+                    value == getattr(defaults, key),
+                    f"data.arithmetic.{key}",
+                    f"is {value!r}, but the embedded task (data.train or data.validation = "
+                    "arithmetic) writes column additions of `digits`-digit operands; "
+                    "use word_arithmetic",
+                )
         one_of(self.long_prompt, LONG_PROMPT_POLICIES, "data.long_prompt")
         one_of(self.defective_rows, ("error", "skip"), "data.defective_rows")
         require(self.max_prompt_tokens >= 1, "data.max_prompt_tokens", "must be >= 1")

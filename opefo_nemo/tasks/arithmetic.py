@@ -99,12 +99,15 @@ def worked_solution(
 
 
 def operand_pairs(
-    digits: int, num_train: int, num_validation: int, seed: int
+    digits: int, num_train: int, num_validation: int, seed: int, max_operand: int | None = None
 ) -> tuple[list[tuple[int, int]], list[tuple[int, int]]]:
     """``num_train`` training and ``num_validation`` validation operand pairs, disjoint, drawn
     without replacement from all pairs of ``digits``-digit operands (fewer if the space is
-    smaller; one digit: 0..9). Seeded, so the sets are the same on every machine."""
+    smaller; one digit: 0..9), or of operands 0..``max_operand`` when it is given. Seeded, so the
+    sets are the same on every machine."""
     low, high = 10 ** (digits - 1) if digits > 1 else 0, 10**digits
+    if max_operand is not None:
+        low, high = 0, max_operand + 1
     pairs = [(a, b) for a in range(low, high) for b in range(low, high)]
     random.Random(seed).shuffle(pairs)
     if num_validation + 1 > len(pairs):

@@ -20,18 +20,24 @@ OPERATORS = {"add": ("+", int.__add__), "multiply": ("*", int.__mul__)}
 
 
 def make_word_problems(
-    digits: int, num_train: int, num_validation: int, seed: int, operation: str = "add"
+    digits: int,
+    num_train: int,
+    num_validation: int,
+    seed: int,
+    operation: str = "add",
+    max_operand: int | None = None,
 ) -> tuple[list[Problem], list[Problem]]:
     """Training and validation questions of :func:`.arithmetic.operand_pairs` (the
-    ``data.arithmetic`` settings; one digit gives the 100 pairs 0..9 × 0..9), each the user's
-    message in the model's chat template (``data.template: raw``)."""
+    ``data.arithmetic`` settings; one digit gives the 100 pairs 0..9 × 0..9, ``max_operand=12``
+    the 169 of the times tables to 12), each the user's message in the model's chat template
+    (``data.template: raw``)."""
     sign, result = OPERATORS[operation]
 
     def problem(a: int, b: int) -> Problem:
         text, answer = f"What is {a} {sign} {b}?", str(result(a, b))
         return Problem(prompt_id_for(SOURCE, text, answer), text, answer, SOURCE)
 
-    train, validation = operand_pairs(digits, num_train, num_validation, seed)
+    train, validation = operand_pairs(digits, num_train, num_validation, seed, max_operand)
     return [problem(*p) for p in train], [problem(*p) for p in validation]
 
 

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from opefo_nemo.config.data import GENERATED_DATA, DataConfig
+from opefo_nemo.config.data import GENERATED_DATA, WORD_TASK_KEYS, DataConfig
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import Problem, load_problems
@@ -51,14 +51,17 @@ def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Pr
     if name == ARITHMETIC:
         return arithmetic_split(data)
     a = data.arithmetic
-    return make_word_problems(a.digits, a.num_train, a.num_validation, a.seed, a.operation)
+    return make_word_problems(
+        a.digits, a.num_train, a.num_validation, a.seed, a.operation, a.max_operand
+    )
 
 
 def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
     """The recipe of the embedded model ``config`` describes (:mod:`..tasks.embedded_model`)."""
     data = config.data
     problems = dataclasses.asdict(data.arithmetic)
-    del problems["operation"]  # always add (validated): earlier warm starts keep their recipe
+    for word_task_only in WORD_TASK_KEYS:  # at their defaults here (validated): the warm
+        del problems[word_task_only]  # starts made before these keys keep their recipe
     return recipe_of(config.model.warm_start, data.template, problems)
 
 

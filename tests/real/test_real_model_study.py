@@ -78,7 +78,7 @@ def test_cpu_study_from_halves_trains_each_method_and_reports(tmp_path, smollm2_
     for method in ("grpo_strict", "opefo"):
         config = OmegaConf.load(out / method / "config.yaml")
         assert (config.method.name, config.rollout.name) == (method, "engine")
-        assert config.data.arithmetic.operation == "multiply"  # the study's task: products
+        assert config.data.arithmetic.max_operand == 12  # the study's task: the times tables
         rows = read_metrics(out / method / "metrics.jsonl")
         assert [r["step"] for r in rows if "val/pass@1" in r] == [0, 1]
         (steps[method],) = [r for r in rows if "reward/mean" in r]

@@ -44,14 +44,28 @@ def test_products_ask_every_pair_once_and_answer_with_the_product():
 @pytest.mark.parametrize(
     ("overrides", "message"),
     [
-        (["data.arithmetic.operation=multiply"], "only adds"),
-        (["+preset=smollm2_cpu", "data.arithmetic.operation=divide"], "'divide'"),
+        (["data.arithmetic.operation=multiply"], "operation is 'multiply'"),
+        (["data.arithmetic.max_operand=12"], "max_operand is 12"),
+        (["+preset=smollm2_cpu", "data.arithmetic.operation=divide"], "operation is 'divide'"),
+        (["+preset=smollm2_cpu", "data.arithmetic.max_operand=0"], "max_operand (0)"),
     ],
 )
-def test_an_operation_the_task_cannot_ask_is_refused_naming_the_key(overrides, message):
-    with pytest.raises(ValueError, match="data.arithmetic.operation") as error:
+def test_questions_the_task_cannot_ask_are_refused_naming_the_key(overrides, message):
+    with pytest.raises(ValueError, match=re.escape(f"data.arithmetic.{message}")):
         compose(overrides)
-    assert message in str(error.value)
+
+
+def test_the_times_tables_ask_every_pair_to_twelve_once():
+    config, _ = compose(["+preset=smollm2_cpu", "data=word_times_tables"])
+    train, validation = generated_split("word_arithmetic", config.data)
+    assert (len(train), len(validation)) == (145, 24)
+    pairs = []
+    for problem in train + validation:
+        a, b = map(int, PRODUCT.match(problem.problem).groups())
+        assert problem.ground_truth == str(a * b)
+        pairs.append((a, b))
+    assert sorted(pairs) == [(a, b) for a in range(13) for b in range(13)]
+    assert config.reward.verifier == "last_number"
 
 
 def test_the_preset_with_products_trains_and_validates_on_products():
