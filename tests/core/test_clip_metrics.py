@@ -17,7 +17,7 @@ from opefo_nemo.core.objectives import policy_loss, prepare, step_loss_metrics
 from tests.metric_bounds import assert_metrics_close, term_scale
 
 from . import reference as ref
-from .test_objectives import METHOD_SETTINGS, batch, method
+from .chunks import METHOD_SETTINGS, batch, method
 
 CLIPPING_METHODS = ("grpo", "clip_higher", "entropy_reg", "clip_cov", "steer")
 

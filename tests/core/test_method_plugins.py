@@ -3,9 +3,6 @@ restore their state; every step's coefficients match a brute-force reference."""
 
 from __future__ import annotations
 
-import re
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -19,25 +16,16 @@ from opefo_nemo.core.objectives import (
     prepare,
     registry,
 )
+from tests.docs_blocks import docs_block
 
-from .test_objectives import batch
-
-DOCS = Path(__file__).resolve().parents[2] / "docs" / "core.md"
-
-
-def _docs_block(language: str, first_line: str) -> str:
-    """The fenced ``language`` block of docs/core.md whose first line starts with ``first_line``."""
-    for block in re.findall(rf"```{language}\n(.*?)```", DOCS.read_text(), re.S):
-        if block.startswith(first_line):
-            return block
-    raise AssertionError(f"docs/core.md has no {language} block starting with {first_line!r}")
+from .chunks import batch
 
 
 def test_the_documented_example_method_trains_as_written(monkeypatch, tmp_path):
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    exec(compile(_docs_block("python", "# my_methods.py"), "my_methods.py", "exec"), {})
+    exec(compile(docs_block("python", "# my_methods.py"), "my_methods.py", "exec"), {})
     yaml = tmp_path / "rms_advantage.yaml"
-    yaml.write_text(_docs_block("yaml", "# conf/method/rms_advantage.yaml"))
+    yaml.write_text(docs_block("yaml", "# conf/method/rms_advantage.yaml"))
     with pytest.raises(ValueError, match=r"method\.rms_floor must be > 0"):
         load_method(yaml, ["rms_floor=0"])
     with pytest.raises(ValueError, match=r"unknown key method\.rms_flor"):

@@ -20,26 +20,9 @@ from opefo_nemo.data import (
     render_prompt,
 )
 from opefo_nemo.data.templates import DAPO_PREFIX, DAPO_SUFFIX
+from tests.data_loading.verl_parquet import write_verl_parquet
 
 DATA = Path(__file__).parent.parent / "data"
-
-
-def write_verl_parquet(path: Path, rows: list[tuple[str, str]], repeat: int = 1) -> None:
-    """A tiny DAPO-Math-17k-style parquet: DAPO-templated user message + reward_model."""
-    prompts, reward_models = [], []
-    for _ in range(repeat):
-        for problem, answer in rows:
-            content = DAPO_PREFIX + problem + DAPO_SUFFIX
-            prompts.append([{"content": content, "role": "user"}])
-            reward_models.append({"ground_truth": answer, "style": "rule-lean"})
-    table = pa.table(
-        {
-            "data_source": ["math_dapo"] * len(prompts),
-            "prompt": prompts,
-            "reward_model": reward_models,
-        }
-    )
-    pq.write_table(table, path)
 
 
 def test_jsonl_sample() -> None:

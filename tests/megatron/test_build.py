@@ -37,7 +37,8 @@ from opefo_nemo.trainer.update import update_rollout_batch
 from tests.metric_bounds import assert_metrics_close, loss_terms
 from tests.parallel.world import run_world
 
-from .tiny import hf_model, random_batch
+from .hf_reference import FP32, TP2_SP, hf_dir
+from .tiny import random_batch
 
 pytest.importorskip("megatron.core")
 transformers = pytest.importorskip("transformers")
@@ -50,22 +51,6 @@ BF16_EPS = torch.finfo(torch.bfloat16).eps
 #: A handful of fp32 roundings per layer (4 layers, reductions of width ≤ 100) relative to the
 #: largest |logprob|: observed ~5e-7, allowed 2⁷ ε₃₂ ≈ 1.5e-5.
 FP32_REL = 128 * FP32_EPS
-
-FP32 = {"dtype": "float32", "transformer_engine": False}
-TP2_SP = {"tensor_model_parallel_size": 2, "sequence_parallel": True}
-
-
-def _hf_dir(tmp_path, family: str, seed: int = 0, scale: float = 1.0, name: str = ""):
-    model = hf_model(family, seed)
-    with torch.no_grad():
-        for parameter in model.parameters():
-            parameter.mul_(scale)
-    config = model.config
-    config.rms_norm_eps = 1e-5  # neither megatron's default nor transformers'
-    config.rope_parameters = {"rope_type": "default", "rope_theta": 5000.0}
-    directory = tmp_path / (name or family)
-    model.save_pretrained(directory)
-    return directory
 
 
 def _reference(directory, batch, dtype=torch.float32, forward_dtype=torch.float32):
@@ -117,8 +102,8 @@ def batch():
 @pytest.fixture(scope="module")
 def families(tmp_path_factory):
     root = tmp_path_factory.mktemp("hf")
-    dirs = {family: _hf_dir(root, family) for family in ("qwen2", "qwen2_tied", "qwen3", "llama")}
-    dirs["qwen2_small"] = _hf_dir(root, "qwen2", scale=0.1, name="qwen2_small")
+    dirs = {family: hf_dir(root, family) for family in ("qwen2", "qwen2_tied", "qwen3", "llama")}
+    dirs["qwen2_small"] = hf_dir(root, "qwen2", scale=0.1, name="qwen2_small")
     return dirs
 
 

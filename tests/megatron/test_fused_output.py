@@ -41,7 +41,7 @@ from tests.kernels.tolerances import fused_row_eps, grad_scale, stats_tol  # noq
 from tests.parallel.world import run_world  # noqa: E402
 
 from . import workers_build, workers_fused_output  # noqa: E402
-from .test_build import FP32, TP2_SP, _hf_dir  # noqa: E402
+from .hf_reference import FP32, TP2_SP, hf_dir  # noqa: E402
 from .tiny import random_batch  # noqa: E402
 
 ROWS, VOCAB, MICRO = 4, 100, 2
@@ -67,8 +67,8 @@ def runs(tmp_path_factory, batch):
     """``{case: (hf directory, {kernel: results})}``: one two-rank world for every case, in
     Triton's interpreter (the spawned ranks inherit the variable before they import a kernel)."""
     root = tmp_path_factory.mktemp("hf")
-    dirs = {family: _hf_dir(root, family) for family in ("qwen2", "qwen2_tied")}
-    dirs["qwen2_small"] = _hf_dir(root, "qwen2", scale=0.1, name="qwen2_small")
+    dirs = {family: hf_dir(root, family) for family in ("qwen2", "qwen2_tied")}
+    dirs["qwen2_small"] = hf_dir(root, "qwen2", scale=0.1, name="qwen2_small")
     named = {**CASES, "tp2_sp_bf16": BF16}
     cases = [(str(dirs[family]), settings) for family, settings in named.values()]
     out = tmp_path_factory.mktemp("fused")

@@ -23,60 +23,19 @@ from __future__ import annotations
 import pytest
 import torch
 
-from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
-from opefo_nemo.core.objectives import build_objective
-from opefo_nemo.parallel import VOCAB_SUMS
-from opefo_nemo.trainer.update import update_rollout_batch
 from tests.metric_bounds import assert_grads_close, assert_metrics_close
 from tests.parallel.world import run_world
 
 from . import workers_policy
-from .tiny import hf_config, random_batch
+from .hf_reference import CLIP, NO_CLIP, OPEFO, ROWS, hf_reference, save_hf_model
+from .tiny import random_batch
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")
 
-ROWS = 4
-OPEFO = ("opefo", ["lr=1e-2"])
 #: Two optimizer steps of two responses each: old logprobs, ratio clipping, entropy gradient.
 ENTROPY_REG = ("entropy_reg", ["lr=1e-3", "updates_per_rollout=2"])
-NO_CLIP = {"warmup_steps": 3, "grad_clip": 0.0, "adam_eps": 1e-4}
-#: Below the reference's gradient norm (asserted), so clipping acts.
-CLIP = {"warmup_steps": 3, "grad_clip": 0.05, "adam_eps": 1e-4}
-
-
-def _save_hf_model(family: str, directory) -> None:
-    """Random weights at a scale with non-degenerate softmaxes; megatron's RMSNorm ε (1e-5)."""
-    import transformers
-
-    config = transformers.AutoConfig.for_model(**hf_config(family), rms_norm_eps=1e-5)
-    torch.manual_seed(3)
-    model = transformers.AutoModelForCausalLM.from_config(config, dtype=torch.float32)
-    with torch.no_grad():
-        for name, param in model.named_parameters():
-            noise = torch.randn_like(param)
-            param.copy_(1 + 0.1 * noise if "norm" in name else 0.3 * noise)
-    model.save_pretrained(directory, safe_serialization=True)
-
-
-def _hf_reference(hf_dir, method_overrides, engine, batch) -> dict:
-    from opefo_nemo.engines.hf import HFPolicy
-
-    method = load_method(*method_overrides)
-    config = EngineConfig(dtype="float32", micro_batch_size=batch.rows, **engine)
-    policy = HFPolicy(hf_dir, config, lr=method.lr, temperature=workers_policy.TEMPERATURE)
-    stats = policy.token_stats(batch, sums=VOCAB_SUMS)
-    names = {param: name for name, param in policy.model.named_parameters()}
-    captured = []
-    policy.optimizer.register_step_pre_hook(
-        lambda opt, args, kwargs: captured.append(
-            {names[p]: p.grad.clone() for group in opt.param_groups for p in group["params"]}
-        )
-    )
-    outcome = update_rollout_batch(policy, build_objective(method), batch, batch.rows, seed=0)
-    weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
-    return {"stats": stats, "metrics": outcome.metrics, "grads": captured, "weights": weights}
 
 
 #: Per world size: the cases its ranks run one after the other (DP = world size / (TP × PP)).
@@ -130,7 +89,7 @@ def runs(tmp_path_factory):
     hf_dirs = {}
     for family in ("qwen2", "qwen2_tied"):
         hf_dirs[family] = tmp_path_factory.mktemp(family)
-        _save_hf_model(family, hf_dirs[family])
+        save_hf_model(family, hf_dirs[family])
     out = {}
     for world, cases in WORLDS.items():
         folder = tmp_path_factory.mktemp(f"world{world}")
@@ -157,7 +116,7 @@ def test_megatron_policy_equals_hf_policy(runs, world, index):
     case, hf_dir, result = runs[(world, index)]
     method, engine = case["method"], case["engine"]
     batch = random_batch(ROWS, 100, low=1)
-    want = _hf_reference(hf_dir, method, engine, batch)
+    want = hf_reference(hf_dir, method, engine, batch)
     got = torch.load(result)
 
     valid = batch.attention_mask[:, 1:]

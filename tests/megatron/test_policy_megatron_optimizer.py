@@ -35,7 +35,7 @@ from tests.metric_bounds import assert_metrics_close
 from tests.parallel.world import run_world
 
 from . import workers_megatron_optimizer
-from .test_policy import CLIP, NO_CLIP, OPEFO, ROWS, _hf_reference, _save_hf_model
+from .hf_reference import CLIP, NO_CLIP, OPEFO, ROWS, hf_reference, save_hf_model
 from .tiny import random_batch
 
 pytest.importorskip("megatron.core")
@@ -60,7 +60,7 @@ IDS = [
 def runs(tmp_path_factory):
     """``([result of each case], {grad_clip: HFPolicy's reference})``."""
     hf_dir = tmp_path_factory.mktemp("qwen2")
-    _save_hf_model("qwen2", hf_dir)
+    save_hf_model("qwen2", hf_dir)
     folder = tmp_path_factory.mktemp("world")
     run_world(
         workers_megatron_optimizer.megatron_optimizer_updates,
@@ -72,7 +72,7 @@ def runs(tmp_path_factory):
     )
     results = [torch.load(folder / f"result_{i}.pt") for i in range(len(CASES))]
     references = {
-        e["grad_clip"]: _hf_reference(hf_dir, OPEFO, e, random_batch(ROWS, 100, low=1))
+        e["grad_clip"]: hf_reference(hf_dir, OPEFO, e, random_batch(ROWS, 100, low=1))
         for e in (CLIP, NO_CLIP)
     }
     return results, references

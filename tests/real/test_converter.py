@@ -18,8 +18,7 @@ from opefo_nemo.models.packaged import (
     converted_model,
     gguf_path,
 )
-
-from .conftest import QUESTIONS
+from tests.real.chat_reference import QUESTIONS
 
 pytestmark = pytest.mark.slow
 

@@ -13,8 +13,7 @@ from tests.parallel.world import run_world
 
 pytest.importorskip("megatron.core")
 from tests.megatron import workers_build
-
-from .conftest import assert_stats_match, reference_stats
+from tests.real.chat_reference import assert_stats_match, reference_stats
 
 pytestmark = pytest.mark.slow
 FP32_EPS = torch.finfo(torch.float32).eps

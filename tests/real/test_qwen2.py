@@ -28,11 +28,16 @@ from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.stop_tokens import stop_tokens
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
+from tests.real.chat_reference import (
+    QUESTIONS,
+    assert_stats_match,
+    chat_rows,
+    reference_stats,
+    rollout_python,
+)
 from tests.rollout.reference import hf_sampled_logprobs, load_hf_model
 
 from . import workers_qwen2
-from .conftest import QUESTIONS, assert_stats_match, chat_rows, reference_stats
-from .test_vllm_rollout import _python as rollout_python
 
 ROOT = Path(__file__).resolve().parents[2]
 FP32_EPS = torch.finfo(torch.float32).eps

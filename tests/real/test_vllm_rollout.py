@@ -5,9 +5,6 @@ logprobs of a ``transformers`` forward of the same weights."""
 
 from __future__ import annotations
 
-import os
-from pathlib import Path
-
 import pytest
 import torch
 
@@ -15,20 +12,13 @@ from opefo_nemo.data import Problem
 from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
 from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.stop_tokens import stop_tokens
+from tests.real.chat_reference import QUESTIONS, rollout_python
 from tests.rollout.reference import hf_sampled_logprobs, load_hf_model
 
-from .conftest import QUESTIONS
-
 pytestmark = [pytest.mark.vllm, pytest.mark.slow]
-ROOT = Path(__file__).resolve().parents[2]
 TEMPERATURE = 0.7
 #: fp32 on both sides, 30 layers, different kernels: allowed 1e-3 of the largest |logprob|.
 LOGPROB_REL = 1e-3
-
-
-def _python() -> str | None:
-    venv = Path(os.environ.get("OPEFO_ROLLOUT_VENV", ROOT / ".venv-rollout"))
-    return str(venv / "bin" / "python") if (venv / "bin" / "python").exists() else None
 
 
 def test_vllm_generates_from_the_converted_directory(smollm2_dir):
@@ -39,7 +29,11 @@ def test_vllm_generates_from_the_converted_directory(smollm2_dir):
         temperature=TEMPERATURE, max_new_tokens=24, stop_token_ids=stop.ids, seed=3
     )
     with VLLMRolloutEngine(
-        smollm2_dir, python=_python(), dtype="float32", max_model_len=128, startup_timeout_s=600
+        smollm2_dir,
+        python=rollout_python(),
+        dtype="float32",
+        max_model_len=128,
+        startup_timeout_s=600,
     ) as engine:
         completions = engine.generate(prompts, 2, sampling)
     assert len(completions) == 6

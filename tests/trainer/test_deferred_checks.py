@@ -8,13 +8,12 @@ import json
 import pytest
 
 from opefo_nemo.models.tiny import build_tiny_model
-from tests.trainer.test_host_syncs import SPEC
 from tests.trainer.workers_deferred_checks import (
     check_nonfinite_logits,
     megatron_rank,
     nan_embedding_row,
 )
-from tests.trainer.workers_host_syncs import MICRO_BATCH_SIZE
+from tests.trainer.workers_host_syncs import MICRO_BATCH_SIZE, SPEC
 
 pytest.importorskip("transformers")
 

@@ -17,9 +17,8 @@ from opefo_nemo.rollout.types import SamplingConfig
 from opefo_nemo.trainer.metrics_log import read_metrics
 from opefo_nemo.trainer.setup import build_trainer
 from tests.metric_bounds import U32
-
-from .conftest import run_overrides
-from .test_update import ENGINE, TEMPERATURE, model_dir  # noqa: F401
+from tests.trainer.small_run import run_overrides
+from tests.trainer.update_inputs import ENGINE, TEMPERATURE, tiny_model
 
 STOP = (5, 7)
 #: Two-sided normal quantile per token count: P(|Z| > 5) = 5.7e-7, so over the ≤ 77 tokens of
@@ -28,7 +27,12 @@ Z = 5.0
 
 
 @pytest.fixture(scope="module")
-def policy(model_dir):  # noqa: F811
+def model_dir(tmp_path_factory):
+    return tiny_model(tmp_path_factory.mktemp("m") / "tiny")
+
+
+@pytest.fixture(scope="module")
+def policy(model_dir):
     return HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
 
 
@@ -208,7 +212,7 @@ def test_the_engine_backend_is_refused_where_it_cannot_run():
     assert compose(["rollout=engine"])[0].rollout.name == "engine"
 
 
-def test_a_short_run_trains_on_its_own_samples(model_dir, tmp_path):  # noqa: F811
+def test_a_short_run_trains_on_its_own_samples(model_dir, tmp_path):
     out = tmp_path / "run"
     # the random tiny model (no warm start to build): the mechanics, not the learning
     overrides = run_overrides(model_dir, out, ["model=local", "rollout=engine"])

@@ -11,8 +11,7 @@ from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.trainer.update import update_rollout_batch
-
-from .test_update import ENGINE, TEMPERATURE, model_dir, random_rollout  # noqa: F401
+from tests.trainer.update_inputs import ENGINE, TEMPERATURE, random_rollout
 
 
 def brute_force_flows(model, prompts, responses, adv, estimator: str) -> tuple[float, float]:
@@ -37,7 +36,7 @@ def brute_force_flows(model, prompts, responses, adv, estimator: str) -> tuple[f
 
 
 @pytest.mark.parametrize("estimator", ["paper", "tabular", "expectation"])
-def test_the_flows_of_every_estimator_match_a_brute_force(model_dir, estimator):  # noqa: F811
+def test_the_flows_of_every_estimator_match_a_brute_force(model_dir, estimator):
     policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
     prompts, responses, adv = random_rollout(rows=8, seed=11)
     with torch.no_grad():

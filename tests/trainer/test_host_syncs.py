@@ -19,9 +19,9 @@ import json
 
 import pytest
 
-from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
+from opefo_nemo.models.tiny import build_tiny_model
 from tests.host_syncs import report
-from tests.trainer.workers_host_syncs import count_passes, megatron_rank
+from tests.trainer.workers_host_syncs import SPEC, count_passes, megatron_rank
 
 pytest.importorskip("transformers")
 
@@ -35,13 +35,6 @@ ALLOWED = {
         "either may change which attention kernel runs, so the logits' rounding"
     ),
 }
-SPEC = TinyModelSpec(
-    hidden_size=64,
-    num_attention_heads=2,
-    head_dim=32,
-    intermediate_size=128,
-    max_position_embeddings=64,
-)
 
 
 @pytest.fixture(scope="module")

@@ -38,7 +38,7 @@ from opefo_nemo.trainer.metrics_log import read_metrics
 from opefo_nemo.trainer.setup import build_trainer
 from tests.metric_bounds import assert_metrics_close, balanced_flow_bound
 from tests.parallel.world import run_world
-from tests.trainer.conftest import run_overrides
+from tests.trainer.small_run import run_overrides
 
 pytest.importorskip("megatron.core")
 from tests.trainer import workers_megatron_loop  # imports megatron-core helpers

@@ -14,9 +14,8 @@ from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.metric_bounds import assert_grads_close
-
-from .test_update import ENGINE, GRAD_REL, TEMPERATURE, model_dir, random_rollout  # noqa: F401
-from .test_update_multi import response_logprobs as logprobs
+from tests.trainer.update_inputs import ENGINE, GRAD_REL, TEMPERATURE, random_rollout
+from tests.trainer.update_inputs import response_logprobs as logprobs
 
 CAP, THRESHOLD = 1.05, 0.03
 #: fp32 logprobs of two reduction orders: within this of the largest |logprob| compared
@@ -24,7 +23,7 @@ LOGPROB_REL = 1e-5
 
 
 @pytest.fixture(scope="module")
-def rollout(model_dir):  # noqa: F811
+def rollout(model_dir):
     """A rollout batch and the perturbed "rollout engine"'s logprobs of its tokens."""
     policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
     perturbed = copy.deepcopy(policy.model)
@@ -37,7 +36,7 @@ def rollout(model_dir):  # noqa: F811
     return prompts, responses, adv, sampled
 
 
-def test_fidelity_metrics_of_a_perturbed_rollout_engine(model_dir, rollout):  # noqa: F811
+def test_fidelity_metrics_of_a_perturbed_rollout_engine(model_dir, rollout):
     prompts, responses, adv, sampled = rollout
     policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
     with torch.no_grad():
@@ -66,7 +65,7 @@ def test_fidelity_metrics_of_a_perturbed_rollout_engine(model_dir, rollout):  # 
     )
 
 
-def test_truncated_is_weight_scales_the_strict_gradient(model_dir, rollout):  # noqa: F811
+def test_truncated_is_weight_scales_the_strict_gradient(model_dir, rollout):
     prompts, responses, adv, sampled = rollout
     reference = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
     logp = torch.cat(logprobs(reference.model, prompts, responses))
@@ -89,7 +88,7 @@ def test_truncated_is_weight_scales_the_strict_gradient(model_dir, rollout):  # 
     assert_grads_close(got, want, rel=GRAD_REL)
 
 
-def test_the_correction_needs_the_rollout_logprobs(model_dir):  # noqa: F811
+def test_the_correction_needs_the_rollout_logprobs(model_dir):
     policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
     prompts, responses, adv = random_rollout()
     method = load_method("opefo", ["rollout_is_cap=2.0"])

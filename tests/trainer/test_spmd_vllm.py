@@ -20,7 +20,7 @@ from opefo_nemo.trainer.setup import build_trainer
 from tests.metric_bounds import assert_metrics_close
 from tests.parallel.world import run_world
 from tests.trainer import workers_spmd
-from tests.trainer.conftest import run_overrides
+from tests.trainer.small_run import run_overrides
 
 pytestmark = pytest.mark.vllm
 
