@@ -269,7 +269,7 @@ def test_paper_preset_trains_on_megatron_cpu_ranks(slurm_conf, tmp_path, monkeyp
     from opefo_nemo.config.compose import compose
     from opefo_nemo.tasks.arithmetic import make_problems
     from opefo_nemo.trainer.setup import embedded_model
-    from tests.data_loading.verl_parquet import write_verl_parquet
+    from tests.data.verl_parquet import write_verl_parquet
 
     env = _job_env(slurm_conf, tmp_path)
     monkeypatch.setenv("OPEFO_CACHE", env["OPEFO_CACHE"])  # the embedded model's only home

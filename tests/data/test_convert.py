@@ -11,7 +11,7 @@ import pytest
 
 from opefo_nemo.data import load_dapo_parquet, load_eval_set, load_jsonl
 from opefo_nemo.data.convert import main
-from tests.data_loading.verl_parquet import write_verl_parquet
+from tests.data.verl_parquet import write_verl_parquet
 
 
 def test_verl_parquet_round_trip(tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:

@@ -1,4 +1,4 @@
-"""Loaders on the sample files in tests/data (JSONL) and a parquet written here (verl layout)."""
+"""Loaders on the samples in tests/data/samples (JSONL) and a parquet written here (verl layout)."""
 
 from __future__ import annotations
 
@@ -20,9 +20,9 @@ from opefo_nemo.data import (
     render_prompt,
 )
 from opefo_nemo.data.templates import DAPO_PREFIX, DAPO_SUFFIX
-from tests.data_loading.verl_parquet import write_verl_parquet
+from tests.data.verl_parquet import write_verl_parquet
 
-DATA = Path(__file__).parent.parent / "data"
+DATA = Path(__file__).parent / "samples"
 
 
 def test_jsonl_sample() -> None:

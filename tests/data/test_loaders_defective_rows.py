@@ -11,7 +11,7 @@ import pytest
 
 from opefo_nemo.data import DatasetError, load_jsonl, load_problems
 from opefo_nemo.data.loaders import LISTED_DEFECTS
-from tests.data_loading.verl_parquet import write_verl_parquet
+from tests.data.verl_parquet import write_verl_parquet
 
 SOUND = [(f"What is {i} + {i}?", str(2 * i)) for i in range(7)]
 
