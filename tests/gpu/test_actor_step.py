@@ -34,9 +34,9 @@ from opefo_nemo.core.objectives import LossOutput, build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_named_weights
 from opefo_nemo.trainer.update import update_rollout_batch
-from tests.megatron.optimizer_capture import clipped, main_grads_at_steps
-from tests.megatron.tiny import hf_config, layout, megatron_gpt
-from tests.megatron.workers_policy import load_hf_into_megatron
+from tests.engines.megatron.optimizer_capture import clipped, main_grads_at_steps
+from tests.engines.megatron.tiny import hf_config, layout, megatron_gpt
+from tests.engines.megatron.workers_policy import load_hf_into_megatron
 from tests.metric_bounds import assert_metrics_close, loss_terms
 
 TEMPERATURE = 0.7
@@ -47,7 +47,8 @@ METHOD = ("opefo", ["lr=1e-2"])
 ENGINE = {"warmup_steps": 3, "grad_clip": 0.05, "adam_eps": 1e-4}
 MICRO_BATCH_SIZE = 2
 #: Two implementations of the same fp32 statistics (other kernels, other reduction orders): a
-#: handful of roundings per layer relative to the largest |logprob| (as tests/megatron/test_build).
+#: handful of roundings per layer relative to the largest |logprob| (as
+#: tests/engines/megatron/test_build).
 FP32_REL = 128 * torch.finfo(torch.float32).eps
 
 

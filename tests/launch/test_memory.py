@@ -160,8 +160,8 @@ def test_tensor_and_pipeline_split_parameters_like_megatron():
 def test_parameters_per_rank_equal_the_shards_megatron_loads(tp, pp):
     """Reference: the shards the aligner engine's weight mapping builds for every (stage, TP
     rank) from a real Hugging Face state dict (the mapping a real megatron-core GPTModel loads
-    strictly, tests/aligner). TP 4 exceeds the 2 key/value heads: Megatron splits each group's
-    weight rows over two ranks, so the weights still divide by TP."""
+    strictly, tests/models/megatron_weights). TP 4 exceeds the 2 key/value heads: Megatron splits
+    each group's weight rows over two ranks, so the weights still divide by TP."""
     from opefo_nemo.models.megatron_weights import MegatronLayout, hf_to_megatron
 
     config = _qwen2()

@@ -12,7 +12,7 @@ import torch
 from tests.parallel.world import run_world
 
 pytest.importorskip("megatron.core")
-from tests.megatron import workers_build
+from tests.engines.megatron import workers_build
 from tests.real.chat_reference import assert_stats_match, reference_stats
 
 pytestmark = pytest.mark.slow

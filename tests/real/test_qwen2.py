@@ -134,7 +134,7 @@ def test_logits_equal_those_of_transformers_reading_the_joined_gguf(
 def test_megatron_engine_stats_export_and_strict_step(qwen2_dir, chat_batch, tp, tmp_path):
     """At TP 1 and 2: statistics and export; the strict-GRPO step at TP 1 (at TP 2 the two ranks'
     optimizer states and the reference's would not fit a 24 GiB machine together)."""
-    from tests.megatron.workers_build import TEMPERATURE
+    from tests.engines.megatron.workers_build import TEMPERATURE
 
     settings = {**FP32, "tensor_model_parallel_size": tp, "warmup_steps": 1, "adam_eps": ADAM_EPS}
     args = (str(qwen2_dir), settings, tp == 1, chat_batch, str(tmp_path))

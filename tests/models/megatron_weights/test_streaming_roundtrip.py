@@ -11,8 +11,7 @@ from opefo_nemo.models.megatron_weights import (
     hf_to_megatron,
     stage_specs,
 )
-
-from .tiny import FAMILIES, hf_model, hf_weights, layout
+from tests.engines.megatron.tiny import FAMILIES, hf_model, hf_weights, layout
 
 pytest.importorskip("transformers")
 

@@ -14,9 +14,8 @@ from opefo_nemo.models.megatron_weights import (
     hf_named_weights,
     weight_groups,
 )
+from tests.engines.megatron.tiny import FAMILIES, layout, megatron_gpt
 from tests.metric_bounds import assert_close_to_scale
-
-from .tiny import FAMILIES, layout, megatron_gpt
 
 #: fp32 matmuls in other orders: within this of each output's largest magnitude
 ACTIVATION_REL = 1e-5

@@ -7,11 +7,11 @@ import pytest
 import torch
 
 from opefo_nemo.models.megatron_weights import hf_to_megatron
+from tests.engines.megatron.tiny import hf_model, hf_weights, layout
+from tests.engines.megatron.versions import needs_tp_above_kv_heads
 from tests.parallel.world import run_world
 
-from . import workers
-from .tiny import hf_model, hf_weights, layout
-from .versions import needs_tp_above_kv_heads
+from . import workers_streaming as workers
 
 pytest.importorskip("megatron.core")
 pytest.importorskip("transformers")

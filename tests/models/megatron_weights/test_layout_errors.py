@@ -13,8 +13,7 @@ from opefo_nemo.models.megatron_weights import (
     split_for_rank,
 )
 from opefo_nemo.models.megatron_weights.weight_mapping import Sharding
-
-from .tiny import hf_config, hf_model, hf_weights, layout
+from tests.engines.megatron.tiny import hf_config, hf_model, hf_weights, layout
 
 
 def test_heads_and_groups_must_fit_tp():

@@ -23,7 +23,7 @@ pytest.importorskip("megatron.core")
 
 @pytest.fixture(scope="module")
 def world(tmp_path_factory) -> Path:
-    from .workers_ckpt import world_results
+    from tests.engines.megatron.workers_ckpt import world_results
 
     return world_results(tmp_path_factory.mktemp("checkpoint_world"))
 

@@ -23,7 +23,7 @@ from . import workers_compat
 from .tiny import hf_config, layout
 
 pytest.importorskip("megatron.core")
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[3]
 #: The tiny Qwen2 has 2 key/value heads (4 query heads, MLP width 48): TP 4 is above them.
 ABOVE = 4
 

@@ -14,8 +14,7 @@ import torch
 import torch.nn.functional as F
 
 from opefo_nemo.models.megatron_weights import fetch_from_shards, hf_to_megatron, weight_groups
-
-from .tiny import hf_model, layout
+from tests.engines.megatron.tiny import hf_model, layout
 
 pytest.importorskip("transformers")
 TOKENS = 5
