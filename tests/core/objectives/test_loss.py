@@ -17,10 +17,9 @@ from opefo_nemo.core.objectives import (
     prepare,
 )
 from opefo_nemo.core.objectives.methods.covariance import token_uniform
+from tests.core import reference as ref
+from tests.core.chunks import METHOD_SETTINGS, batch, method
 from tests.metric_bounds import U32, assert_close_to_scale, balanced_flow_bound, term_scale
-
-from . import reference as ref
-from .chunks import METHOD_SETTINGS, batch, method
 
 
 def loop_token_loss(name: str, objective: Objective, i: int, c: TokenChunk, w: float, sel: bool):

@@ -14,10 +14,9 @@ import pytest
 
 from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.objectives import policy_loss, prepare, step_loss_metrics
+from tests.core import reference as ref
+from tests.core.chunks import METHOD_SETTINGS, batch, method
 from tests.metric_bounds import assert_metrics_close, term_scale
-
-from . import reference as ref
-from .chunks import METHOD_SETTINGS, batch, method
 
 CLIPPING_METHODS = ("grpo", "clip_higher", "entropy_reg", "clip_cov", "steer")
 

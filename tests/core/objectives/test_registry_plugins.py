@@ -16,9 +16,8 @@ from opefo_nemo.core.objectives import (
     prepare,
     registry,
 )
+from tests.core.chunks import batch
 from tests.docs_blocks import docs_block
-
-from .chunks import batch
 
 
 def test_the_documented_example_method_trains_as_written(monkeypatch, tmp_path):
