@@ -9,8 +9,7 @@ import matplotlib.image
 import pytest
 
 from opefo_nemo.cli import report as report_cli
-
-from .run_dirs import PANEL_KEYS, records, run_config, write_run
+from tests.report.run_dirs import PANEL_KEYS, records, run_config, write_run
 
 
 def runs(tmp_path, drop=()):
