@@ -39,7 +39,8 @@ test: lint typecheck coverage
 ROLLOUT_CUDA12_VENV ?= $(HOME)/.cache/opefo-nemo/venv-rollout-0.19.1
 test-rollout-cuda12: setup
 	OPEFO_VLLM_VERSION=0.19.1 OPEFO_ROLLOUT_VENV=$(ROLLOUT_CUDA12_VENV) bash scripts/setup_rollout_env.sh
-	OPEFO_VLLM_PYTHON=$(ROLLOUT_CUDA12_VENV)/bin/python $(PY) -m pytest tests/rollout -q
+	OPEFO_VLLM_PYTHON=$(ROLLOUT_CUDA12_VENV)/bin/python OPEFO_ROLLOUT_VENV=$(ROLLOUT_CUDA12_VENV) \
+		$(PY) -m pytest tests/rollout -q
 
 demo: setup
 	$(VENV)/bin/opefo-train

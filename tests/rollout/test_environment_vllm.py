@@ -19,8 +19,8 @@ from opefo_nemo.rollout import RolloutServerError, VLLMRolloutEngine
 from opefo_nemo.rollout.environment import is_inside, site_directories
 from opefo_nemo.trainer.metrics_log import read_metrics
 from opefo_nemo.trainer.setup import build_trainer
+from tests.rollout.rollout_env import rollout_venv
 from tests.trainer.recording import RecordingRollout
-from tests.trainer.rollout_env import rollout_venv
 from tests.trainer.small_run import run_overrides
 
 pytestmark = pytest.mark.vllm
