@@ -1,4 +1,4 @@
-"""The Triton kernels over a real 2-rank gloo tensor-parallel group (interpreted on CPU)."""
+"""The logits kernel over a real 2-rank gloo tensor-parallel group (interpreted on CPU)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,3 @@ from tests.parallel.world import run_world
 
 def test_logits_kernel_tp2_matches_full_vocabulary():
     run_world(workers.logits_kernel, 2)
-
-
-def test_linear_kernel_tp2_matches_full_vocabulary():
-    run_world(workers.linear_kernel, 2)
