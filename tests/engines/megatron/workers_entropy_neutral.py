@@ -1,6 +1,6 @@
-"""Rank function of ``test_entropy_neutral.py``: the trainer's update with ``entropy_neutral`` on
-``engine=megatron``'s own builder (``engine.device=cpu``, gloo ranks, spawned by
-``tests.parallel.world``)."""
+"""Rank function of ``test_policy_entropy_neutral.py``: the trainer's update with
+``entropy_neutral`` on ``engine=megatron``'s own builder (``engine.device=cpu``, gloo ranks,
+spawned by ``tests.parallel.world``)."""
 
 from __future__ import annotations
 
