@@ -9,7 +9,7 @@
 # installed measures itself: gloo ranks started by torch.multiprocessing (spawn), torchrun
 # ranks, vLLM servers in .venv and in .venv-rollout (scripts/setup_rollout_env.sh installs
 # coverage there; its installed copy of opefo_nemo is mapped back by [tool.coverage.paths]) and
-# the Slurm jobs of tests/launch (they inherit the environment). Data files go to
+# the Slurm jobs of tests/slurm (they inherit the environment). Data files go to
 # .coverage-data/ (an absolute COVERAGE_FILE, so a child's working directory does not matter).
 #
 # Arguments go to the first pytest run (e.g. `-x`, `-k`); COVERAGE_SKIP_MCORE011=1 skips the

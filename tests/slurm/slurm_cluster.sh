@@ -1,8 +1,8 @@
 #!/usr/bin/env bash
 # A single-node Slurm for tests, as root, without systemd or cgroups:
 #
-#   tests/launch/slurm_cluster.sh start DIR   # install if missing, write DIR/slurm.conf, start
-#   tests/launch/slurm_cluster.sh stop DIR    # stop the daemons started by `start`, by their pids
+#   tests/slurm/slurm_cluster.sh start DIR   # install if missing, write DIR/slurm.conf, start
+#   tests/slurm/slurm_cluster.sh stop DIR    # stop the daemons started by `start`, by their pids
 #
 # `start` prints `SLURM_CONF=DIR/slurm.conf` on its last line: export it for sbatch/squeue.
 # munged is started only when none answers, and then stopped by `stop`; slurmctld and slurmd

@@ -1,6 +1,6 @@
 """The sbatch scripts on a real single-node Slurm (no container: Debian has no pyxis/enroot).
 
-``tests/launch/slurm_cluster.sh`` installs Debian's Slurm and munge when missing, starts
+``tests/slurm/slurm_cluster.sh`` installs Debian's Slurm and munge when missing, starts
 ``slurmctld`` and ``slurmd`` for this host from a temporary directory, and stops them by pid at
 the end of the session. Skipped only when not root or without ``apt-get``.
 """
@@ -19,7 +19,7 @@ from pathlib import Path
 import pytest
 
 ROOT = Path(__file__).resolve().parents[2]
-CLUSTER = ROOT / "tests" / "launch" / "slurm_cluster.sh"
+CLUSTER = ROOT / "tests" / "slurm" / "slurm_cluster.sh"
 SBATCH_TIMEOUT_S = 900
 #: A probe under Slurm and one run directly differ only in threads, so in the order of their
 #: fp32 sums: 64 roundings of each figure's terms (tests/metric_bounds.py) bound both.

@@ -15,7 +15,7 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[2]
+ROOT = Path(__file__).resolve().parents[1]
 CUDA12 = {"VLLM_VERSION": "0.19.1", "VLLM_TORCH_CUDA": "12"}
 
 
