@@ -1,5 +1,5 @@
-"""Rank functions of ``test_qwen2.py``: ``engine=megatron`` built from the converted Qwen2 on gloo
-CPU ranks (spawned by ``tests.parallel.world``)."""
+"""Rank functions of ``test_packaged_qwen2.py``: ``engine=megatron`` built from the converted
+Qwen2 on gloo CPU ranks (spawned by ``tests.parallel.world``)."""
 
 from __future__ import annotations
 
