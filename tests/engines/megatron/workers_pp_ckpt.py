@@ -17,7 +17,7 @@ tied embeddings), records per check the names that failed:
 2. PP 1 × DP 2: the PP-2 checkpoints load into unsplit models; every weight and AdamW state equals
    the PP-2 stages' saved tensors under their global layer index.
 
-The export of ``pp2_<family>`` is checked in the test process (``test_pipeline_checkpoint``).
+The export of ``pp2_<family>`` is checked in the test process (``test_checkpoint_pipeline``).
 """
 
 from __future__ import annotations
