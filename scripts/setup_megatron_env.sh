@@ -15,7 +15,8 @@
 # - Besides it: the project's requirements (read from pyproject.toml, less megatron-core),
 #   transformers and tokenizers (the tests' Hugging Face reference), pytest, triton
 #   (engine.stats_kernel=fused_linear's kernels, run in Triton's interpreter on CPU), and mypy
-#   and coverage (`make test` type-checks engines/ and measures tests/megatron here too). The project is
+#   and coverage (`make test` type-checks engines/ and measures tests/engines/megatron and
+#   tests/models/megatron_weights here too). The project is
 #   NOT installed: the tests import it from the checkout (pytest's `pythonpath`), so they run
 #   the code under test, never a copy frozen when this environment was built.
 set -euo pipefail

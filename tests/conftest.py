@@ -1,9 +1,11 @@
-"""Suite-wide pytest hooks."""
+"""Suite-wide pytest hooks, and the models that tests of several areas share (each built once per
+session, and only when a test asks for it)."""
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+from pathlib import Path
 
 import pytest
 
@@ -24,3 +26,38 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="session")
+def tiny_model_dir(tmp_path_factory) -> Path:
+    """The tiny model with random weights of scale 0.1 (larger than the Hugging Face default 0.02,
+    so next-token distributions are far from uniform and logprob comparisons have something to
+    distinguish)."""
+    from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
+
+    spec = TinyModelSpec(initializer_range=0.1)
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny", spec, seed=0)
+
+
+@pytest.fixture(scope="session")
+def warm_model(tmp_path_factory) -> Path:
+    """The first task's embedded model (tiny Qwen2, warm-started on arithmetic), built once into
+    the default place under a temporary ``OPEFO_CACHE``."""
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.setup import embedded_model
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return embedded_model(compose(["model=tiny_arithmetic"])[0])
+
+
+@pytest.fixture(scope="session")
+def demo_model(tmp_path_factory) -> Path:
+    """The demo's warm-started model (``model=tiny_arithmetic_orders``), copied from the package
+    into a temporary ``OPEFO_CACHE`` once per session."""
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.setup import embedded_model
+
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
+        return embedded_model(compose([])[0])

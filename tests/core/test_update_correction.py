@@ -16,7 +16,7 @@ from opefo_nemo.core.update_correction import CorrectionResult, correction_size,
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
 from opefo_nemo.trainer.update import correct_update
 
-from .test_objectives import batch
+from .chunks import batch
 
 FP32_EPS = torch.finfo(torch.float32).eps
 

@@ -3,12 +3,12 @@
 Both devices compute the same fp32 arithmetic in other reduction orders (cuBLAS and CPU BLAS
 tile their sums differently; TF32 is off for fp32 matmuls by torch's default), so every value may
 differ by a few fp32 roundings per reduction: token statistics within ``2⁷ ε₃₂`` of the largest
-|logprob| (as tests/megatron/test_build.py allows between two implementations); every gradient
-within ``10⁻⁵`` of its tensor's largest entry (tests/megatron/test_policy.py's allowance for two
-reduction orders) and the norm within ``10⁻⁴`` relative; every weight after the first AdamW step,
-``lr·g/(|g| + ε)``, within ``lr·δg/ε`` of the CPU's (that map's slope is at most ``1/ε``; ``δg``
-the gradient allowance; ε raised to 1e-4). The statistics run on CUDA with ``stats_kernel=torch``
-and ``triton`` (compiled), the CPU with torch. Skipped without CUDA.
+|logprob| (as tests/engines/megatron/test_build.py allows between two implementations); every
+gradient within ``10⁻⁵`` of its tensor's largest entry (tests/engines/megatron/test_policy.py's
+allowance for two reduction orders) and the norm within ``10⁻⁴`` relative; every weight after the
+first AdamW step, ``lr·g/(|g| + ε)``, within ``lr·δg/ε`` of the CPU's (that map's slope is at most
+``1/ε``; ``δg`` the gradient allowance; ε raised to 1e-4). The statistics run on CUDA with
+``stats_kernel=torch`` and ``triton`` (compiled), the CPU with torch. Skipped without CUDA.
 """
 
 from __future__ import annotations

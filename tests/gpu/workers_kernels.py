@@ -66,7 +66,7 @@ def logits_kernel(device: str, dtype: torch.dtype) -> None:
 
 def linear_kernel(device: str, dtype: torch.dtype) -> None:
     """``linear_token_stats``: statistics and the gradients to the hidden states and the weight,
-    bounded as in tests/kernels/test_linear_kernel.py."""
+    bounded as in tests/kernels/test_linear_stats.py."""
     gen = torch.Generator().manual_seed(1)
     hidden = torch.randn(TOKENS, HIDDEN, generator=gen)
     weight = torch.randn(WIDTH, HIDDEN, generator=gen) * (4 / HIDDEN**0.5)

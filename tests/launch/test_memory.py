@@ -160,8 +160,8 @@ def test_tensor_and_pipeline_split_parameters_like_megatron():
 def test_parameters_per_rank_equal_the_shards_megatron_loads(tp, pp):
     """Reference: the shards the aligner engine's weight mapping builds for every (stage, TP
     rank) from a real Hugging Face state dict (the mapping a real megatron-core GPTModel loads
-    strictly, tests/aligner). TP 4 exceeds the 2 key/value heads: Megatron splits each group's
-    weight rows over two ranks, so the weights still divide by TP."""
+    strictly, tests/models/megatron_weights). TP 4 exceeds the 2 key/value heads: Megatron splits
+    each group's weight rows over two ranks, so the weights still divide by TP."""
     from opefo_nemo.models.megatron_weights import MegatronLayout, hf_to_megatron
 
     config = _qwen2()
@@ -205,7 +205,7 @@ def test_fused_output_layer_replaces_the_logits_by_gradient_buffers():
     fp32 accumulator, one chunk's fp32 product, the bf16 result), one chunk's bf16 ``∂L/∂z``
     (here the whole shard rounded up to the 128-column tile: it fits the 64 MiB budget), its
     fp32 ``[chunk, h]`` product and the bf16 ``[V/TP, h]`` weight gradient
-    (tests/kernels/test_linear_kernel.py checks that no larger tensor is made)."""
+    (tests/kernels/test_linear_stats.py checks that no larger tensor is made)."""
     shape = ModelShape.from_hf_config(_qwen2().to_dict())
     layout = ParallelLayout(2, 1, 1)
     plain = MemorySettings(sequence_length=128, micro_batch_size=2)

@@ -10,9 +10,7 @@ from pathlib import Path
 import pytest
 
 from opefo_nemo.models.packaged import SMOLLM2_135M_INSTRUCT, converted_model
-
-QUESTIONS = ("What is 3 + 5?", "What is 7 + 2?", "What is 0 + 9?")
-ANSWERS = ("3 + 5 = 8.", "The sum of 7 and 2 is 9", "9")
+from tests.real.chat_reference import chat_rows
 
 
 def _missing() -> str | None:
@@ -41,24 +39,6 @@ def smollm2_dir(tmp_path_factory) -> Path:
     )
 
 
-def chat_rows(tokenizer, advantages):
-    """The questions in ``tokenizer``'s chat template with a written answer each, ended by its eos
-    and padded with its pad token, twice (6 rows, ``advantages``): real token ids for the engine
-    comparisons."""
-    from opefo_nemo.engines.batch import build_batch
-
-    prompts, responses = [], []
-    for question, answer in zip(QUESTIONS * 2, ANSWERS * 2, strict=True):
-        text = tokenizer.apply_chat_template(
-            [{"role": "user", "content": question}], tokenize=False, add_generation_prompt=True
-        )
-        prompts.append(tokenizer.encode(text, add_special_tokens=False))
-        responses.append(
-            [*tokenizer.encode(answer, add_special_tokens=False), tokenizer.eos_token_id]
-        )
-    return build_batch(prompts, responses, advantages, pad_id=tokenizer.pad_token_id)
-
-
 @pytest.fixture(scope="session")
 def chat_batch(smollm2_dir):
     """:func:`chat_rows` of SmolLM2 with advantages ±1."""
@@ -67,30 +47,3 @@ def chat_batch(smollm2_dir):
 
     tokenizer = AutoTokenizer.from_pretrained(smollm2_dir)
     return chat_rows(tokenizer, torch.tensor([1.0, -1.0, 1.0, -1.0, 1.0, -1.0]))
-
-
-def reference_stats(directory, batch, temperature):
-    """Float64 logprob and entropy of the temperature-scaled softmax (spec §1) of a
-    ``transformers`` forward of ``directory`` over ``batch``."""
-    import torch
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(directory, dtype=torch.float32).eval()
-    with torch.no_grad():
-        logits = model(input_ids=batch.input_ids).logits[:, :-1].double()
-    logp = torch.log_softmax(logits / temperature, -1)
-    logprob = logp.gather(-1, batch.targets[..., None])[..., 0]
-    return logprob, -(logp.exp() * logp).sum(-1)
-
-
-def assert_stats_match(got, want, batch, rel: float) -> None:
-    """``got`` (logprob, entropy) equal ``want`` on ``batch``'s response tokens within ``2 rel``
-    of the largest |logprob| (an error δ in the logits moves either by at most 2δ)."""
-    mask = batch.response_mask
-    width = got[0].shape[1]
-    selected = mask[:, :width]
-    assert int(selected.sum()) == int(mask.sum())
-    scale = float(want[0][:, :width][selected].abs().max())
-    for ours, theirs, name in zip(got, want, ("logprob", "entropy"), strict=True):
-        error = float((ours.double() - theirs[:, :width])[selected].abs().max())
-        assert error <= 2 * rel * scale, (name, error, scale)

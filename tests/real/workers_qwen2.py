@@ -1,5 +1,5 @@
-"""Rank functions of ``test_qwen2.py``: ``engine=megatron`` built from the converted Qwen2 on gloo
-CPU ranks (spawned by ``tests.parallel.world``)."""
+"""Rank functions of ``test_packaged_qwen2.py``: ``engine=megatron`` built from the converted
+Qwen2 on gloo CPU ranks (spawned by ``tests.parallel.world``)."""
 
 from __future__ import annotations
 
@@ -12,10 +12,11 @@ from safetensors import safe_open
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.trainer.update import update_rollout_batch
-from tests.megatron.tiny import release_parallel_state
-from tests.megatron.workers_build import _policy
+from tests.engines.megatron.tiny import release_parallel_state
+from tests.engines.megatron.workers_build import _policy
 
-#: The strict-GRPO step of the engine comparison: the lr `tests.megatron.workers_build` builds with.
+#: The strict-GRPO step of the engine comparison: the lr `tests.engines.megatron.workers_build`
+#: builds with.
 LR = 1e-3
 
 

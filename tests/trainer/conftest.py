@@ -1,4 +1,5 @@
-"""Shared fixtures: the warm-started tiny model and one vLLM rollout engine per session.
+"""Fixtures of the trainer tests: one vLLM rollout engine per session, a trainer on it, and the
+tiny model the hf update tests train (``warm_model`` and ``demo_model``: tests/conftest.py).
 
 Every trainer built with :func:`make_trainer` reuses the session's rollout engine (its policy's
 weights are loaded into it first), so the vLLM servers start once for the whole area.
@@ -13,35 +14,15 @@ import pytest
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.trainer.loop import Trainer
-from opefo_nemo.trainer.setup import build_trainer, embedded_model, start_rollout
-
-SMALL_RUN = (
-    "model=tiny_arithmetic",  # the first task: its warm start is a quarter of the demo task's
-    "trainer.prompts_per_step=4",
-    "trainer.responses_per_prompt=4",
-    "trainer.max_steps=2",
-    "metrics.progress=false",
-    "metrics.tensorboard=false",
-    "checkpoint.every=0",
-)
+from opefo_nemo.trainer.setup import build_trainer, start_rollout
+from tests.trainer.small_run import run_overrides
+from tests.trainer.update_inputs import tiny_model
 
 
-@pytest.fixture(scope="session")
-def warm_model(tmp_path_factory) -> Path:
-    """The first task's embedded model (tiny Qwen2, warm-started on arithmetic), built once into
-    the default place under a temporary ``OPEFO_CACHE``."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return embedded_model(compose(["model=tiny_arithmetic"])[0])
-
-
-@pytest.fixture(scope="session")
-def demo_model(tmp_path_factory) -> Path:
-    """The demo's warm-started model (``model=tiny_arithmetic_orders``), copied from the package
-    into a temporary ``OPEFO_CACHE`` once per session."""
-    with pytest.MonkeyPatch.context() as env:
-        env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
-        return embedded_model(compose([])[0])
+@pytest.fixture(scope="module")
+def model_dir(tmp_path_factory) -> Path:
+    """The hf update tests' tiny model (tests/trainer/update_inputs.py), built once per module."""
+    return tiny_model(tmp_path_factory.mktemp("m") / "tiny")
 
 
 @pytest.fixture(scope="session")
@@ -50,10 +31,6 @@ def shared_rollout(warm_model):
     rollout = start_rollout(config, warm_model, lambda: iter(()))
     yield rollout
     rollout.close()
-
-
-def run_overrides(model: Path, output_dir: Path, extra: Sequence[str] = ()) -> list[str]:
-    return [f"model.path={model}", f"run.output_dir={output_dir}", *SMALL_RUN, *extra]
 
 
 @pytest.fixture

@@ -31,8 +31,6 @@ from tests.metric_bounds import assert_metrics_close
 from tests.parallel.world import run_world
 from tests.trainer import workers_dynamic_sampling
 
-from .test_update import model_dir  # noqa: F401
-
 P, K = 4, 4
 SMALL = (
     f"trainer.prompts_per_step={P}",
@@ -199,7 +197,7 @@ def test_a_step_trains_on_the_groups_a_brute_force_filter_keeps(demo_model, tmp_
         assert torch.equal(weight, theirs[name]), name
 
 
-def test_a_step_without_any_group_with_signal_makes_no_update(model_dir, tmp_path):  # noqa: F811
+def test_a_step_without_any_group_with_signal_makes_no_update(model_dir, tmp_path):
     out = tmp_path / "run"
     # the random tiny model answers nothing right: every reward is 0, no group has signal
     extra = ("model=local", "trainer.dynamic_sampling_max_rounds=2")

@@ -13,8 +13,7 @@ from opefo_nemo.cli.probe import main
 from opefo_nemo.core.entropy_flow import ESTIMATORS
 from opefo_nemo.trainer.probe import probe
 from tests.metric_bounds import assert_metrics_close
-
-from .conftest import run_overrides
+from tests.trainer.small_run import run_overrides
 
 pytestmark = pytest.mark.vllm
 #: The probe's token-stats pass asks for every estimator's vocabulary sums, the trainer's only

@@ -13,37 +13,12 @@ from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.core.objectives import LossOutput, build_objective, registry
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
-from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
 from opefo_nemo.trainer.nan_guard import NanGuard, NanStreakError
 from opefo_nemo.trainer.update import optimizer_step, stats_pass, update_rollout_batch
-from tests.core.test_method_plugins import _docs_block
+from tests.docs_blocks import docs_block
 from tests.metric_bounds import assert_grads_close
-
-TEMPERATURE = 0.7
-#: fp32 gradients of two reduction orders (micro-batches, padding) against a per-row float64-loss
-#: reference, relative to each tensor's terms (tests/metric_bounds.py)
-GRAD_REL = 1e-4
-ENGINE = EngineConfig(grad_clip=0.0, warmup_steps=0)
-
-
-@pytest.fixture(scope="module")
-def model_dir(tmp_path_factory):
-    return build_tiny_model(
-        tmp_path_factory.mktemp("m") / "tiny", TinyModelSpec(initializer_range=0.1), seed=0
-    )
-
-
-def random_rollout(rows: int = 6, seed: int = 0):
-    gen = torch.Generator().manual_seed(seed)
-    prompts, responses = [], []
-    for _ in range(rows):
-        p = int(torch.randint(2, 6, (1,), generator=gen))
-        r = int(torch.randint(1, 7, (1,), generator=gen))
-        prompts.append(torch.randint(3, 60, (p,), generator=gen).tolist())
-        responses.append(torch.randint(3, 60, (r,), generator=gen).tolist())
-    advantages = torch.randn(rows, generator=gen)
-    return prompts, responses, advantages
+from tests.trainer.update_inputs import ENGINE, GRAD_REL, TEMPERATURE, random_rollout
 
 
 def test_build_batch_marks_exactly_the_response_targets():
@@ -236,9 +211,9 @@ def test_the_documented_update_method_is_corrected_without_engine_code(
     corrected update's exact first order ``⟨g, Δθ'⟩`` is that change up to the fp32 rounding of
     the corrected weights (``‖g‖ ε₃₂ ‖θ‖``)."""
     monkeypatch.setattr(registry, "_REGISTRY", dict(registry._REGISTRY))
-    exec(compile(_docs_block("python", "# my_update_method.py"), "my_update_method.py", "exec"), {})
+    exec(compile(docs_block("python", "# my_update_method.py"), "my_update_method.py", "exec"), {})
     yaml = tmp_path / "fixed_change.yaml"
-    yaml.write_text(_docs_block("yaml", "# conf/method/fixed_change.yaml"))
+    yaml.write_text(docs_block("yaml", "# conf/method/fixed_change.yaml"))
     change = 2e-3
     policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
     objective = build_objective(load_method(yaml, [f"change={change}"]))

@@ -17,20 +17,15 @@ from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.metric_bounds import assert_grads_close
-
-from .test_update import ENGINE, GRAD_REL, TEMPERATURE, model_dir, random_rollout  # noqa: F401
+from tests.trainer.update_inputs import (
+    ENGINE,
+    GRAD_REL,
+    TEMPERATURE,
+    random_rollout,
+    response_logprobs,
+)
 
 ROWS, UPDATES, EPS, DUAL_C = 6, 2, 0.05, 3.0  # grpo's default dual clip c = 3
-
-
-def response_logprobs(model, prompts, responses) -> list[torch.Tensor]:
-    """``log softmax(z / T)`` of each response token, one unpadded forward per row."""
-    out = []
-    for p, r in zip(prompts, responses, strict=True):
-        logits = model(input_ids=torch.tensor([p + r])).logits[0, len(p) - 1 : -1]
-        logp = torch.log_softmax(logits.double() / TEMPERATURE, dim=-1)
-        out.append(logp.gather(1, torch.tensor(r)[:, None])[:, 0])
-    return out
 
 
 def reference_gradient(model, prompts, responses, adv, old) -> tuple[dict, float]:
@@ -47,7 +42,7 @@ def reference_gradient(model, prompts, responses, adv, old) -> tuple[dict, float
     return grads, float((rho.detach() - 1).abs().max())
 
 
-def test_every_mini_batch_step_uses_the_rollout_policy_as_old(model_dir):  # noqa: F811
+def test_every_mini_batch_step_uses_the_rollout_policy_as_old(model_dir):
     overrides = [f"updates_per_rollout={UPDATES}", f"clip_eps_low={EPS}", f"clip_eps_high={EPS}"]
     method = load_method("grpo", overrides)
     policy = HFPolicy(model_dir, ENGINE, lr=1e-2, temperature=TEMPERATURE)

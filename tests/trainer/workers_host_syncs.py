@@ -13,12 +13,22 @@ from opefo_nemo.config.method import load_method
 from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.batch import TrainBatch, build_batch
+from opefo_nemo.models.tiny import TinyModelSpec
 from opefo_nemo.trainer.update import optimizer_step, stats_pass
 from tests.host_syncs import count_host_syncs, host_tensors
 
 VOCAB = 70  # the tiny model's per-character vocabulary
 MICRO_BATCH_SIZE = 2
 METHOD = "opefo"
+#: A tiny model wide enough that a pass does work per micro-batch (the host-sync and the
+#: deferred-check tests build it)
+SPEC = TinyModelSpec(
+    hidden_size=64,
+    num_attention_heads=2,
+    head_dim=32,
+    intermediate_size=128,
+    max_position_embeddings=64,
+)
 
 
 def batch(rows: int) -> TrainBatch:

@@ -1,4 +1,4 @@
-"""Spawned ranks of ``test_megatron_loop_vllm.py``: the real :class:`Trainer` driving the
+"""Spawned ranks of ``test_loop_megatron_vllm.py``: the real :class:`Trainer` driving the
 ``engine=megatron`` policy exactly as ``build_trainer`` builds it (``build_policy``: the
 megatron-core ``GPTModel`` from the Hugging Face directory, megatron DDP and optimizer, CPU ranks
 through ``engine.device=cpu``) and a real :class:`ColocatedRollout` over a real vLLM CPU server.

@@ -1,4 +1,4 @@
-"""Spawned ranks of the multi-rank loop tests (``test_spmd_vllm.py``).
+"""Spawned ranks of the multi-rank loop tests (``test_loop_spmd_vllm.py``).
 
 Each rank runs the real :class:`Trainer` with the real ``HFPolicy`` (replicated: every rank holds
 the same model and gets the same batch, so the ranks' updates are identical without any gradient
