@@ -12,31 +12,36 @@ from opefo_nemo.tasks.word_arithmetic import make_word_problems, score_last_numb
 from opefo_nemo.trainer.scoring import score_responses
 from opefo_nemo.trainer.setup import generated_split
 
-QUESTION = re.compile(r"^What is (\d+) \+ (\d+)\?$")
+SUM = re.compile(r"^What is (\d+) \+ (\d+)\?$")
 PRODUCT = re.compile(r"^What is (\d+) \* (\d+)\?$")
+
+
+def asked_pairs(problems, question, result):
+    """The operand pairs the problems ask, sorted, each answer checked against ``result(a, b)``
+    computed here."""
+    pairs = []
+    for problem in problems:
+        a, b = map(int, question.match(problem.problem).groups())
+        assert problem.ground_truth == str(result(a, b))
+        pairs.append((a, b))
+    return sorted(pairs)
+
+
+def all_pairs(n):
+    return [(a, b) for a in range(n) for b in range(n)]
 
 
 def test_one_digit_questions_cover_all_pairs_once_and_answer_with_the_sum():
     train, validation = make_word_problems(1, 90, 10, seed=1234)
     assert len(train) == 90 and len(validation) == 10
-    pairs = []
-    for problem in train + validation:
-        a, b = map(int, QUESTION.match(problem.problem).groups())
-        assert problem.ground_truth == str(a + b)
-        pairs.append((a, b))
-    assert sorted(pairs) == [(a, b) for a in range(10) for b in range(10)]
+    assert asked_pairs(train + validation, SUM, lambda a, b: a + b) == all_pairs(10)
     assert make_word_problems(1, 90, 10, seed=1234) == (train, validation)
     assert make_word_problems(1, 90, 10, seed=5)[1] != validation
 
 
 def test_products_ask_every_pair_once_and_answer_with_the_product():
     train, validation = make_word_problems(1, 90, 10, seed=1234, operation="multiply")
-    pairs = []
-    for problem in train + validation:
-        a, b = map(int, PRODUCT.match(problem.problem).groups())
-        assert problem.ground_truth == str(a * b)
-        pairs.append((a, b))
-    assert sorted(pairs) == [(a, b) for a in range(10) for b in range(10)]
+    assert asked_pairs(train + validation, PRODUCT, lambda a, b: a * b) == all_pairs(10)
     sums = make_word_problems(1, 90, 10, seed=1234)
     assert [p.problem.replace("+", "*") for p in sums[1]] == [p.problem for p in validation]
 
@@ -59,22 +64,15 @@ def test_the_times_tables_ask_every_pair_to_twelve_once():
     config, _ = compose(["+preset=smollm2_cpu", "data=word_times_tables"])
     train, validation = generated_split("word_arithmetic", config.data)
     assert (len(train), len(validation)) == (145, 24)
-    pairs = []
-    for problem in train + validation:
-        a, b = map(int, PRODUCT.match(problem.problem).groups())
-        assert problem.ground_truth == str(a * b)
-        pairs.append((a, b))
-    assert sorted(pairs) == [(a, b) for a in range(13) for b in range(13)]
+    assert asked_pairs(train + validation, PRODUCT, lambda a, b: a * b) == all_pairs(13)
     assert config.reward.verifier == "last_number"
 
 
 def test_the_preset_with_products_trains_and_validates_on_products():
     config, _ = compose(["+preset=smollm2_cpu", "data.arithmetic.operation=multiply"])
     train, validation = generated_split("word_arithmetic", config.data)
-    for problem in train + validation:
-        a, b = map(int, PRODUCT.match(problem.problem).groups())
-        assert problem.ground_truth == str(a * b)
     assert (len(train), len(validation)) == (90, 10)
+    assert asked_pairs(train + validation, PRODUCT, lambda a, b: a * b) == all_pairs(10)
 
 
 @pytest.mark.parametrize(
