@@ -1,13 +1,23 @@
 """Suite-wide pytest hooks, and the models that tests of several areas share (each built once per
-session, and only when a test asks for it)."""
+session, and only when a test asks for it).
+
+The Triton kernels' logic runs on CPU tensors in Triton's interpreter on every machine, so
+``TRITON_INTERPRET=1`` is set here, before any test module loads: ``import triton`` decides then
+whether its own library functions (``tl.sum``, ``tl.max``) are interpreted, and a kernel
+interpreted over a non-interpreted library fails at its first call. Spawned gloo ranks inherit it;
+tests that need it off set it in a process of their own (``tests/gpu``).
+"""
 
 from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
+import os
 from pathlib import Path
 
 import pytest
+
+os.environ["TRITON_INTERPRET"] = "1"
 
 
 def pytest_report_header() -> str:
