@@ -1,6 +1,8 @@
-"""Every command's start-up errors, run as the user runs them (a subprocess each): exit code 2,
-exactly one line on stderr naming the key and the fix, no traceback; and no message advises
-deleting a directory the product did not create.
+"""Every command's start-up errors, run as the user runs them: exit code 2, exactly one line on
+stderr naming the key and the fix, no traceback; and no message advises deleting a directory the
+product did not create. Every command line of this module runs in one Python process started for
+it (``commands_in_one_process.py``: each line through its command's ``main`` with its own file
+descriptors 1 and 2), so the table costs one start of torch, not one per line.
 
 The table holds the cases a new user meets first (a Hugging Face directory given as
 ``model.path`` without ``model=local``, a data file with the embedded model, a directory that
@@ -17,16 +19,13 @@ from pathlib import Path
 
 import pytest
 
-from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
-
 ROOT = Path(__file__).resolve().parents[2]
-pytestmark = pytest.mark.slow  # a Python start (torch imported) per case
 
 
 @pytest.fixture(scope="module")
-def paths(tmp_path_factory) -> dict[str, Path]:
-    """A Hugging Face model directory (the tiny model, built in seconds), a run directory that
-    holds a run, a megatron-style checkpoint (no Hugging Face model inside), an empty directory."""
+def paths(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
+    """A Hugging Face model directory (the session's tiny model), a run directory that holds a
+    run, a megatron-style checkpoint (no Hugging Face model inside), an empty directory."""
     root = tmp_path_factory.mktemp("inputs")
     run = root / "run"
     run.mkdir()
@@ -36,7 +35,7 @@ def paths(tmp_path_factory) -> dict[str, Path]:
     (checkpoint / "trainer_state.json").write_text(json.dumps({"step": 2}))
     (root / "empty").mkdir()
     return {
-        "hf": build_tiny_model(root / "hf", TinyModelSpec(), seed=0),
+        "hf": tiny_model_dir,
         "run": run,
         "megatron": checkpoint,
         "empty": root / "empty",
@@ -79,52 +78,63 @@ CASES = [
 ]  # fmt: skip
 
 
-def run_cli(command: str, args: list[str], cwd: Path) -> subprocess.CompletedProcess:
+PREFLIGHT = [("preflight", ["model.path={hf}"]), ("preflight", [*OWN_MODEL])]
+CFG_JOB = ["model=local", "model.path={hf}", "trainer.max_steps=3"]
+
+
+@pytest.fixture(scope="module")
+def results(paths) -> dict[tuple[str, tuple[str, ...]], dict]:
+    """``{(command, args): {"code", "stdout", "stderr"}}`` for every command line of this module
+    (placeholders filled), all run in one Python process."""
+    lines = [*[(c, a) for c, a, _ in CASES], *PREFLIGHT, ("train", ["--cfg", "job", *CFG_JOB])]
+    filled = [(c, [arg.format(**paths) for arg in a]) for c, a in lines]
+    cases, out = paths["root"] / "cases.json", paths["root"] / "results.json"
+    cases.write_text(json.dumps(filled))
     env = {
         **os.environ,
         "PYTHONPATH": os.pathsep.join([str(ROOT), os.environ.get("PYTHONPATH", "")]),
-        "OPEFO_CACHE": str(cwd / "cache"),  # the embedded model's default place: not built here
+        "OPEFO_CACHE": str(paths["root"] / "cache"),  # the embedded model's place: never built
         "OMP_NUM_THREADS": "1",
     }
-    return subprocess.run(
-        [sys.executable, "-m", f"opefo_nemo.cli.{command}", *args],
-        cwd=cwd, env=env, capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+    command = [sys.executable, "-m", "tests.cli.commands_in_one_process", str(cases), str(out)]
+    done = subprocess.run(
+        command, cwd=paths["root"], env=env, capture_output=True, text=True, timeout=900
+    )
+    assert done.returncode == 0, done.stderr[-3000:]
+    return {(c, tuple(a)): r for (c, a), r in zip(lines, json.loads(out.read_text()), strict=True)}
 
 
 @pytest.mark.parametrize(
     ("command", "args", "says"), CASES, ids=[f"{c}:{' '.join(a)}" for c, a, _ in CASES]
 )
-def test_a_start_up_error_is_one_line_and_exit_2(paths, command, args, says):
-    filled = [arg.format(**paths) for arg in args]
-    done = run_cli(command, filled, paths["root"])
-    lines = done.stderr.strip().splitlines()
-    assert done.returncode == 2, done.stderr[-2000:]
-    assert len(lines) == 1, done.stderr[-2000:]
+def test_a_start_up_error_is_one_line_and_exit_2(results, paths, command, args, says):
+    done = results[(command, tuple(args))]
+    lines = done["stderr"].strip().splitlines()
+    assert done["code"] == 2, done["stderr"][-2000:]
+    assert len(lines) == 1, done["stderr"][-2000:]
     assert lines[0].startswith(f"opefo-{command.replace('_', '-')}: error: "), lines[0]
-    assert says in lines[0] and "Traceback" not in done.stderr
+    assert says in lines[0] and "Traceback" not in done["stderr"]
     assert "delete" not in lines[0].lower()
     assert not (paths["root"] / "cache").exists(), "no embedded model is built for a bad input"
 
 
-def test_preflight_reports_what_training_would_stop_on(paths):
+def test_preflight_reports_what_training_would_stop_on(results):
     """opefo-preflight runs opefo-train's model and data checks: the case that stops training is
     a problem (exit 1, its report's verdict line), not "preflight: OK"."""
-    done = run_cli("preflight", [f"model.path={paths['hf']}"], paths["root"])
-    assert done.returncode == 1, done.stdout
-    assert "add `model=local`" in done.stdout
-    assert done.stdout.rstrip().endswith("preflight: 1 problem(s)")
-    fine = run_cli("preflight", ["model=local", f"model.path={paths['hf']}"], paths["root"])
-    assert fine.returncode == 0 and fine.stdout.rstrip().endswith("preflight: OK"), fine.stdout
+    stops, fine = (results[(c, tuple(a))] for c, a in PREFLIGHT)
+    assert stops["code"] == 1, stops["stdout"]
+    assert "add `model=local`" in stops["stdout"]
+    assert stops["stdout"].rstrip().endswith("preflight: 1 problem(s)")
+    assert fine["code"] == 0 and fine["stdout"].rstrip().endswith("preflight: OK"), fine["stdout"]
 
 
-def test_cfg_job_prints_the_resolved_config(paths):
+def test_cfg_job_prints_the_resolved_config(results, paths):
     """Hydra's ``--cfg job``: the resolved config of the overrides, as YAML, nothing trained."""
     import yaml
 
     from opefo_nemo.config.compose import compose
 
-    overrides = ["model=local", f"model.path={paths['hf']}", "trainer.max_steps=3"]
-    done = run_cli("train", ["--cfg", "job", *overrides], paths["root"])
-    assert done.returncode == 0, done.stderr
-    assert yaml.safe_load(done.stdout) == compose(overrides)[1]
+    done = results[("train", ("--cfg", "job", *CFG_JOB))]
+    assert done["code"] == 0, done["stderr"]
+    overrides = [arg.format(**paths) for arg in CFG_JOB]
+    assert yaml.safe_load(done["stdout"]) == compose(overrides)[1]

@@ -32,9 +32,9 @@ pytestmark = pytest.mark.slurm
 
 @pytest.fixture(scope="module")
 def embedded_model() -> Path:
-    """The model of ``+preset=tiny_cpu`` (the first task's), built before any job starts: its
-    warm start takes minutes on 2 cores, which the jobs' time limit (and its USR1 warning) is not
-    meant to cover."""
+    """The model of ``+preset=tiny_cpu`` (the first task's), in place before any job starts: a
+    copy of the shipped warm start, or a build of minutes on 2 cores where its recipe changed,
+    which the jobs' time limit (and its USR1 warning) is not meant to cover."""
     from opefo_nemo.config.compose import compose
     from opefo_nemo.trainer.setup import embedded_model as build
 

@@ -1,5 +1,5 @@
-"""The demo model's warm start shipped with the package: made with the recipe the default
-configuration describes, copied (not built) into an empty cache, built instead when asked or when
+"""The warm starts shipped with the package (the demo's model and the first task's): made with the
+recipes their configurations describe, copied (not built) into an empty cache, built instead when asked or when
 the recipe differs, and a model that does the demo's task as documented."""
 
 from __future__ import annotations
@@ -22,16 +22,17 @@ def files(directory) -> dict[str, bytes]:
     }
 
 
-def test_the_shipped_warm_start_is_the_default_recipes():
-    """Changing conf/model/tiny_arithmetic_orders.yaml's warm start (or the data that draws its
-    problems) without shipping the model it makes fails here."""
-    shipped = embedded.SHIPPED / "tiny_arithmetic_orders"
-    recipe = warm_start_recipe(compose([])[0])
+@pytest.mark.parametrize("model", ["tiny_arithmetic_orders", "tiny_arithmetic"])
+def test_the_shipped_warm_start_is_the_configured_recipes(model):
+    """Changing conf/model/<model>.yaml's warm start (or the data that draws its problems)
+    without shipping the model it makes fails here; another recipe gets no shipped copy."""
+    shipped = embedded.SHIPPED / model
+    recipe = warm_start_recipe(compose([f"model={model}"])[0])
     assert read_recipe(shipped) == recipe
-    assert embedded.shipped_warm_start("tiny_arithmetic_orders", recipe) == shipped
-    assert embedded.shipped_warm_start("tiny_arithmetic", recipe) is None  # none shipped
-    other = warm_start_recipe(compose(["model.warm_start.steps=1999"])[0])
-    assert embedded.shipped_warm_start("tiny_arithmetic_orders", other) is None
+    assert embedded.shipped_warm_start(model, recipe) == shipped
+    assert embedded.shipped_warm_start("tiny_shortcut", recipe) is None  # none shipped
+    other = warm_start_recipe(compose([f"model={model}", "model.warm_start.steps=1999"])[0])
+    assert embedded.shipped_warm_start(model, other) is None
 
 
 def test_an_empty_cache_gets_the_shipped_copy_not_a_build(tmp_path, monkeypatch):
