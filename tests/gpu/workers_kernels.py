@@ -2,9 +2,9 @@
 GPU, against float64 with the error model of ``tests/kernels/tolerances.py``.
 
 Run in a process of its own: whether Triton compiles or interprets is fixed when a kernel module
-is imported (``TRITON_INTERPRET``), and ``tests/conftest.py`` sets the interpreter for the CPU tests.
-Shapes are larger than the interpreter tests' (several vocabulary and hidden tiles per row, odd
-sizes, padded columns) but seconds on a GPU.
+is imported (``TRITON_INTERPRET``), and ``tests/conftest.py`` sets the interpreter for the CPU
+tests. Shapes are larger than the interpreter tests' (several vocabulary and hidden tiles per
+row, odd sizes, padded columns) but seconds on a GPU.
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """The warm starts shipped with the package (the demo's model and the first task's): made with the
-recipes their configurations describe, copied (not built) into an empty cache, built instead when asked or when
-the recipe differs, and a model that does the demo's task as documented."""
+recipes their configurations describe, copied (not built) into an empty cache, built instead when
+asked or when the recipe differs, and a model that does the demo's task as documented."""
 
 from __future__ import annotations
 
