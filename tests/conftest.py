@@ -3,7 +3,7 @@ session, and only when a test asks for it).
 
 The Triton kernels' logic runs on CPU tensors in Triton's interpreter on every machine, so
 ``TRITON_INTERPRET=1`` is set here, before any test module loads: ``import triton`` decides then
-whether its own library functions (``tl.sum``, ``tl.max``) are interpreted, and a kernel
+whether its own library functions (``tl.zeros``, for one) are interpreted, and a kernel
 interpreted over a non-interpreted library fails at its first call. Spawned gloo ranks inherit it;
 tests that need it off set it in a process of their own (``tests/gpu``).
 """

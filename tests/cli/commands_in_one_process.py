@@ -26,8 +26,11 @@ def _run_one(command: str, args: list[str]) -> dict[str, object]:
         os.dup2(out.fileno(), 1), os.dup2(err.fileno(), 2)
         try:
             code = importlib.import_module(f"opefo_nemo.cli.{command}").main(args)
-        except SystemExit as stop:
-            code = stop.code if isinstance(stop.code, int) else (0 if stop.code is None else 1)
+        except SystemExit as stop:  # as the interpreter exits: a message goes to stderr, code 1
+            code = stop.code
+            if code is not None and not isinstance(code, int):
+                print(code, file=sys.stderr)
+                code = 1
         except BaseException:  # reported as the interpreter reports it
             traceback.print_exc()
             code = 1
