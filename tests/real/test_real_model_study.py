@@ -20,14 +20,15 @@ from tests.metric_bounds import U32, balanced_flow_bound, term_scale
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_model_study.sh"
-#: The smallest study: one step of two prompts × 8, validation before and after it on the 10
-#: held-out questions × 2 samples of at most 32 tokens.
+#: The smallest study: one step of two prompts × 8, validation before and after it on the 24
+#: held-out questions × 2 samples of at most 32 tokens; 48 rows a forward, so that each
+#: generation (16 rows to train on, 48 to validate) decodes in one batch.
 SMALLEST = {
     "DEVICE": "cpu",
     "STEPS": "1",
     "PROMPTS": "2",
     "VALIDATE": "1",
-    "MICRO": "8",
+    "MICRO": "48",
     "METHODS": "grpo_strict opefo",
     "OVERRIDES": "validation.k=2 rollout.max_new_tokens=32 metrics.progress=false",
 }
