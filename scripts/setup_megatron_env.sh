@@ -13,8 +13,7 @@
 #   nvidia-resiliency-ext, tensorstore, zarr, ...) serve parts the engine never imports, and
 #   some would pull a CUDA torch.
 # - Besides it: the project's requirements (read from pyproject.toml, less megatron-core),
-#   transformers and tokenizers (the tests' Hugging Face reference), pytest and pytest-xdist
-#   (scripts/coverage.sh runs these tests on a worker a core too), triton
+#   transformers and tokenizers (the tests' Hugging Face reference), pytest, triton
 #   (engine.stats_kernel=fused_linear's kernels, run in Triton's interpreter on CPU), and mypy
 #   and coverage (`make test` type-checks engines/ and measures tests/engines/megatron and
 #   tests/models/megatron_weights here too). The project is
@@ -77,7 +76,7 @@ def name(requirement):
 
 wanted = [r for r in project["dependencies"] if name(r) != "megatron-core"]
 wanted += [r for r in extras["cpu"] if name(r) in {"transformers", "tokenizers"}]
-wanted += [r for r in extras["dev"] if name(r) in {"pytest", "pytest-xdist", "triton", "mypy", "coverage"}]
+wanted += [r for r in extras["dev"] if name(r) in {"pytest", "triton", "mypy", "coverage"}]
 print("\n".join(wanted))
 EOF
 )
