@@ -172,7 +172,6 @@ def _wait_for(predicate, timeout_s: float, what: str) -> None:
         time.sleep(1)
 
 
-@pytest.mark.slow
 def test_usr1_checkpoints_requeues_and_resumes(slurm_conf, tmp_path):
     """The time-limit signal (Slurm's --signal=B:USR1, sent here with scancel --batch) makes the
     trainer checkpoint and exit, the job requeue itself, and the next attempt resume: in a

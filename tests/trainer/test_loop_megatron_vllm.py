@@ -222,7 +222,6 @@ BF16_REL = 2**-4
 STEP_METRICS = ("entropy/mean", "flow/pos", "flow/neg", "flow/lambda", "loss", "grad/norm")
 
 
-@pytest.mark.slow
 def test_preset_engine_settings_train_like_one_rank(warm_model, tmp_path):
     """The presets' engine settings (bf16 with fp32 main weights, TP 2 × sequence parallel,
     distributed optimizer, DP 2: 4 ranks) against ``engine=megatron`` in bf16 on one rank and

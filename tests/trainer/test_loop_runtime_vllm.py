@@ -107,7 +107,6 @@ def test_validation_avg_and_pass_at_k_match_opefo_eval(make_trainer, warm_model,
     assert metrics["val/pass@4"] > metrics["val/pass@1"]  # some problems are solved rarely
 
 
-@pytest.mark.slow
 def test_opefo_train_compares_methods_over_seeds_and_writes_the_report(warm_model, tmp_path):
     """run.compare × run.seeds: each method trains once per seed from the same start. At one
     seed both methods' first rollouts are identical (same weights, prompts and sampling seeds);

@@ -59,7 +59,6 @@ def test_two_ranks_stop_together_resume_and_match_one_process(make_trainer, warm
         assert_metrics_close(a, b, rel=1e-5)
 
 
-@pytest.mark.slow
 def test_two_servers_split_prompts_like_one_and_restart_collectively(
     shared_rollout, warm_model, tmp_path
 ):
