@@ -57,6 +57,11 @@ class EngineConfig(OptimizerConfig):
     are fp32 from the logits in both; docs/training.md, "Precision")."""
     micro_batch_size: int = 16
     """Responses per forward/backward; gradients accumulate over them."""
+    shared_forward: bool = False
+    """One forward per micro-batch for the token statistics and the loss of a strict on-policy
+    step: the statistics pass keeps every micro-batch's graph until its backward, saving one
+    forward of the batch (two of a corrected update's four) for the activations of the whole
+    batch held at once (docs/training.md, "One forward for the statistics and the loss")."""
 
     def validate(self) -> None:
         """The keys' ranges; errors name the key (``engine.<key>``)."""

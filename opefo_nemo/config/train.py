@@ -89,6 +89,13 @@ class TrainConfig:
             f"({self.method.updates_per_rollout}) must divide the rollout batch "
             f"trainer.prompts_per_step × trainer.responses_per_prompt = {self.rollout_batch_size}",
         )
+        require(
+            not (isinstance(self.engine, EngineConfig) and self.engine.shared_forward)
+            or self.method.updates_per_rollout == 1,
+            "engine.shared_forward",
+            f"is for strict on-policy steps; method.updates_per_rollout="
+            f"{self.method.updates_per_rollout} takes a fresh statistics pass per mini-batch",
+        )
         if isinstance(self.engine, MegatronEngineConfig):
             shape = _readable_shape(self.model.path)
             if shape is not None:

@@ -77,6 +77,29 @@ class HFPolicy:
             kernel=self.config.stats_kernel,
         )
 
+    @property
+    def shares_forward(self) -> bool:
+        """``engine.shared_forward``: a strict step's statistics come from
+        :meth:`forward_with_graph`, whose graphs the step's backward passes reuse."""
+        return self.config.shared_forward
+
+    def forward_with_graph(
+        self, micro_batches: Sequence[TrainBatch], sums: Sequence[str] = ()
+    ) -> list[TokenStats]:
+        """Phase 1 for the micro-batches of one optimizer step, with each micro-batch's graph
+        kept: its statistics (with the vocabulary ``sums``), on :attr:`device`, to pass as
+        ``kept`` to :meth:`capture_entropy_gradient` and :meth:`train_step`, whose backward
+        passes then run no forward. The checks are those of :meth:`token_stats`."""
+        kept = []
+        with deferred_checks() as checks:
+            for index, micro in enumerate(micro_batches):
+                checks.label = f"micro-batch {index} of the token-stats pass"
+                kept.append(self._stats(micro, sums))
+        error = checks.first_error()
+        if error is not None:
+            raise error
+        return kept
+
     @torch.no_grad()
     def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics (with the vocabulary ``sums`` asked for) on
@@ -102,14 +125,22 @@ class HFPolicy:
         return TokenStats(**dict(zip(names, out.cpu(), strict=True)))
 
     def _backward(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        kept: Sequence[TokenStats] | None,
+        retain_graph: bool = False,
     ) -> tuple[bool, dict[str, Tensor]]:
-        """A forward with gradient and ``loss_fn(i, stats).loss.backward()`` for every
+        """A forward with gradient (or micro-batch ``i``'s ``kept[i]``, whose graph the backward
+        keeps when ``retain_graph``) and ``loss_fn(i, stats).loss.backward()`` for every
         micro-batch; returns whether a loss or the logits were not finite and the summed
         ``LossOutput.sums`` (keys ``sum_names``). The checks of ``token_stats`` and of the loss
         run on the device and are read once, after the last backward: the first failing one
         decides, as if it had raised in its micro-batch (non-finite logits skip the step, any
         other error is raised)."""
+        if kept is not None and len(kept) != len(micro_batches):
+            raise ValueError(f"{len(kept)} kept forwards for {len(micro_batches)} micro-batches")
         sums = {
             name: torch.zeros((), dtype=torch.float64, device=self.device) for name in sum_names
         }
@@ -117,12 +148,12 @@ class HFPolicy:
         with deferred_checks() as checks:
             for index, micro in enumerate(micro_batches):
                 checks.label = f"micro-batch {index} of the loss pass"
-                out = loss_fn(index, self._stats(micro))
+                out = loss_fn(index, self._stats(micro) if kept is None else kept[index])
                 nonfinite += (~torch.isfinite(out.loss.detach())).float()
                 if set(out.sums) != set(sums):
                     raise ValueError(f"loss sums {sorted(out.sums)} are not {sorted(sums)}")
                 sums = {k: total + out.sums[k].detach() for k, total in sums.items()}
-                out.loss.backward()
+                out.loss.backward(retain_graph=retain_graph)
                 self.weights.accumulate_grads()
         error = checks.first_error()
         if error is not None and not isinstance(error, NonFiniteLogitsError):
@@ -130,13 +161,19 @@ class HFPolicy:
         return error is not None or bool(nonfinite > 0), sums
 
     def capture_entropy_gradient(
-        self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
+        self,
+        micro_batches: Sequence[TrainBatch],
+        entropy_fn: LossFn,
+        kept: Sequence[TokenStats] | None = None,
     ) -> CapturedEntropyGradient | None:
         """``∇θ H̄`` of every parameter (``Policy.capture_entropy_gradient``): the ``grad``
         tensors of the optimizer's (fp32) tensors, detached from them (one more fp32 copy of the
-        weights); a move along it is published into the bf16 parameters in mixed precision."""
+        weights); a move along it is published into the bf16 parameters in mixed precision.
+        With ``kept`` (:meth:`forward_with_graph`) the graphs stay for :meth:`train_step`."""
         self.weights.zero_grad()
-        failed, _ = self._backward(micro_batches, entropy_fn, ())
+        failed, _ = self._backward(
+            micro_batches, entropy_fn, (), kept, retain_graph=kept is not None
+        )
         masters = self.weights.masters
         grads = [torch.zeros_like(m) if m.grad is None else m.grad for m in masters]
         self.weights.zero_grad()
@@ -148,14 +185,19 @@ class HFPolicy:
         )
 
     def train_step(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        kept: Sequence[TokenStats] | None = None,
     ) -> EngineStepResult:
         """Accumulate every micro-batch's gradient and metric sums (each loss is already its share
         of the global token mean, spec §5: nothing is rescaled), clip, step; skip the step if
-        anything is NaN. The statistics reach ``loss_fn`` on :attr:`device`; finiteness is
-        checked once, after the last backward."""
+        anything is NaN. The statistics reach ``loss_fn`` on :attr:`device` (``kept``: those of
+        :meth:`forward_with_graph`, no forward is run); finiteness is checked once, after the
+        last backward."""
         self.weights.zero_grad()
-        failed, sums = self._backward(micro_batches, loss_fn, sum_names)
+        failed, sums = self._backward(micro_batches, loss_fn, sum_names, kept)
         masters = [m for m in self.weights.masters if m.grad is not None]
         max_norm = self.config.grad_clip if self.config.grad_clip > 0 else math.inf
         grad_norm = float(torch.nn.utils.clip_grad_norm_(masters, max_norm)) if masters else 0.0

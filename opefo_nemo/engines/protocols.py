@@ -105,3 +105,43 @@ class Policy(Protocol):
     def load(self, directory: Path) -> None:
         """Restore what :meth:`save` wrote."""
         ...
+
+
+@runtime_checkable
+class SharedForwardPolicy(Policy, Protocol):
+    """A :class:`Policy` whose strict step can run one forward per micro-batch for the statistics
+    and the loss (``engine.shared_forward``, the ``hf`` engine): the statistics come with their
+    graphs, which the step's backward passes reuse instead of running forwards of their own."""
+
+    @property
+    def shares_forward(self) -> bool:
+        """Whether the trainer should take a strict step's statistics from
+        :meth:`forward_with_graph`."""
+        ...
+
+    def forward_with_graph(
+        self, micro_batches: Sequence[TrainBatch], sums: Sequence[str] = ()
+    ) -> list[TokenStats]:
+        """Phase 1 of one optimizer step's micro-batches with the graphs kept, on :attr:`device`
+        (the checks of :meth:`token_stats`)."""
+        ...
+
+    def capture_entropy_gradient(
+        self,
+        micro_batches: Sequence[TrainBatch],
+        entropy_fn: LossFn,
+        kept: Sequence[TokenStats] | None = None,
+    ) -> EntropyGradient | None:
+        """:meth:`Policy.capture_entropy_gradient`; with ``kept``, through its graphs, which stay
+        for :meth:`train_step`."""
+        ...
+
+    def train_step(
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        kept: Sequence[TokenStats] | None = None,
+    ) -> EngineStepResult:
+        """:meth:`Policy.train_step`; with ``kept``, through its graphs (no forward)."""
+        ...

@@ -4,6 +4,7 @@ and the order of a corrected update (docs/core.md, "The entropy-neutral update")
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import operator
 from collections.abc import Sequence
@@ -29,7 +30,13 @@ from opefo_nemo.core.objectives import (
 from opefo_nemo.core.reweighting import DEFAULT_CONFIDENT_PROB
 from opefo_nemo.core.update_correction import CorrectionResult, correction_size
 from opefo_nemo.engines.batch import TrainBatch, to_device
-from opefo_nemo.engines.protocols import EngineStepResult, EntropyGradient, LossFn, Policy
+from opefo_nemo.engines.protocols import (
+    EngineStepResult,
+    EntropyGradient,
+    LossFn,
+    Policy,
+    SharedForwardPolicy,
+)
 from opefo_nemo.parallel import TokenStats
 from opefo_nemo.trainer.seeds import mini_batch_seed
 
@@ -110,6 +117,17 @@ def stats_pass(
     return result
 
 
+def kept_forward(
+    policy: Policy, micro_batches: Sequence[TrainBatch], sums: Sequence[str]
+) -> list[TokenStats] | None:
+    """Phase 1 of a strict step with every micro-batch's graph kept for its backward passes, when
+    ``policy`` shares its forward (``engine.shared_forward``); else ``None``: :func:`stats_pass`
+    and a forward of its own in each backward pass."""
+    if isinstance(policy, SharedForwardPolicy) and policy.shares_forward:
+        return policy.forward_with_graph(micro_batches, sums)
+    return None
+
+
 def mean_entropy(micro_batches: Sequence[TrainBatch], stats: Sequence[TokenStats]) -> float:
     """Token mean of ``H_t`` over the response tokens of all micro-batches."""
     total = sum(
@@ -176,10 +194,12 @@ def optimizer_step(
     seed: int,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
     old_entropy: Sequence[Tensor] | None = None,
+    kept: Sequence[TokenStats] | None = None,
 ) -> OptimizerStepSummary:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``
     (``confident_prob``: ``metrics.confident_prob``, spec §6; ``old_entropy``: the rollout
-    policy's entropies of a later mini-batch): its metrics are spec §6 flow, loss, clip,
+    policy's entropies of a later mini-batch; ``kept``: the same statistics with their graphs,
+    ``SharedForwardPolicy.forward_with_graph``): its metrics are spec §6 flow, loss, clip,
     ``grad/norm``, ``lr``, and ``correction/*`` for a method that corrects its update
     (``Objective.update_target`` not ``None``: :func:`engine_step`)."""
     chunks = token_chunks(micro_batches, stats, old_logprob, old_entropy)
@@ -213,7 +233,7 @@ def optimizer_step(
 
         request = EntropyCorrectionRequest(entropy_fn, prepared.update_target)
     names = loss_sum_names(objective)
-    result, corrected = engine_step(policy, micro_batches, loss_fn, names, request)
+    result, corrected = engine_step(policy, micro_batches, loss_fn, names, request, kept)
     metrics = dict(prepared.metrics)
     if not result.skipped:
         metrics.update(step_loss_metrics(objective, result.sums, prepared.n_tokens))
@@ -229,6 +249,7 @@ def engine_step(
     loss_fn: LossFn,
     sum_names: Sequence[str],
     request: EntropyCorrectionRequest | None,
+    kept: Sequence[TokenStats] | None = None,
 ) -> tuple[EngineStepResult, CorrectionResult | None]:
     """One optimizer step of ``policy``; with a correction ``request``, in this order for every
     engine:
@@ -237,13 +258,23 @@ def engine_step(
        one more forward and backward of the batch); a non-finite ``g`` skips the step;
     2. the policy-gradient step (``Policy.train_step``);
     3. the applied update corrected along ``g`` (:func:`correct_update`), unless step 2 skipped.
+
+    With ``kept`` (a :class:`SharedForwardPolicy`'s statistics with their graphs), steps 1 and 2
+    are backward passes through those graphs.
     """
+    if kept is None:
+        capture, step = policy.capture_entropy_gradient, policy.train_step
+    elif isinstance(policy, SharedForwardPolicy):
+        capture = functools.partial(policy.capture_entropy_gradient, kept=kept)
+        step = functools.partial(policy.train_step, kept=kept)
+    else:
+        raise TypeError(f"{type(policy).__name__} cannot reuse a kept forward")
     if request is None:
-        return policy.train_step(micro_batches, loss_fn, sum_names), None
-    gradient = policy.capture_entropy_gradient(micro_batches, request.entropy_fn)
+        return step(micro_batches, loss_fn, sum_names), None
+    gradient = capture(micro_batches, request.entropy_fn)
     if gradient is None:
         return EngineStepResult(grad_norm=math.nan, lr=policy.lr, skipped=True), None
-    result = policy.train_step(micro_batches, loss_fn, sum_names)
+    result = step(micro_batches, loss_fn, sum_names)
     if result.skipped:
         return result, None
     return result, correct_update(gradient, request.target)
@@ -298,7 +329,9 @@ def update_rollout_batch(
     Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the
     whole batch (one engine call; the engine micro-batches it), phase 2 ``prepare`` turns the
     stats of *all* micro-batches into coefficients with global sums (λ*, the token count), phase
-    3 is one optimizer step with gradient accumulation over the micro-batches; ρ ≡ 1.
+    3 is one optimizer step with gradient accumulation over the micro-batches; ρ ≡ 1. A policy
+    that shares its forward (:func:`kept_forward`) runs phase 1 per micro-batch with the graphs
+    kept, and phase 3 backpropagates through them.
 
     Approximate on-policy (``updates_per_rollout = k > 1``): the rollout batch is cut into ``k``
     consecutive mini-batches, each with its own optimizer step. One stats pass over the whole
@@ -313,14 +346,20 @@ def update_rollout_batch(
         raise ValueError(f"{batch.rows} responses cannot be cut into {k} equal mini-batches")
     minis = batch.split(batch.rows // k)
     micros = [mini.split(micro_batch_size) for mini in minis]
-    flat = stats_pass(policy, batch, [m for ms in micros for m in ms], sums)
+    kept = kept_forward(policy, micros[0], sums) if k == 1 else None
+    if kept is None:
+        flat = stats_pass(policy, batch, [m for ms in micros for m in ms], sums)
+    else:
+        flat = [s.map(lambda t: t.detach().cpu()) for s in kept]
     counts = [len(ms) for ms in micros]
     first = [flat[sum(counts[:j]) : sum(counts[: j + 1])] for j in range(k)]
     all_micros, all_first = [m for ms in micros for m in ms], [s for ss in first for s in ss]
     entropy_before = mean_entropy(all_micros, all_first)
     fidelity = rollout_fidelity(all_micros, all_first, fidelity_threshold)
     if k == 1:
-        step = optimizer_step(policy, objective, micros[0], first[0], None, seed, confident_prob)
+        step = optimizer_step(
+            policy, objective, micros[0], first[0], None, seed, confident_prob, kept=kept
+        )
         corrected = () if step.correction is None else (step.correction,)
         return RolloutUpdateSummary(
             {**step.metrics, **fidelity}, int(step.skipped), entropy_before, corrected

@@ -77,6 +77,8 @@ def test_every_method_file_composes(name):
             ["method=grpo", "trainer.prompts_per_step=3", "trainer.responses_per_prompt=3"],
             "method.updates_per_rollout",
         ),
+        (["method=grpo", "engine.shared_forward=true"], "engine.shared_forward"),
+        (["engine=megatron", "+engine.shared_forward=true"], "engine.shared_forward"),
         (["rollout.top_p=0.7"], "rollout.top_p"),
         (["rollout.temperature=0"], "rollout.temperature"),
         (["trainer.responses_per_prompt=1"], "trainer.responses_per_prompt"),

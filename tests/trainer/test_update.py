@@ -15,7 +15,7 @@ from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
 from opefo_nemo.trainer.nan_guard import NanGuard, NanStreakError
-from opefo_nemo.trainer.update import optimizer_step, stats_pass, update_rollout_batch
+from opefo_nemo.trainer.update import stats_pass, update_rollout_batch
 from tests.docs_blocks import docs_block
 from tests.metric_bounds import assert_grads_close
 from tests.trainer.update_inputs import ENGINE, GRAD_REL, TEMPERATURE, random_rollout
@@ -31,23 +31,28 @@ def test_build_batch_marks_exactly_the_response_targets():
     assert sub.targets[0][sub.response_mask[0]].tolist() == responses[1]
 
 
-def captured_gradient(model_dir, method_name, micro_batch_size):
-    """Gradient accumulated by one strict optimizer step, captured before the optimizer runs."""
+def captured_gradient(model_dir, method_name, micro_batch_size, shared_forward=False):
+    """Gradient accumulated by one strict optimizer step, captured before the optimizer runs,
+    and the step's metrics; ``shared_forward``: the statistics pass's graphs reused by the loss."""
     method = load_method(method_name)
-    policy = HFPolicy(model_dir, ENGINE, lr=method.lr, temperature=TEMPERATURE)
+    engine = dataclasses.replace(ENGINE, shared_forward=shared_forward)
+    policy = HFPolicy(model_dir, engine, lr=method.lr, temperature=TEMPERATURE)
     grads = {}
     for name, param in policy.model.named_parameters():
         param.register_post_accumulate_grad_hook(
             lambda p, name=name: grads.__setitem__(name, p.grad.detach().clone())
         )
-    prompts, responses, adv = random_rollout()
-    batch = build_batch(prompts, responses, adv, pad_id=0)
-    micros = batch.split(micro_batch_size)
-    step = optimizer_step(
-        policy, build_objective(method), micros, stats_pass(policy, batch, micros, ()), None, 0
-    )
-    assert not step.skipped and step.correction is None
-    return grads, step.metrics
+    forwards = []
+    policy.model.register_forward_hook(lambda *_: forwards.append(torch.is_grad_enabled()))
+    batch = build_batch(*random_rollout(), pad_id=0)
+    outcome = update_rollout_batch(policy, build_objective(method), batch, micro_batch_size, 0)
+    assert outcome.skipped_steps == 0 and not outcome.corrections
+    micros = len(batch.split(micro_batch_size))
+    # the statistics pass (one forward, no graph: 6 rows, engine.micro_batch_size 16), then the
+    # loss's forwards; shared: the loss reuses the statistics forwards' graphs
+    want = [True] * micros if shared_forward else [False] + [True] * micros
+    assert forwards == want
+    return grads, outcome.metrics
 
 
 def reference_gradient(model_dir, method_name):
@@ -76,20 +81,24 @@ def reference_gradient(model_dir, method_name):
     return {name: p.grad.clone() for name, p in policy.model.named_parameters()}
 
 
+@pytest.mark.parametrize("shared_forward", [False, True])
 @pytest.mark.parametrize("method_name", ["grpo_strict", "opefo"])
-def test_strict_gradient_is_the_full_batch_gradient_for_any_micro_batch(model_dir, method_name):
+def test_strict_gradient_is_the_full_batch_gradient_for_any_micro_batch(
+    model_dir, method_name, shared_forward
+):
     reference = reference_gradient(model_dir, method_name)
     lambdas = []
     for micro in (6, 4, 1):
-        grads, metrics = captured_gradient(model_dir, method_name, micro)
+        grads, metrics = captured_gradient(model_dir, method_name, micro, shared_forward)
         lambdas.append(metrics["flow/lambda"])
         assert_grads_close(grads, reference, rel=GRAD_REL)
     assert max(lambdas) - min(lambdas) <= GRAD_REL  # λ* has scale 1 (tests/metric_bounds.py)
 
 
-def test_bfloat16_policy_trains_with_fp32_statistics(model_dir):
+@pytest.mark.parametrize("shared_forward", [False, True])
+def test_bfloat16_policy_trains_with_fp32_statistics(model_dir, shared_forward):
     method = load_method("opefo")
-    engine = EngineConfig(dtype="bfloat16", warmup_steps=0)
+    engine = EngineConfig(dtype="bfloat16", warmup_steps=0, shared_forward=shared_forward)
     policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=1.0)
     assert next(policy.model.parameters()).dtype == torch.bfloat16
     prompts, responses, adv = random_rollout()
@@ -123,9 +132,11 @@ def test_non_finite_loss_skips_the_step_and_keeps_the_weights(model_dir):
     assert method.strict_on_policy
 
 
-def test_nan_weights_raise_in_the_token_stats_pass(model_dir):
+@pytest.mark.parametrize("shared_forward", [False, True])
+def test_nan_weights_raise_in_the_token_stats_pass(model_dir, shared_forward):
     method = load_method("opefo")
-    policy = HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=1.0)
+    engine = dataclasses.replace(ENGINE, shared_forward=shared_forward)
+    policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=1.0)
     with torch.no_grad():
         next(policy.model.parameters()).fill_(float("nan"))
     prompts, responses, adv = random_rollout()

@@ -18,6 +18,7 @@ whole batch's), one update from the same weights at a small learning rate:
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import random
 
@@ -79,12 +80,19 @@ def batch(warm_model):
     return build_batch(prompts, responses, advantages, PAD_ID)
 
 
-def _update(model_dir, batch, method: str, lr: float, *overrides: str):
+def _update(model_dir, batch, method: str, lr: float, *overrides: str, engine=ENGINE):
     """One update from the warm model: (outcome metrics, realized change, weights after); the
     outcome's typed correction is the one its metrics show."""
-    policy = HFPolicy(model_dir, ENGINE, lr=lr, temperature=TEMPERATURE)
+    policy = HFPolicy(model_dir, engine, lr=lr, temperature=TEMPERATURE)
+    forwards = []
+    policy.model.register_forward_hook(lambda *_: forwards.append(torch.is_grad_enabled()))
     objective = build_objective(load_method(method, [f"lr={lr}", *overrides]))
     outcome = update_rollout_batch(policy, objective, batch, MICRO, seed=0)
+    micros = len(batch.split(MICRO))
+    # the statistics pass, g's forwards, the loss's; shared: g and the loss reuse the first's
+    passes = [[True] * micros] if engine.shared_forward else [[False] * micros, [True] * micros]
+    passes += [] if engine.shared_forward or not objective.corrects_update else [[True] * micros]
+    assert forwards == [grad for one_pass in passes for grad in one_pass]
     assert outcome.skipped_steps == 0
     corrections = [c.metrics() for c in outcome.corrections]
     shown = {k: v for k, v in outcome.metrics.items() if k.startswith("correction/")}
@@ -96,10 +104,18 @@ def _update(model_dir, batch, method: str, lr: float, *overrides: str):
 
 @pytest.fixture(scope="module")
 def runs(warm_model, batch):
+    """Both methods at two learning rates, and ``entropy_neutral`` at ``LR`` with
+    ``engine.shared_forward`` (key ``(method, lr, "shared")``)."""
+    shared = dataclasses.replace(ENGINE, shared_forward=True)
     return {
-        (method, lr): _update(warm_model, batch, method, lr)
-        for method in ("grpo_strict", "entropy_neutral")
-        for lr in (LR, LR / 2)
+        **{
+            (method, lr): _update(warm_model, batch, method, lr)
+            for method in ("grpo_strict", "entropy_neutral")
+            for lr in (LR, LR / 2)
+        },
+        ("entropy_neutral", LR, "shared"): _update(
+            warm_model, batch, "entropy_neutral", LR, engine=shared
+        ),
     }
 
 
@@ -115,14 +131,15 @@ def test_realized_entropy_change_is_second_order(runs):
     assert 3.0 <= neutral[LR] / neutral[LR / 2] <= 5.0, neutral
 
 
-def test_alpha_equals_float64_brute_force(runs, warm_model, batch):
+@pytest.mark.parametrize("run", [("entropy_neutral", LR), ("entropy_neutral", LR, "shared")])
+def test_alpha_equals_float64_brute_force(runs, run, warm_model, batch):
     start = {
         n: p.detach().double()
         for n, p in load_causal_lm(warm_model, torch.float32).named_parameters()
     }
     grad64 = entropy_gradient(warm_model, batch, torch.float64, TEMPERATURE)
     grad32 = entropy_gradient(warm_model, batch, torch.float32, TEMPERATURE)
-    metrics, _, after = runs[("entropy_neutral", LR)]
+    metrics, _, after = runs[run]
     _, _, grpo = runs[("grpo_strict", LR)]
     step = {n: grpo[n].double() - start[n] for n in start}  # the optimizer's Δθ, exact
     grad_sq, flow = dot(grad64, grad64), dot(grad64, step)
