@@ -8,11 +8,14 @@ per rollout, ``--steps`` measured rollout steps after a warm-up step; seconds pe
 (generation, the token-statistics pass, the update: the loss's forwards and backwards and the
 optimizer step), generated tokens per second, peak resident memory, and the update's matrix
 FLOPs over this machine's measured GEMM rate in that dtype (the update's share of its GEMM
-limit). TRL's row (when ``trl`` imports: ``pip install .[bench]``) trains the same weights on the
+limit). opefo-nemo's rows run both ways of ``--forwards``: the statistics and the loss in
+separate forwards, and in one (``engine.shared_forward``: the statistics pass is the update's
+forward, so its time counts in the update's GEMM share). TRL's row (when ``trl`` imports: ``pip install .[bench]``) trains the same weights on the
 same prompt texts and reward with β = 0, one iteration per generation batch, no vLLM, in fp32
 and in its default bf16; both decode until every row of a generation batch has ended or is cut.
 
     .venv/bin/python benchmarks/real_model_step.py                       # 4 × 8, both dtypes, TRL
+    .venv/bin/python benchmarks/real_model_step.py --forwards shared --precisions bfloat16
     .venv/bin/python benchmarks/real_model_step.py --prompts 4 32 --steps 2
 """
 
@@ -33,6 +36,7 @@ import torch
 
 RESPONSES = 8  # K responses per prompt, one GRPO group
 PRECISIONS = ("float32", "bfloat16")
+FORWARDS = ("separate", "shared")
 
 
 def _parse_args() -> argparse.Namespace:
@@ -43,6 +47,14 @@ def _parse_args() -> argparse.Namespace:
     parser.add_argument("--max-new-tokens", type=int, default=48)
     parser.add_argument("--micro", type=int, default=64, help="rows per forward / backward")
     parser.add_argument("--method", default="opefo")
+    parser.add_argument(
+        "--forwards",
+        nargs="+",
+        default=list(FORWARDS),
+        choices=FORWARDS,
+        help="opefo-nemo's rows: the statistics and the loss in separate forwards, or in one "
+        "(engine.shared_forward)",
+    )
     parser.add_argument("--no-trl", action="store_true", help="skip TRL's rows")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # impl:precision:prompts (one process)
     return parser.parse_args()
@@ -56,7 +68,9 @@ def model_dir() -> Path:
     return converted_model(SMOLLM2_135M_INSTRUCT.name, cache / SMOLLM2_135M_INSTRUCT.name)
 
 
-def overrides(args: argparse.Namespace, precision: str, prompts: int, path: Path) -> list[str]:
+def overrides(
+    args: argparse.Namespace, precision: str, prompts: int, path: Path, forward: str = "separate"
+) -> list[str]:
     return [
         "+preset=smollm2_cpu",
         "rollout=engine",
@@ -64,6 +78,7 @@ def overrides(args: argparse.Namespace, precision: str, prompts: int, path: Path
         f"method={args.method}",
         "method.updates_per_rollout=1",
         f"engine.dtype={precision}",
+        f"engine.shared_forward={forward == 'shared'}",
         f"engine.micro_batch_size={args.micro}",
         f"trainer.prompts_per_step={prompts}",
         f"trainer.responses_per_prompt={RESPONSES}",
@@ -131,23 +146,24 @@ def gemm_rate(dtype: torch.dtype, tokens: int, path: Path) -> tuple[float, float
     return best_wall, best_cpu
 
 
-def opefo_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
+def opefo_row(args: argparse.Namespace, precision: str, prompts: int, forward: str) -> dict:
     from opefo_nemo.config.compose import compose
     from opefo_nemo.trainer.setup import build_trainer
 
     path = model_dir()
     out = Path(tempfile.mkdtemp(prefix="real_model_step_"))
-    config, config_dict = compose(overrides(args, precision, prompts, path))
+    config, config_dict = compose(overrides(args, precision, prompts, path, forward))
     trainer = build_trainer(config, config_dict, out)
     clock, shapes = PhaseClock(), []
     policy = trainer.policy
     trainer.rollout.generate = clock.wrap("generation", trainer.rollout.generate)
     policy.token_stats = clock.wrap("statistics", policy.token_stats)
+    policy.forward_with_graph = clock.wrap("statistics", policy.forward_with_graph)
     inner_step = policy.train_step
 
-    def train_step(micro_batches, *rest):
+    def train_step(micro_batches, *rest, **keywords):
         shapes.extend(tuple(m.input_ids.shape) for m in micro_batches)
-        return inner_step(micro_batches, *rest)
+        return inner_step(micro_batches, *rest, **keywords)
 
     policy.train_step = clock.wrap("update", train_step)
     steps, generated = [], 0
@@ -162,6 +178,17 @@ def opefo_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
             steps.append(dict(clock.seconds))
             generated += round(metrics["response/length_mean"] * prompts * RESPONSES)
     tokens = sum(rows * width for rows, width in shapes)
+    if forward == "shared":  # the statistics pass is the update's forward
+        return summary(
+            "opefo-nemo, one forward",
+            precision,
+            prompts,
+            steps,
+            generated,
+            tokens,
+            path,
+            ("statistics", "update"),
+        )
     return summary("opefo-nemo", precision, prompts, steps, generated, tokens, path)
 
 
@@ -251,10 +278,13 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
     return summary(f"TRL {trl.__version__}", precision, prompts, steps, generated, tokens, path)
 
 
-def summary(impl, precision, prompts, steps, generated, tokens, path) -> dict:
-    """Mean seconds per phase over the measured steps, and the update's GEMM-limit share
-    (``tokens``: the padded tokens of one step's update)."""
+def summary(impl, precision, prompts, steps, generated, tokens, path, trained=("update",)) -> dict:
+    """Mean seconds per phase over the measured steps, and the update's GEMM-limit share:
+    one forward and backward of ``tokens`` (the padded tokens of one step's update) over the
+    time of the ``trained`` phases, those that run them."""
     mean = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in steps[0]}
+    seconds = sum(mean[phase] for phase in trained)
+    cpu_seconds = sum(mean[f"{phase}_cpu"] for phase in trained)
     flops = 3 * forward_flops_per_token(path) * tokens  # forward + backward (2 ×)
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
     rate_wall, rate_cpu = gemm_rate(dtype, min(tokens, 4096), path)
@@ -266,8 +296,8 @@ def summary(impl, precision, prompts, steps, generated, tokens, path) -> dict:
         **{k: round(v, 2) for k, v in mean.items()},
         "gen_tok_s": round(generated / len(steps) / mean.get("generation", float("nan")), 1),
         "peak_gib": round(resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 2**20, 2),
-        "update_gemm_frac": round(limit / mean["update"], 3),
-        "update_gemm_frac_cpu": round(limit_cpu / mean["update_cpu"], 3),
+        "update_gemm_frac": round(limit / seconds, 3),
+        "update_gemm_frac_cpu": round(limit_cpu / cpu_seconds, 3),
     }
 
 
@@ -283,8 +313,11 @@ def cpu_flags() -> str:
 def main() -> None:
     args = _parse_args()
     if args.row:
-        impl, precision, prompts = args.row.split(":")
-        row = (trl_row if impl == "trl" else opefo_row)(args, precision, int(prompts))
+        impl, precision, prompts, forward = args.row.split(":")
+        if impl == "trl":
+            row = trl_row(args, precision, int(prompts))
+        else:
+            row = opefo_row(args, precision, int(prompts), forward)
         print(json.dumps(row), flush=True)
         return
     path = model_dir()
@@ -298,16 +331,18 @@ def main() -> None:
             f"# GEMM at the model's shapes, {dtype}: {rate / 1e9:.0f} GFLOP/s "
             f"({rate_cpu / 1e9:.0f} per second of every thread's CPU time)"
         )
-    impls = ["opefo"] + ([] if args.no_trl or not _trl_installed() else ["trl"])
+    impls = [f"opefo:{forward}" for forward in args.forwards]
+    impls += [] if args.no_trl or not _trl_installed() else ["trl:-"]
     for prompts in args.prompts:
         rows = []
         for impl in impls:
             for precision in args.precisions:
-                command = [sys.executable, __file__, "--row", f"{impl}:{precision}:{prompts}"]
-                command += _passed_on(args)
+                name, forward = impl.split(":")
+                row = f"{name}:{precision}:{prompts}:{forward}"
+                command = [sys.executable, __file__, "--row", row, *_passed_on(args)]
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
                 if done.returncode:
-                    print(f"{impl} {precision} {prompts}: failed\n{done.stderr[-2000:]}")
+                    print(f"{row}: failed\n{done.stderr[-2000:]}")
                     continue
                 rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(json.dumps(rows[-1]), flush=True)
