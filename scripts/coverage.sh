@@ -17,7 +17,8 @@
 # (--dist loadfile): a module's fixtures (a vLLM server, the local Slurm of tests/slurm) are
 # built once, and a session fixture once a worker. Much of the suite waits on child processes
 # (server start-ups, Slurm jobs), which a second worker overlaps with computing;
-# `OPEFO_TEST_WORKERS=0` runs it in one process. The megatron-core 0.11 run stays in one
+# `OPEFO_TEST_WORKERS=0` runs it in one process. It ends with its 30 slowest tests (the suite's
+# time budget is in docs/verification.md). The megatron-core 0.11 run stays in one
 # process: its tests are gloo worlds of 2-4 ranks that already fill the cores (3 min 15 s in one
 # process, 6 min on two workers).
 #
@@ -29,7 +30,7 @@ cd "$root"
 data="$root/.coverage-data"
 rm -rf "$data" && mkdir -p "$data"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-workers=(-n "${OPEFO_TEST_WORKERS:-2}" --dist loadfile)
+workers=(-n "${OPEFO_TEST_WORKERS:-2}" --dist loadfile --durations=30)
 
 status=0
 export COVERAGE_FILE="$data/cov"  # each process adds its own suffix (parallel = true)
