@@ -10,9 +10,10 @@ optimizer step), generated tokens per second, peak resident memory, and the upda
 FLOPs over this machine's measured GEMM rate in that dtype (the update's share of its GEMM
 limit). opefo-nemo's rows run both ways of ``--forwards``: the statistics and the loss in
 separate forwards, and in one (``engine.shared_forward``: the statistics pass is the update's
-forward, so its time counts in the update's GEMM share). TRL's row (when ``trl`` imports: ``pip install .[bench]``) trains the same weights on the
-same prompt texts and reward with β = 0, one iteration per generation batch, no vLLM, in fp32
-and in its default bf16; both decode until every row of a generation batch has ended or is cut.
+forward, so its time counts in the update's GEMM share). TRL's row (when ``trl`` imports:
+``pip install .[bench]``) trains the same weights on the same prompt texts and reward with
+β = 0, one iteration per generation batch, no vLLM, in fp32 and in its default bf16; both
+decode until every row of a generation batch has ended or is cut.
 
     .venv/bin/python benchmarks/real_model_step.py                       # 4 × 8, both dtypes, TRL
     .venv/bin/python benchmarks/real_model_step.py --forwards shared --precisions bfloat16
