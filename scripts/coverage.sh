@@ -15,9 +15,10 @@
 # The first run spreads the tests over pytest-xdist workers, $OPEFO_TEST_WORKERS of them
 # (default 2, the cores of the machines it is measured on), a whole test file to one worker
 # (--dist loadfile): a module's fixtures (a vLLM server, the local Slurm of tests/slurm) are
-# built once, and a session fixture once a worker. Much of the suite waits on child processes
-# (server start-ups, Slurm jobs), which a second worker overlaps with computing;
-# `OPEFO_TEST_WORKERS=0` runs it in one process. It ends with its 30 slowest tests (the suite's
+# built once, and a session fixture once a worker; handed out in collection order, which puts
+# the files longest first by tests/durations.json (tests/suite_order.py). Much of the suite
+# waits on child processes (server start-ups, Slurm jobs), which a second worker overlaps with
+# computing; `OPEFO_TEST_WORKERS=0` runs it in one process. It ends with its 30 slowest tests (the suite's
 # time budget is in docs/verification.md). The megatron-core 0.11 run stays in one
 # process: its tests are gloo worlds of 2-4 ranks that already fill the cores (3 min 15 s in one
 # process, 6 min on two workers).
@@ -30,13 +31,14 @@ cd "$root"
 data="$root/.coverage-data"
 rm -rf "$data" && mkdir -p "$data"
 export PYTHONPATH="$root${PYTHONPATH:+:$PYTHONPATH}"
-workers=(-n "${OPEFO_TEST_WORKERS:-2}" --dist loadfile --durations=30)
+workers=(-n "${OPEFO_TEST_WORKERS:-2}" --dist loadfile --no-loadscope-reorder --durations=30)
 
 status=0
 export COVERAGE_FILE="$data/cov"  # each process adds its own suffix (parallel = true)
 .venv/bin/python -m coverage run -m pytest "${workers[@]}" "$@" || status=$?
 if [[ "${COVERAGE_SKIP_MCORE011:-0}" != 1 ]]; then
-    .venv-mcore011/bin/python -m coverage run -m pytest \
+    # a recording (OPEFO_TEST_DURATIONS) is of the first run alone
+    env -u OPEFO_TEST_DURATIONS .venv-mcore011/bin/python -m coverage run -m pytest \
         tests/engines/megatron tests/models/megatron_weights || status=$?
 fi
 .venv/bin/python -m coverage combine -q "$data"
