@@ -343,7 +343,8 @@ def main() -> None:
                 command = [sys.executable, __file__, "--row", row, *_passed_on(args)]
                 done = subprocess.run(command, capture_output=True, text=True, check=False)
                 if done.returncode:
-                    print(f"{row}: failed\n{done.stderr[-2000:]}")
+                    killed = " (killed: out of memory?)" if done.returncode == -9 else ""
+                    print(f"{row}: failed, exit {done.returncode}{killed}\n{done.stderr[-2000:]}")
                     continue
                 rows.append(json.loads(done.stdout.strip().splitlines()[-1]))
                 print(json.dumps(rows[-1]), flush=True)
