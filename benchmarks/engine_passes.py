@@ -48,7 +48,8 @@ from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
-from opefo_nemo.trainer.update import optimizer_step, stats_pass
+from opefo_nemo.trainer.stats_pass import stats_pass
+from opefo_nemo.trainer.update import optimizer_step
 
 VOCAB = 70  # the tiny model's per-character vocabulary
 

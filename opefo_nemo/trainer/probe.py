@@ -15,7 +15,8 @@ from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
 from opefo_nemo.core.objectives import build_objective, prepare
 from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.probe_groups import GroupFlow, group_flows
-from opefo_nemo.trainer.update import rollout_fidelity, stats_pass, token_chunks
+from opefo_nemo.trainer.stats_pass import stats_pass
+from opefo_nemo.trainer.update import rollout_fidelity, token_chunks
 
 #: The vocabulary sums of every estimator, in the order ``token_stats`` names them.
 ALL_SUMS = tuple(dict.fromkeys(name for sums in ESTIMATOR_SUMS.values() for name in sums))

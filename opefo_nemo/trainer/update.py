@@ -6,7 +6,6 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
-import operator
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -39,6 +38,7 @@ from opefo_nemo.engines.protocols import (
 )
 from opefo_nemo.parallel import TokenStats
 from opefo_nemo.trainer.seeds import mini_batch_seed
+from opefo_nemo.trainer.stats_pass import kept_forward, stats_pass
 
 
 @dataclass(frozen=True)
@@ -93,39 +93,6 @@ class EntropyCorrectionRequest:
 
     entropy_fn: LossFn
     target: float
-
-
-def stats_pass(
-    policy: Policy, batch: TrainBatch, pieces: Sequence[TrainBatch], sums: Sequence[str]
-) -> list[TokenStats]:
-    """Phase 1 over ``batch`` in one engine call, forward only, returned split like ``pieces``
-    (consecutive row blocks of ``batch``: its micro-batches).
-
-    One call per batch, not per micro-batch: a multi-rank engine spreads the batch over its
-    data-parallel ranks and micro-batches it itself (with one call per micro-batch of a few
-    rows, most data-parallel ranks would have nothing to do).
-    """
-    sizes = [piece.rows for piece in pieces]
-    if sum(sizes) != batch.rows:
-        raise ValueError(f"pieces of {sum(sizes)} rows do not tile a batch of {batch.rows}")
-    stats = policy.token_stats(batch, sums=sums)
-    result, start = [], 0
-    for piece in pieces:  # each piece is trimmed to its own longest row
-        rows, columns = slice(start, start + piece.rows), slice(piece.targets.shape[1])
-        result.append(stats.map(operator.itemgetter((rows, columns))))
-        start += piece.rows
-    return result
-
-
-def kept_forward(
-    policy: Policy, micro_batches: Sequence[TrainBatch], sums: Sequence[str]
-) -> list[TokenStats] | None:
-    """Phase 1 of a strict step with every micro-batch's graph kept for its backward passes, when
-    ``policy`` shares its forward (``engine.shared_forward``); else ``None``: :func:`stats_pass`
-    and a forward of its own in each backward pass."""
-    if isinstance(policy, SharedForwardPolicy) and policy.shares_forward:
-        return policy.forward_with_graph(micro_batches, sums)
-    return None
 
 
 def mean_entropy(micro_batches: Sequence[TrainBatch], stats: Sequence[TokenStats]) -> float:

@@ -15,7 +15,8 @@ from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
 from opefo_nemo.trainer.nan_guard import NanGuard, NanStreakError
-from opefo_nemo.trainer.update import stats_pass, update_rollout_batch
+from opefo_nemo.trainer.stats_pass import stats_pass
+from opefo_nemo.trainer.update import update_rollout_batch
 from tests.docs_blocks import docs_block
 from tests.metric_bounds import assert_grads_close
 from tests.trainer.update_inputs import ENGINE, GRAD_REL, TEMPERATURE, random_rollout

@@ -14,7 +14,8 @@ from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.engines.batch import TrainBatch, build_batch
 from opefo_nemo.models.tiny import TinyModelSpec
-from opefo_nemo.trainer.update import optimizer_step, stats_pass
+from opefo_nemo.trainer.stats_pass import stats_pass
+from opefo_nemo.trainer.update import optimizer_step
 from tests.host_syncs import count_host_syncs, host_tensors
 
 VOCAB = 70  # the tiny model's per-character vocabulary
