@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import inspect
 import secrets
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 
 import torch
 from torch import Tensor
@@ -22,7 +23,10 @@ class HFGenerator:
     positions counted from each prompt's first token (the trainer's right-padded rows see the
     same positions), one forward per new token over the KV cache. A completion ends after one of
     ``stop_token_ids`` (included, ``"stop"``) or after ``max_new_tokens`` (``"length"``); the
-    model's EOS is not implicit."""
+    model's EOS is not implicit. On a CPU the one-token forwards attend with transformers'
+    ``eager`` attention: there the scaled-dot-product kernel costs about 1 ms a layer at query
+    length 1, more than the layer's matrix products (docs/performance.md, "A real model's step
+    beside TRL")."""
 
     restarts = 0
     """Rollout restarts the trainer's checkpoint records: in-process generation has none."""
@@ -77,22 +81,24 @@ class HFGenerator:
         next_position = positions[:, -1:] + 1
         tokens, logprobs = [], []
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
-        for step in range(steps):
-            token, logprob = pick(out.logits[:, -1], sampling, uniforms[:, step])
-            tokens.append(token)
-            logprobs.append(logprob)
-            done |= torch.isin(token, stop)
-            if step == steps - 1 or bool(done.all()):
-                break
-            mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
-            out = self.model(
-                input_ids=token[:, None],
-                attention_mask=mask,
-                position_ids=next_position,
-                past_key_values=out.past_key_values,
-                use_cache=True,
-            )
-            next_position = next_position + 1
+        decoding = _attention(self.model, "eager") if self.device.type == "cpu" else nullcontext()
+        with decoding:
+            for step in range(steps):
+                token, logprob = pick(out.logits[:, -1], sampling, uniforms[:, step])
+                tokens.append(token)
+                logprobs.append(logprob)
+                done |= torch.isin(token, stop)
+                if step == steps - 1 or bool(done.all()):
+                    break
+                mask = torch.cat([mask, torch.ones_like(mask[:, :1])], dim=1)
+                out = self.model(
+                    input_ids=token[:, None],
+                    attention_mask=mask,
+                    position_ids=next_position,
+                    past_key_values=out.past_key_values,
+                    use_cache=True,
+                )
+                next_position = next_position + 1
         return _completions(torch.stack(tokens, 1).cpu(), torch.stack(logprobs, 1).cpu(), stop)
 
     def update_weights(self, named_weights: Iterable[tuple[str, Tensor]]) -> None:
@@ -113,8 +119,8 @@ def pick(logits: Tensor, sampling: SamplingConfig, uniform: Tensor) -> tuple[Ten
     and one uniform in [0, 1) per row (float64). The distribution is ``log_softmax(z / T)`` of
     the fp32 logits ``z`` (spec §1), cut to the ``top_k`` largest and then to the smallest set
     of ``top_p`` mass and renormalised when those are on; the token is the one at the uniform's
-    point of the cumulative distribution (inverse CDF). ``T = 0`` is greedy with the unscaled
-    log-softmax."""
+    point of the cumulative distribution (inverse CDF), accumulated in float64. ``T = 0`` is
+    greedy with the unscaled log-softmax."""
     z = logits.float()
     if sampling.temperature == 0:
         token = z.argmax(dim=-1)
@@ -122,7 +128,8 @@ def pick(logits: Tensor, sampling: SamplingConfig, uniform: Tensor) -> tuple[Ten
     logp = torch.log_softmax(z * (1.0 / sampling.temperature), dim=-1)
     if sampling.top_k or sampling.top_p < 1:
         logp = torch.log_softmax(_truncate(logp, sampling.top_k, sampling.top_p), dim=-1)
-    cdf = logp.double().exp().cumsum(dim=-1)
+    # exp in fp32: logp carries fp32 rounding already, and float64's exp is ~10x slower on CPU
+    cdf = logp.exp().double().cumsum(dim=-1)
     point = uniform.double()[:, None] * cdf[:, -1:]
     token = torch.searchsorted(cdf, point, right=True)[:, 0].clamp(max=logp.shape[-1] - 1)
     return token, logp.gather(1, token[:, None])[:, 0]
@@ -167,6 +174,25 @@ def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
         if name in names:
             return {name: 1}
     return {}
+
+
+@contextmanager
+def _attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
+    """``model`` attends with transformers' ``implementation`` inside the block and with its own
+    after it: ``set_attn_implementation`` where the release has it, else the config attribute
+    that older releases (4.48) read at every forward."""
+    own = model.config._attn_implementation
+    set_attention = getattr(model, "set_attn_implementation", None)
+    if set_attention is None:
+
+        def set_attention(name: str) -> None:
+            model.config._attn_implementation = name
+
+    set_attention(implementation)
+    try:
+        yield
+    finally:
+        set_attention(own)
 
 
 def _row_seed(seed: int | None, index: int) -> int:

@@ -113,6 +113,37 @@ def test_stop_tokens_end_a_sample_that_length_caps_otherwise(policy):
         assert s.logprobs == f.logprobs[:end]
 
 
+def test_one_token_forwards_attend_eagerly_on_cpu_and_the_models_own_returns(policy):
+    """The prompt's forward keeps the model's attention, each one-token forward runs transformers'
+    ``eager`` attention (docs/performance.md, "A real model's step beside TRL"), and the model
+    attends as before once generation ends, also after a call that failed while decoding."""
+    own = policy.model.config._attn_implementation
+    assert own != "eager"  # the check below could not tell the two apart otherwise
+    seen: list[tuple[int, str]] = []
+    fail = []
+
+    def record(module, args, kwargs):
+        seen.append((kwargs["hidden_states"].shape[1], module.config._attn_implementation))
+        if fail and kwargs["hidden_states"].shape[1] == 1:
+            raise RuntimeError("a failure inside a one-token forward")
+
+    attention = policy.model.model.layers[0].self_attn
+    hook = attention.register_forward_pre_hook(record, with_kwargs=True)
+    generator = HFGenerator(policy.model, policy.device, 0, 64)
+    try:
+        generator.generate([[3, 4, 5, 6]], 2, sampling(stop_token_ids=()))
+        assert seen[0] == (4, own)
+        assert seen[1:] == [(1, "eager")] * 11
+        assert policy.model.config._attn_implementation == own
+        fail.append(True)
+        with pytest.raises(RuntimeError, match="one-token forward"):
+            generator.generate([[3, 4]], 1, sampling(stop_token_ids=()))
+    finally:
+        hook.remove()
+    assert seen[-1] == (1, "eager")
+    assert policy.model.config._attn_implementation == own
+
+
 def first_token_distribution(policy, prompt: list[int], temperature: float) -> torch.Tensor:
     with torch.no_grad():
         logits = policy.model(torch.tensor([prompt])).logits[0, -1].double()
