@@ -9,6 +9,7 @@ import inspect
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
+from typing import Any
 
 import torch
 from torch import Tensor
@@ -181,12 +182,14 @@ def _attention(model: torch.nn.Module, implementation: str) -> Iterator[None]:
     """``model`` attends with transformers' ``implementation`` inside the block and with its own
     after it: ``set_attn_implementation`` where the release has it, else the config attribute
     that older releases (4.48) read at every forward."""
-    own = model.config._attn_implementation
-    set_attention = getattr(model, "set_attn_implementation", None)
-    if set_attention is None:
+    hf_model: Any = model
+    own: str = hf_model.config._attn_implementation
 
-        def set_attention(name: str) -> None:
-            model.config._attn_implementation = name
+    def set_attention(name: str) -> None:
+        if hasattr(hf_model, "set_attn_implementation"):
+            hf_model.set_attn_implementation(name)
+        else:
+            hf_model.config._attn_implementation = name
 
     set_attention(implementation)
     try:
