@@ -6,6 +6,9 @@ The Triton kernels' logic runs on CPU tensors in Triton's interpreter on every m
 whether its own library functions (``tl.zeros``, for one) are interpreted, and a kernel
 interpreted over a non-interpreted library fails at its first call. Spawned gloo ranks inherit it;
 tests that need it off set it in a process of their own (``tests/gpu``).
+
+On more than one xdist worker each worker takes its share of the cores, its children included
+(``share_the_cores``).
 """
 
 from __future__ import annotations
@@ -13,6 +16,7 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import sys
 from pathlib import Path
 
 import pytest
@@ -20,6 +24,27 @@ import pytest
 from tests.suite_order import RECORD_ENV, DurationRecorder, longest_first, recorded_seconds
 
 os.environ["TRITON_INTERPRET"] = "1"
+
+
+def share_the_cores() -> None:
+    """On an xdist worker of several, one share of the cores for its OpenMP pools: torch's in
+    this process, and (through ``OMP_NUM_THREADS``) those of every process it starts: gloo
+    ranks, trainers, Slurm jobs, vLLM servers. A vLLM CPU server otherwise binds its OpenMP
+    threads to a core of its own choosing, the same core for every server on the machine
+    (``VLLM_CPU_OMP_THREADS_BIND=auto``), so here it is left unbound. Without this each worker
+    runs a pool as wide as the machine, and OpenMP threads that spin-wait for a core another
+    worker holds make a file several times slower than alone."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if workers < 2:
+        return
+    threads = max(1, len(os.sched_getaffinity(0)) // workers)
+    os.environ["OMP_NUM_THREADS"] = str(threads)
+    os.environ["VLLM_CPU_OMP_THREADS_BIND"] = "nobind"
+    if "torch" in sys.modules:
+        sys.modules["torch"].set_num_threads(threads)
+
+
+share_the_cores()
 
 
 def pytest_report_header() -> str:
