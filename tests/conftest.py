@@ -32,8 +32,8 @@ def share_the_cores() -> None:
     ranks, trainers, Slurm jobs, vLLM servers. A vLLM CPU server otherwise binds its OpenMP
     threads to a core of its own choosing, the same core for every server on the machine
     (``VLLM_CPU_OMP_THREADS_BIND=auto``), so here it is left unbound. Without this each worker
-    runs a pool as wide as the machine, and OpenMP threads that spin-wait for a core another
-    worker holds make a file several times slower than alone."""
+    runs a pool as wide as the machine, and its OpenMP threads wait for cores the other worker
+    holds (docs/verification.md has the measured difference)."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
     if workers < 2:
         return
