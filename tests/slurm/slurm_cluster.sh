@@ -11,7 +11,9 @@
 # directories, so it runs as `munge`; proctrack/linuxproc + task/affinity need no cgroups (the
 # affinity plugin binds each task to its CPUs with sched_setaffinity, so a task's `nproc` is
 # what Slurm gave it); the node line comes from `slurmd -C`; MinJobAge=4 lets `sbatch --wait`
-# see completion within seconds; EnforcePartLimits=ALL rejects an over-sized request at
+# see completion within seconds; AuthInfo=cred_expire=10 holds a requeued job for 10 s where
+# the default holds it for 120 (a requeued job waits out its first attempt's credential lifetime,
+# which here covers only a job step's launch on the same host); EnforcePartLimits=ALL rejects an over-sized request at
 # submission instead of leaving it pending. slurmctld and slurmd listen on two ports free when
 # `start` runs (not Slurm's defaults), so a cluster another test session left running on this
 # host does not stop this one from starting.
@@ -89,6 +91,7 @@ SlurmdPort=$slurmd_port
 SlurmUser=root
 SlurmdUser=root
 AuthType=auth/munge
+AuthInfo=cred_expire=10
 StateSaveLocation=$dir/state
 SlurmdSpoolDir=$dir/spool
 SlurmctldPidFile=$dir/slurmctld.pid
