@@ -20,17 +20,18 @@ from tests.metric_bounds import U32, balanced_flow_bound, term_scale
 
 pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_model_study.sh"
-#: The smallest study: one step of two prompts × 8, validation before and after it on the 24
-#: held-out questions × 2 samples of at most 32 tokens; 48 rows a forward, so that each
-#: generation (16 rows to train on, 48 to validate) decodes in one batch.
+#: The smallest study: one step of two prompts × 8, validation before and after it on 8 of the
+#: held-out questions × 2 samples of at most 32 tokens; 16 rows a forward, so that each
+#: generation (16 rows to train on, 16 to validate) decodes in one batch.
 SMALLEST = {
     "DEVICE": "cpu",
     "STEPS": "1",
     "PROMPTS": "2",
     "VALIDATE": "1",
-    "MICRO": "48",
+    "MICRO": "16",
     "METHODS": "grpo_strict opefo",
-    "OVERRIDES": "validation.k=2 rollout.max_new_tokens=32 metrics.progress=false",
+    "OVERRIDES": "validation.k=2 validation.max_problems=8 rollout.max_new_tokens=32 "
+    "metrics.progress=false",
 }
 
 
