@@ -7,9 +7,10 @@
 # Subprocesses: [tool.coverage.run] patch = ["subprocess"] in pyproject.toml hands every child
 # Python process the configuration (COVERAGE_PROCESS_CONFIG); each one that has coverage
 # installed measures itself: gloo ranks started by torch.multiprocessing (spawn), torchrun
-# ranks, vLLM servers in .venv and in .venv-rollout (scripts/setup_rollout_env.sh installs
-# coverage there; its installed copy of opefo_nemo is mapped back by [tool.coverage.paths]) and
-# the Slurm jobs of tests/slurm (they inherit the environment). Data files go to
+# ranks, trainers, the Slurm jobs of tests/slurm (they inherit the environment) and the vLLM
+# servers of tests/rollout, in .venv and in .venv-rollout (scripts/setup_rollout_env.sh installs
+# coverage there; its installed copy of opefo_nemo is mapped back by [tool.coverage.paths]);
+# other tests' servers run unmeasured (tests/coverage_scope.py). Data files go to
 # .coverage-data/ (an absolute COVERAGE_FILE, so a child's working directory does not matter).
 #
 # The first run spreads the tests over pytest-xdist workers, $OPEFO_TEST_WORKERS of them

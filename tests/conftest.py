@@ -8,7 +8,8 @@ interpreted over a non-interpreted library fails at its first call. Spawned gloo
 tests that need it off set it in a process of their own (``tests/gpu``).
 
 On more than one xdist worker each worker takes its share of the cores, its children included
-(``share_the_cores``).
+(``share_the_cores``). Under coverage, vLLM servers are measured in ``tests/rollout`` only
+(``tests/coverage_scope.py``).
 """
 
 from __future__ import annotations
@@ -16,11 +17,14 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import os
+import shutil
 import sys
 from pathlib import Path
 
 import pytest
 
+from opefo_nemo.rollout.environment import VLLM_PYTHON_ENV
+from tests.coverage_scope import install_unmeasured_servers, measures_servers, servers_unmeasured
 from tests.suite_order import RECORD_ENV, DurationRecorder, longest_first, recorded_seconds
 
 os.environ["TRITON_INTERPRET"] = "1"
@@ -57,10 +61,14 @@ def pytest_report_header() -> str:
 
 def pytest_configure(config):
     """Record the run's per-file seconds when ``OPEFO_TEST_DURATIONS`` names a file (on the
-    xdist controller, which sees every worker's reports; tests/suite_order.py)."""
+    xdist controller, which sees every worker's reports; tests/suite_order.py). Under coverage,
+    leave the vLLM servers unmeasured by default (tests/coverage_scope.py)."""
     path = os.environ.get(RECORD_ENV)
     if path and not hasattr(config, "workerinput"):
         config.pluginmanager.register(DurationRecorder(Path(path)), "opefo-durations")
+    launcher_dir = install_unmeasured_servers(os.environ)
+    if launcher_dir is not None:
+        config.add_cleanup(lambda: shutil.rmtree(launcher_dir, ignore_errors=True))
 
 
 def pytest_collection_modifyitems(items):
@@ -73,6 +81,19 @@ def pytest_collection_modifyitems(items):
     for item in items:
         if "vllm" in item.keywords:
             item.add_marker(skip)
+
+
+@pytest.fixture(scope="module", autouse=True)
+def vllm_servers_measured_in_tests_rollout(request):
+    """Under coverage the servers of ``tests/rollout`` are measured: their modules start them
+    with the default interpreter again (module-scoped, so before the module's own fixtures
+    start a server; tests/coverage_scope.py)."""
+    if not (servers_unmeasured() and measures_servers(request.path)):
+        yield
+        return
+    with pytest.MonkeyPatch.context() as env:
+        env.delenv(VLLM_PYTHON_ENV)
+        yield
 
 
 @pytest.fixture(scope="session")
