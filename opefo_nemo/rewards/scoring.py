@@ -86,6 +86,10 @@ def score_with_config(response: object, ground_truth: str, config: RewardConfig)
     if not isinstance(response, str):
         return RewardResult(config.score_for(ERROR), None, ERROR)
     try:
+        if config.function is None and config.verifier == "math_verify":
+            # math-verify and sympy load before the limit starts: seconds on a loaded machine,
+            # which would otherwise be charged to a process's first response as its timeout
+            import opefo_nemo.rewards.symbolic  # noqa: F401
         with time_limit(config.timeout_s):
             if config.function is not None:
                 return _call_function(response, ground_truth, config)
