@@ -18,6 +18,7 @@ decode until every row of a generation batch has ended or is cut.
     .venv/bin/python benchmarks/real_model_step.py                       # 4 × 8, both dtypes, TRL
     .venv/bin/python benchmarks/real_model_step.py --forwards shared --precisions bfloat16
     .venv/bin/python benchmarks/real_model_step.py --prompts 4 32 --steps 2
+    .venv/bin/python benchmarks/real_model_step.py --attention eager --precisions bfloat16 --no-trl
 """
 
 from __future__ import annotations
@@ -56,6 +57,9 @@ def _parse_args() -> argparse.Namespace:
         help="opefo-nemo's rows: the statistics and the loss in separate forwards, or in one "
         "(engine.shared_forward)",
     )
+    parser.add_argument(
+        "--attention", default="default", help="opefo-nemo's engine.attention (default | eager)"
+    )
     parser.add_argument("--no-trl", action="store_true", help="skip TRL's rows")
     parser.add_argument("--row", help=argparse.SUPPRESS)  # impl:precision:prompts (one process)
     return parser.parse_args()
@@ -80,6 +84,7 @@ def overrides(
         "method.updates_per_rollout=1",
         f"engine.dtype={precision}",
         f"engine.shared_forward={forward == 'shared'}",
+        f"engine.attention={args.attention}",
         f"engine.micro_batch_size={args.micro}",
         f"trainer.prompts_per_step={prompts}",
         f"trainer.responses_per_prompt={RESPONSES}",
@@ -391,6 +396,7 @@ def _passed_on(args: argparse.Namespace) -> list[str]:
         f"--max-new-tokens={args.max_new_tokens}",
         f"--micro={args.micro}",
         f"--method={args.method}",
+        f"--attention={args.attention}",
     ]
 
 

@@ -13,6 +13,7 @@ from opefo_nemo.kernels import ENGINE_STATS_KERNELS, FUSED_LINEAR
 from opefo_nemo.models.shape import ModelShape
 
 DTYPES = ("float32", "bfloat16")
+ATTENTIONS = ("default", "eager", "sdpa")
 MEGATRON_DEVICES = ("cuda", "cpu")
 
 
@@ -62,11 +63,16 @@ class EngineConfig(OptimizerConfig):
     step: the statistics pass keeps every micro-batch's graph until its backward, saving one
     forward of the batch (two of a corrected update's four) for the activations of the whole
     batch held at once (docs/training.md, "One forward for the statistics and the loss")."""
+    attention: str = "default"
+    """default (transformers' choice for the checkpoint, sdpa for most) | eager | sdpa: the
+    attention of every forward. eager takes about a tenth off a bf16 step of short sequences on
+    a CPU but holds each layer's rows × heads × tokens² weights (docs/performance.md)."""
 
     def validate(self) -> None:
         """The keys' ranges; errors name the key (``engine.<key>``)."""
         one_of(self.name, ("hf",), "engine.name")
         one_of(self.dtype, DTYPES, "engine.dtype")
+        one_of(self.attention, ATTENTIONS, "engine.attention")
         require(
             self.stats_kernel != FUSED_LINEAR,
             "engine.stats_kernel",

@@ -43,7 +43,8 @@ class HFPolicy:
         self.config = config
         self.temperature = temperature
         self.device = torch.device(config.device)
-        self.model = load_causal_lm(path, torch.float32)
+        attention = None if config.attention == "default" else config.attention
+        self.model = load_causal_lm(path, torch.float32, attention)
         self.model.to(self.device).train()
         self.weights = MasterWeights(self.model, _DTYPES[config.dtype])
         self.optimizer = torch.optim.AdamW(

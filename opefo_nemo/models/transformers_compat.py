@@ -22,12 +22,14 @@ def dtype_keyword() -> str:
     return "dtype" if "dtype" in vars(PretrainedConfig()) else "torch_dtype"
 
 
-def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype):
-    """``AutoModelForCausalLM.from_pretrained(path)`` with its weights in ``dtype``."""
+def load_causal_lm(path: str | os.PathLike, dtype: torch.dtype, attention: str | None = None):
+    """``AutoModelForCausalLM.from_pretrained(path)`` with its weights in ``dtype``, attending
+    with transformers' ``attention`` implementation (``None``: the one it picks)."""
     from transformers import AutoModelForCausalLM
 
+    chosen = {} if attention is None else {"attn_implementation": attention}
     with quiet_progress():
-        return AutoModelForCausalLM.from_pretrained(path, **{dtype_keyword(): dtype})
+        return AutoModelForCausalLM.from_pretrained(path, **{dtype_keyword(): dtype}, **chosen)
 
 
 @contextmanager

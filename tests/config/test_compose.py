@@ -79,6 +79,8 @@ def test_every_method_file_composes(name):
         ),
         (["method=grpo", "engine.shared_forward=true"], "engine.shared_forward"),
         (["engine=megatron", "+engine.shared_forward=true"], "engine.shared_forward"),
+        (["engine.attention=flash"], "engine.attention"),
+        (["engine=megatron", "+engine.attention=eager"], "engine.attention"),
         (["rollout.top_p=0.7"], "rollout.top_p"),
         (["rollout.temperature=0"], "rollout.temperature"),
         (["trainer.responses_per_prompt=1"], "trainer.responses_per_prompt"),
