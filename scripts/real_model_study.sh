@@ -16,12 +16,20 @@
 # Environment: DEVICE (cuda; cpu for the CPU fallback), STEPS (150), PROMPTS (32 a step, 8
 # responses each), VALIDATE (25), MICRO (64 responses a forward, in generation as in training:
 # decoding reads every weight once a token, whatever the rows), METHODS ("grpo_strict opefo
-# steer"), OVERRIDES (more overrides for every run, space-separated), PYTHON (python3). Besides
-# torch and transformers it needs the packages of tests/gpu/README.md ("Running them") and gguf.
+# steer"), SEEDS ("0": each method runs once per seed, into OUTDIR/<method>/seed_<s>), JOBS (1:
+# runs at once, as separate processes; on a CPU each gets cores / JOBS threads unless
+# OMP_NUM_THREADS is set), OVERRIDES (more overrides for every run, space-separated), PYTHON
+# (python3). Besides torch and transformers it needs the packages of tests/gpu/README.md
+# ("Running them") and gguf.
 set -euo pipefail
 out="${1:?usage: bash scripts/real_model_study.sh OUTDIR [GGUF_PART ...]}"
 shift
 python="${PYTHON:-python3}"
+at_once="${JOBS:-1}"
+if [[ ! "$at_once" =~ ^[1-9][0-9]*$ ]]; then
+    echo "real_model_study: JOBS must be a positive number of runs at once, got '$at_once'" >&2
+    exit 2
+fi
 out="$(mkdir -p "$out" && cd "$out" && pwd)"
 cd "$(dirname "${BASH_SOURCE[0]}")/.."
 export PYTHONPATH="$PWD${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1 HF_HUB_OFFLINE=1
@@ -41,6 +49,10 @@ from opefo_nemo.models.packaged import SMOLLM2_135M_INSTRUCT, convert_file
 convert_file(SMOLLM2_135M_INSTRUCT, Path(sys.argv[1]), Path(sys.argv[2]))' "$joined" "$model"
     rm "$joined"
 fi
+# converted here, once, not by each of the runs at once
+"$python" -c 'import sys; from pathlib import Path
+from opefo_nemo.models.packaged import SMOLLM2_135M_INSTRUCT, converted_model
+converted_model(SMOLLM2_135M_INSTRUCT.name, Path(sys.argv[1]))' "$model"
 
 common=(
     +preset=smollm2_cpu rollout=engine "engine.device=${DEVICE:-cuda}"
@@ -51,18 +63,43 @@ common=(
     metrics.tensorboard=false
 )
 read -r -a overrides <<<"${OVERRIDES:-}"
-train() {
-    local name=$1 start=$SECONDS
-    shift
-    "$python" -m opefo_nemo.cli.train "${common[@]}" "run.name=$name" "run.output_dir=$out/$name" \
-        "$@" "${overrides[@]}" >"$out/$name.log" 2>&1
-    echo "real_model_study: $name done in $((SECONDS - start)) s ($out/$name.log)"
-}
 read -r -a methods <<<"${METHODS:-grpo_strict opefo steer}"
-for method in "${methods[@]}"; do
-    case $method in
-        steer) train steer method=steer method.steer.scope=batch ;;
-        *) train "$method" "method=$method" ;;
-    esac
+read -r -a seeds <<<"${SEEDS:-0}"
+if [[ "${DEVICE:-cuda}" == cpu && -z "${OMP_NUM_THREADS:-}" ]]; then
+    threads=$(($(nproc) / at_once))
+    export OMP_NUM_THREADS=$((threads > 0 ? threads : 1))
+fi
+
+train() {  # one run into directory $2, its log beside it; a line saying how it ended
+    local name=$1 dir=$2 start=$SECONDS
+    shift 2
+    mkdir -p "$(dirname "$dir")"
+    if "$python" -m opefo_nemo.cli.train "${common[@]}" "run.name=$name" "run.output_dir=$dir" \
+        "$@" "${overrides[@]}" >"$dir.log" 2>&1; then
+        echo "real_model_study: $dir done in $((SECONDS - start)) s ($dir.log)"
+    else
+        echo "real_model_study: $dir failed after $((SECONDS - start)) s (see $dir.log)" >&2
+        return 1
+    fi
+}
+runs=() pids=()
+for seed in "${seeds[@]}"; do
+    for method in "${methods[@]}"; do
+        while (($(jobs -rp | wc -l) >= at_once)); do sleep 1; done
+        dir="$out/$method/seed_$seed"
+        case $method in
+            steer) train steer "$dir" method=steer method.steer.scope=batch "run.seed=$seed" & ;;
+            *) train "$method" "$dir" "method=$method" "run.seed=$seed" & ;;
+        esac
+        runs+=("$dir") pids+=($!)
+    done
 done
-"$python" -m opefo_nemo.cli.report "${methods[@]/#/$out/}" --out "$out"
+failed=0
+for pid in "${pids[@]}"; do
+    wait "$pid" || failed=$((failed + 1))
+done
+if ((failed)); then
+    echo "real_model_study: $failed of ${#runs[@]} runs failed; no report" >&2
+    exit 1
+fi
+"$python" -m opefo_nemo.cli.report "${runs[@]}" --out "$out"

@@ -1,7 +1,8 @@
 """``scripts/real_model_study.sh`` on the CPU, run for real at its smallest: the GGUF file carried
 in two halves is joined, checked and converted into the same weights as the package's own
-conversion; each method it is given trains with its own generation and validation; the report
-covers them. Halves in the wrong order are refused before anything is written."""
+conversion; each method it is given trains with its own generation and validation, the two at
+once (``JOBS=2``); the report covers them. Halves in the wrong order, or a bad ``JOBS``, are
+refused before anything is written."""
 
 from __future__ import annotations
 
@@ -22,7 +23,7 @@ pytestmark = pytest.mark.slow
 SCRIPT = Path(__file__).resolve().parents[2] / "scripts" / "real_model_study.sh"
 #: The smallest study: one step of two prompts × 8, validation before and after it on 8 of the
 #: held-out questions × 2 samples of at most 32 tokens; 16 rows a forward, so that each
-#: generation (16 rows to train on, 16 to validate) decodes in one batch.
+#: generation (16 rows to train on, 16 to validate) decodes in one batch; both runs at once.
 SMALLEST = {
     "DEVICE": "cpu",
     "STEPS": "1",
@@ -30,6 +31,7 @@ SMALLEST = {
     "VALIDATE": "1",
     "MICRO": "16",
     "METHODS": "grpo_strict opefo",
+    "JOBS": "2",
     "OVERRIDES": "validation.k=2 validation.max_problems=8 rollout.max_new_tokens=32 "
     "metrics.progress=false",
 }
@@ -44,8 +46,9 @@ def halves(tmp_path: Path) -> tuple[Path, Path]:
     return first, second
 
 
-def study(out: Path, cache: Path, *parts: Path) -> subprocess.CompletedProcess:
-    env = {**os.environ, **SMALLEST, "OPEFO_CACHE": str(cache), "PYTHON": sys.executable}
+def study(out: Path, cache: Path, *parts: Path, **settings: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, **SMALLEST, **settings, "OPEFO_CACHE": str(cache)}
+    env["PYTHON"] = sys.executable
     return subprocess.run(
         ["bash", str(SCRIPT), str(out), *map(str, parts)],
         env=env,
@@ -64,6 +67,14 @@ def test_parts_in_the_wrong_order_are_refused(tmp_path):
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == []
 
 
+@pytest.mark.parametrize("jobs", ["0", "two", "-1"])
+def test_a_bad_jobs_value_is_refused_before_anything_is_written(tmp_path, jobs):
+    result = study(tmp_path / "out", tmp_path / "cache", JOBS=jobs)
+    assert result.returncode == 2
+    assert f"JOBS must be a positive number of runs at once, got '{jobs}'" in result.stderr
+    assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
 def test_cpu_study_from_halves_trains_each_method_and_reports(tmp_path, smollm2_dir):
     out, cache = tmp_path / "out", tmp_path / "cache"
     result = study(out, cache, *halves(tmp_path))
@@ -76,12 +87,18 @@ def test_cpu_study_from_halves_trains_each_method_and_reports(tmp_path, smollm2_
     assert all(weights[k].equal(reference[k]) for k in reference)
     assert not (out / "smollm2.gguf").exists()
 
+    runs = {method: out / method / "seed_0" for method in ("grpo_strict", "opefo")}
+    # at once: each run began (its config written) before the other's last metrics were
+    began = {m: (run / "config.yaml").stat().st_mtime for m, run in runs.items()}
+    ended = {m: (run / "metrics.jsonl").stat().st_mtime for m, run in runs.items()}
+    assert began["opefo"] < ended["grpo_strict"] and began["grpo_strict"] < ended["opefo"]
     steps = {}
-    for method in ("grpo_strict", "opefo"):
-        config = OmegaConf.load(out / method / "config.yaml")
+    for method, run in runs.items():
+        config = OmegaConf.load(run / "config.yaml")
         assert (config.method.name, config.rollout.name) == (method, "engine")
         assert config.data.arithmetic.max_operand == 12  # the study's task: the times tables
-        rows = read_metrics(out / method / "metrics.jsonl")
+        assert config.run.seed == 0
+        rows = read_metrics(run / "metrics.jsonl")
         assert [r["step"] for r in rows if "val/pass@1" in r] == [0, 1]
         (steps[method],) = [r for r in rows if "reward/mean" in r]
         # sampled by the weights it trains: the trainer's log-probabilities are the sampler's
