@@ -2,7 +2,7 @@
 in two halves is joined, checked and converted into the same weights as the package's own
 conversion; each method it is given trains with its own generation and validation, the two at
 once (``JOBS=2``); the report covers them. Halves in the wrong order, or a bad ``JOBS``, are
-refused before anything is written."""
+refused before anything is written; a run that fails is named and no report is written."""
 
 from __future__ import annotations
 
@@ -73,6 +73,17 @@ def test_a_bad_jobs_value_is_refused_before_anything_is_written(tmp_path, jobs):
     assert result.returncode == 2
     assert f"JOBS must be a positive number of runs at once, got '{jobs}'" in result.stderr
     assert not (tmp_path / "out").exists() and not (tmp_path / "cache").exists()
+
+
+def test_a_failed_run_is_named_and_leaves_no_report(tmp_path, smollm2_dir):
+    out = tmp_path / "out"
+    result = study(out, smollm2_dir.parent, METHODS="grpo_strict", OVERRIDES="method.lr=-1")
+    assert result.returncode == 1
+    run = out / "grpo_strict" / "seed_0"
+    assert f"real_model_study: {run} failed" in result.stderr
+    assert "1 of 1 runs failed; no report" in result.stderr
+    assert "method.lr" in (out / "grpo_strict" / "seed_0.log").read_text()
+    assert not (out / "summary.md").exists() and not (out / "report.png").exists()
 
 
 def test_cpu_study_from_halves_trains_each_method_and_reports(tmp_path, smollm2_dir):
