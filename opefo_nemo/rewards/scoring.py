@@ -90,6 +90,8 @@ def score_with_config(response: object, ground_truth: str, config: RewardConfig)
             # math-verify and sympy load before the limit starts: seconds on a loaded machine,
             # which would otherwise be charged to a process's first response as its timeout
             import opefo_nemo.rewards.symbolic  # noqa: F401
+        if config.function is not None:  # so is the user's module, imported once per process
+            load_reward_function(config.function)
         with time_limit(config.timeout_s):
             if config.function is not None:
                 return _call_function(response, ground_truth, config)

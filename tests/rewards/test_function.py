@@ -97,6 +97,15 @@ def test_a_slow_call_times_out_like_a_verifier(tmp_path, monkeypatch, workers):
     assert [(r.score, r.reason) for r in results] == [(0.0, "timeout"), (1.0, "correct")]
 
 
+def test_the_import_is_not_charged_to_the_first_response(tmp_path, monkeypatch):
+    """A module that takes longer to import than the time limit (a heavy dependency) still
+    scores its first response: the limit runs from the call, not from the import."""
+    slow = user_module(tmp_path, monkeypatch, "import time\ntime.sleep(1.0)\n" + SOURCE)
+    config = RewardConfig(function=f"{slow}:count", timeout_s=0.5)
+    results = score_batch(["7", "7 7"], ["7", "7"], config=config, workers=0)
+    assert [(r.score, r.reason) for r in results] == [(1.0, "correct"), (2.0, "correct")]
+
+
 def test_the_trainer_scores_with_the_function_and_logs_its_metrics(tmp_path, monkeypatch):
     """``reward.function`` replaces ``reward.verifier``; each extra metric is logged as its mean
     over the responses that reported it, and failures count in ``reward/failed``."""
