@@ -146,7 +146,7 @@ def failing_rank_does_not_hang(rank: int, world_size: int) -> None:
     all-reduce, fails on the group's timeout instead of hanging."""
     logits, targets = shared_batch(seed=2)
     # The short timeout also bounds the group's connection: every rank enters it together
-    # (a rank still starting up on a loaded machine once missed it), with margin for the load.
+    # (a rank still starting up on a loaded machine would miss it), with margin for the load.
     short = datetime.timedelta(seconds=5)
     dist.barrier()
     group = None
