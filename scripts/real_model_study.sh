@@ -17,8 +17,8 @@
 # responses each), VALIDATE (25), MICRO (64 responses a forward, in generation as in training:
 # decoding reads every weight once a token, whatever the rows), METHODS ("grpo_strict opefo
 # steer"), SEEDS ("0": each method runs once per seed, into OUTDIR/<method>/seed_<s>), JOBS (1:
-# runs at once, as separate processes; on a CPU each gets cores / JOBS threads unless
-# OMP_NUM_THREADS is set), OVERRIDES (more overrides for every run, space-separated), PYTHON
+# runs at once, as separate processes, each with cores / JOBS threads unless OMP_NUM_THREADS
+# is set), OVERRIDES (more overrides for every run, space-separated), PYTHON
 # (python3). Besides torch and transformers it needs the packages of tests/gpu/README.md
 # ("Running them") and gguf.
 set -euo pipefail
@@ -65,10 +65,12 @@ common=(
 read -r -a overrides <<<"${OVERRIDES:-}"
 read -r -a methods <<<"${METHODS:-grpo_strict opefo steer}"
 read -r -a seeds <<<"${SEEDS:-0}"
-if [[ "${DEVICE:-cuda}" == cpu && -z "${OMP_NUM_THREADS:-}" ]]; then
+# the runs at once share the machine's cores, on a GPU too (their host-side work): none oversubscribes
+if [[ -z "${OMP_NUM_THREADS:-}" ]]; then
     threads=$(($(nproc) / at_once))
     export OMP_NUM_THREADS=$((threads > 0 ? threads : 1))
 fi
+echo "real_model_study: ${#methods[@]} method(s) x ${#seeds[@]} seed(s), $at_once at once, $OMP_NUM_THREADS thread(s) each"
 
 train() {  # one run into directory $2, its log beside it; a line saying how it ended
     local name=$1 dir=$2 start=$SECONDS

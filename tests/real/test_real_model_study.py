@@ -1,8 +1,9 @@
 """``scripts/real_model_study.sh`` on the CPU, run for real at its smallest: the GGUF file carried
 in two halves is joined, checked and converted into the same weights as the package's own
 conversion; each method it is given trains with its own generation and validation, the two at
-once (``JOBS=2``); the report covers them. Halves in the wrong order, or a bad ``JOBS``, are
-refused before anything is written; a run that fails is named and no report is written."""
+once (``JOBS=2``), sharing the cores; the report covers them. Halves in the wrong order, or a bad
+``JOBS``, are refused before anything is written; a run that fails is named and no report is
+written."""
 
 from __future__ import annotations
 
@@ -77,8 +78,13 @@ def test_a_bad_jobs_value_is_refused_before_anything_is_written(tmp_path, jobs):
 
 def test_a_failed_run_is_named_and_leaves_no_report(tmp_path, smollm2_dir):
     out = tmp_path / "out"
-    result = study(out, smollm2_dir.parent, METHODS="grpo_strict", OVERRIDES="method.lr=-1")
+    # OMP_NUM_THREADS unset: the runs at once split the cores this process may use
+    result = study(
+        out, smollm2_dir.parent, METHODS="grpo_strict", OVERRIDES="method.lr=-1", OMP_NUM_THREADS=""
+    )
     assert result.returncode == 1
+    share = max(1, len(os.sched_getaffinity(0)) // int(SMALLEST["JOBS"]))
+    assert f"1 method(s) x 1 seed(s), 2 at once, {share} thread(s) each" in result.stdout
     run = out / "grpo_strict" / "seed_0"
     assert f"real_model_study: {run} failed" in result.stderr
     assert "1 of 1 runs failed; no report" in result.stderr
@@ -90,6 +96,8 @@ def test_cpu_study_from_halves_trains_each_method_and_reports(tmp_path, smollm2_
     out, cache = tmp_path / "out", tmp_path / "cache"
     result = study(out, cache, *halves(tmp_path))
     assert result.returncode == 0, result.stderr[-3000:]
+    threads = os.environ["OMP_NUM_THREADS"]  # set for every process by tests/conftest.py: kept
+    assert f"2 method(s) x 1 seed(s), 2 at once, {threads} thread(s) each" in result.stdout
 
     converted = cache / SMOLLM2_135M_INSTRUCT.name
     weights = load_file(converted / "model.safetensors")
