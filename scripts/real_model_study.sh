@@ -76,8 +76,10 @@ train() {  # one run into directory $2, its log beside it; a line saying how it 
     local name=$1 dir=$2 start=$SECONDS
     shift 2
     mkdir -p "$(dirname "$dir")"
+    # appended: a study started again resumes its runs (checkpoint.resume=auto), its logs too
+    echo "real_model_study: started $(date -u '+%Y-%m-%d %H:%M:%S') UTC" >>"$dir.log"
     if "$python" -m opefo_nemo.cli.train "${common[@]}" "run.name=$name" "run.output_dir=$dir" \
-        "$@" "${overrides[@]}" >"$dir.log" 2>&1; then
+        "$@" "${overrides[@]}" >>"$dir.log" 2>&1; then
         echo "real_model_study: $dir done in $((SECONDS - start)) s ($dir.log)"
     else
         echo "real_model_study: $dir failed after $((SECONDS - start)) s (see $dir.log)" >&2

@@ -88,7 +88,13 @@ def test_a_failed_run_is_named_and_leaves_no_report(tmp_path, smollm2_dir):
     run = out / "grpo_strict" / "seed_0"
     assert f"real_model_study: {run} failed" in result.stderr
     assert "1 of 1 runs failed; no report" in result.stderr
-    assert "method.lr" in (out / "grpo_strict" / "seed_0.log").read_text()
+    log = out / "grpo_strict" / "seed_0.log"
+    assert "method.lr" in log.read_text()
+    # started again into the same folder, as a study is resumed: the first log is kept
+    again = study(out, smollm2_dir.parent, METHODS="grpo_strict", OVERRIDES="method.lr=-1")
+    assert again.returncode == 1
+    text = log.read_text()
+    assert text.count("real_model_study: started ") == 2 and text.count("method.lr") >= 2
     assert not (out / "summary.md").exists() and not (out / "report.png").exists()
 
 
