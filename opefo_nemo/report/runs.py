@@ -4,6 +4,7 @@ grouped by everything but their seed (docs/training.md, "Comparing methods and s
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 from collections.abc import Iterable, Mapping, Sequence
@@ -15,6 +16,7 @@ from typing import Any
 import numpy as np
 import yaml
 
+from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.report.derived import DERIVED
 from opefo_nemo.trainer.metrics_log import RUN_CONFIG
 
@@ -149,11 +151,25 @@ def flatten(config: Mapping[str, Any], prefix: str = "") -> dict[str, Any]:
     return flat
 
 
+def completed(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The flattened configuration, with each key it lacks (a run written before the key existed)
+    at today's default, so that a key added later does not set an older run apart from a newer
+    one that left it at its default; as recorded where today's validation refuses it (a key
+    since renamed or removed)."""
+    recorded = flatten(config)
+    try:
+        defaults = flatten(dataclasses.asdict(TrainConfig.from_mapping(config)))
+    except (ValueError, TypeError, KeyError) as error:
+        log.debug("configuration kept as recorded, today's validation refuses it: %s", error)
+        return recorded
+    return {**defaults, **recorded}
+
+
 def settings(config: Mapping[str, Any]) -> dict[str, Any]:
-    """The flattened configuration less :data:`NOT_SETTINGS`: what makes runs one experiment."""
+    """The completed configuration less :data:`NOT_SETTINGS`: what makes runs one experiment."""
     return {
         key: value
-        for key, value in flatten(config).items()
+        for key, value in completed(config).items()
         if not any(key == n or (n.endswith(".") and key.startswith(n)) for n in NOT_SETTINGS)
     }
 

@@ -81,3 +81,27 @@ def test_unreadable_run_directories_are_errors_naming_them(tmp_path):
     (broken / "metrics.jsonl").write_text('{"reward/mean": 1}\n')
     with pytest.raises(RunDirectoryError, match=":1 is not an object with an integer step"):
         load_run(broken)
+
+
+def test_a_key_added_later_groups_an_older_run_with_newer_ones_at_its_default(tmp_path):
+    """An older run's config.yaml lacks engine.shared_forward: it groups with a run that left the
+    key at its default, not with one that set it. A configuration today's validation refuses (a
+    key since removed) is compared as recorded and stands apart."""
+    older = run_config("opefo", 0, tmp_path / "older")
+    del older["engine"]["shared_forward"]
+    retired = run_config("opefo", 3, tmp_path / "retired")
+    retired["engine"]["retired_key"] = 1
+    configs = {
+        "older": older,
+        "newer": run_config("opefo", 1, tmp_path / "newer"),
+        "shared": run_config("opefo", 2, tmp_path / "shared", ("engine.shared_forward=true",)),
+        "retired": retired,
+    }
+    runs = [
+        load_run(write_run(tmp_path / name, records(range(1, 3), constant), config))
+        for name, config in configs.items()
+    ]
+    groups = group_runs(runs)
+    assert [g.seeds for g in groups] == [(0, 1), (2,), (3,)]
+    assert "engine.shared_forward=True" in groups[1].label
+    assert "engine.retired_key=1" in groups[2].label
