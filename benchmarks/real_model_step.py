@@ -118,9 +118,10 @@ class PhaseClock:
         return timed
 
 
-def forward_flops_per_token(path: Path) -> float:
-    """Matrix FLOPs of one token's forward: ``2·(non-embedding weights + d·V)`` (the output
-    layer is a product of d × V whether or not it is tied; attention's ``T²`` terms left out)."""
+def forward_flops_per_token(path: Path) -> tuple[float, float]:
+    """Matrix FLOPs of one token's forward through the layers, ``2 ×`` non-embedding weights,
+    and through the output layer, ``2·d·V`` (a product of d × V whether or not it is tied);
+    attention's ``T²`` terms left out."""
     config = json.loads((path / "config.json").read_text())
     d, layers, inter = (
         config["hidden_size"],
@@ -131,7 +132,7 @@ def forward_flops_per_token(path: Path) -> float:
     head_dim = d // heads
     attention = d * heads * head_dim * 2 + d * (kv or heads) * head_dim * 2
     per_layer = attention + 3 * d * inter
-    return 2.0 * (layers * per_layer + d * config["vocab_size"])
+    return 2.0 * layers * per_layer, 2.0 * d * config["vocab_size"]
 
 
 def gemm_rate(dtype: torch.dtype, tokens: int, path: Path) -> tuple[float, float]:
@@ -160,7 +161,7 @@ def opefo_row(args: argparse.Namespace, precision: str, prompts: int, forward: s
     out = Path(tempfile.mkdtemp(prefix="real_model_step_"))
     config, config_dict = compose(overrides(args, precision, prompts, path, forward))
     trainer = build_trainer(config, config_dict, out)
-    clock, shapes = PhaseClock(), []
+    clock, shapes = PhaseClock(), []  # (rows, width, columns whose logits the step needs)
     policy = trainer.policy
     trainer.rollout.generate = clock.wrap("generation", trainer.rollout.generate)
     policy.token_stats = clock.wrap("statistics", policy.token_stats)
@@ -168,7 +169,10 @@ def opefo_row(args: argparse.Namespace, precision: str, prompts: int, forward: s
     inner_step = policy.train_step
 
     def train_step(micro_batches, *rest, **keywords):
-        shapes.extend(tuple(m.input_ids.shape) for m in micro_batches)
+        shapes.extend(
+            (*m.input_ids.shape, m.rows * (m.targets.shape[1] - m.first_response_column))
+            for m in micro_batches
+        )
         return inner_step(micro_batches, *rest, **keywords)
 
     policy.train_step = clock.wrap("update", train_step)
@@ -183,7 +187,8 @@ def opefo_row(args: argparse.Namespace, precision: str, prompts: int, forward: s
             clock.add("step", time.perf_counter() - wall, time.process_time() - cpu)
             steps.append(dict(clock.seconds))
             generated += round(metrics["response/length_mean"] * prompts * RESPONSES)
-    tokens = sum(rows * width for rows, width in shapes)
+    tokens = sum(rows * width for rows, width, _ in shapes)
+    logit_tokens = sum(logits for _, _, logits in shapes)
     if forward == "shared":  # the statistics pass is the update's forward
         return summary(
             "opefo-nemo, one forward",
@@ -191,11 +196,11 @@ def opefo_row(args: argparse.Namespace, precision: str, prompts: int, forward: s
             prompts,
             steps,
             generated,
-            tokens,
+            (tokens, logit_tokens),
             path,
             ("statistics", "update"),
         )
-    return summary("opefo-nemo", precision, prompts, steps, generated, tokens, path)
+    return summary("opefo-nemo", precision, prompts, steps, generated, (tokens, logit_tokens), path)
 
 
 def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
@@ -242,7 +247,8 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
     )
     model = AutoModelForCausalLM.from_pretrained(path, dtype=torch.float32)
     tokenizer = AutoTokenizer.from_pretrained(path, padding_side="left")
-    clock, steps, counts = PhaseClock(), [], {"generated": 0, "tokens": 0}
+    clock, steps = PhaseClock(), []
+    counts = {"generated": 0, "tokens": 0, "logit_tokens": 0}
     generate = model.generate
 
     def counted_generate(*a, **kw):
@@ -251,6 +257,7 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
         new = out[:, prompt_width:]
         counts["generated"] += int((new != tokenizer.pad_token_id).sum())
         counts["tokens"] += out.numel()
+        counts["logit_tokens"] += new.numel()  # TRL's loss takes the completion's logits only
         return out
 
     model.generate = clock.wrap("generation", counted_generate)
@@ -258,7 +265,7 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
     class StepClock(TrainerCallback):
         def on_step_begin(self, *_, **__):
             clock.seconds.clear()
-            counts.update(generated=0, tokens=0)
+            counts.update(generated=0, tokens=0, logit_tokens=0)
             self.start = time.perf_counter(), time.process_time()
 
         def on_step_end(self, state_args, state, *_, **__):
@@ -280,20 +287,24 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
         for suffix in ("", "_cpu"):
             step[f"update{suffix}"] = step[f"step{suffix}"] - step.get(f"generation{suffix}", 0.0)
     generated = sum(s.pop("generated") for s in steps)
-    tokens = sum(s.pop("tokens") for s in steps) // len(steps)
-    return summary(f"TRL {trl.__version__}", precision, prompts, steps, generated, tokens, path)
+    tokens = [sum(s.pop(k) for s in steps) // len(steps) for k in ("tokens", "logit_tokens")]
+    return summary(
+        f"TRL {trl.__version__}", precision, prompts, steps, generated, tuple(tokens), path
+    )
 
 
 def summary(impl, precision, prompts, steps, generated, tokens, path, trained=("update",)) -> dict:
     """Mean seconds per phase over the measured steps, and the update's GEMM-limit share:
-    one forward and backward of ``tokens`` (the padded tokens of one step's update) over the
-    time of the ``trained`` phases, those that run them."""
+    one forward and backward of ``tokens = (padded, logits)`` (the padded tokens of one step's
+    update through the layers, and those whose logits its loss needs through the output layer)
+    over the time of the ``trained`` phases, those that run them."""
     mean = {k: sum(s.get(k, 0.0) for s in steps) / len(steps) for k in steps[0]}
     seconds = sum(mean[phase] for phase in trained)
     cpu_seconds = sum(mean[f"{phase}_cpu"] for phase in trained)
-    flops = 3 * forward_flops_per_token(path) * tokens  # forward + backward (2 ×)
+    layers, output = forward_flops_per_token(path)
+    flops = 3 * (layers * tokens[0] + output * tokens[1])  # forward + backward (2 ×)
     dtype = torch.bfloat16 if precision == "bfloat16" else torch.float32
-    rate_wall, rate_cpu = gemm_rate(dtype, min(tokens, 4096), path)
+    rate_wall, rate_cpu = gemm_rate(dtype, min(tokens[0], 4096), path)
     limit, limit_cpu = flops / rate_wall, flops / rate_cpu * torch.get_num_threads()
     return {
         "impl": impl,

@@ -56,6 +56,13 @@ class TrainBatch:
     def n_response_tokens(self) -> int:
         return int(self.response_mask.sum())
 
+    @property
+    def first_response_column(self) -> int:
+        """The first column of ``[B, T − 1]`` that predicts a response token in any row (0 when
+        none does): every column before it predicts a prompt token in every row."""
+        columns = self.response_mask.any(dim=0).nonzero()
+        return int(columns[0]) if len(columns) else 0
+
     def select(self, rows: Sequence[int] | Tensor) -> TrainBatch:
         """The sub-batch of ``rows``, trimmed to its longest row (padding only sits at the end)."""
         index = torch.as_tensor(rows, dtype=torch.long)

@@ -18,7 +18,11 @@ from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_on
 from opefo_nemo.engines.master_weights import MasterWeights
 from opefo_nemo.engines.protocols import EngineStepResult, LossFn
 from opefo_nemo.engines.schedule import warmup_factor
-from opefo_nemo.models.transformers_compat import load_causal_lm, quiet_progress
+from opefo_nemo.models.transformers_compat import (
+    last_logits_keyword,
+    load_causal_lm,
+    quiet_progress,
+)
 from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums, token_stats
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -65,18 +69,30 @@ class HFPolicy:
 
     def _stats(self, batch: TrainBatch, sums: Sequence[str] = ()) -> TokenStats:
         """``parallel.token_stats`` (TP = 1) at the rollout's sampling temperature (spec §1) with
-        ``engine.stats_kernel``: both phases differentiate the policy that generated the rollout."""
+        ``engine.stats_kernel``: both phases differentiate the policy that generated the rollout.
+
+        The output layer and the statistics run from ``batch.first_response_column`` on: the
+        columns before it predict prompt tokens in every row, which every use of the statistics
+        masks out (spec §5), and hold 0. With a shared chat template that is most of the prompt,
+        a third or more of a short-answer batch's tokens and of its ``[tokens, V]`` logits."""
         ids = to_device(batch.input_ids, self.device)
         attention = to_device(batch.attention_mask, self.device)
-        logits = self.model(input_ids=ids, attention_mask=attention.long()).logits[:, :-1]
-        return token_stats(
+        first = batch.first_response_column
+        kept = ids.shape[1] - first
+        logits = self.model(
+            input_ids=ids,
+            attention_mask=attention.long(),
+            **last_logits_keyword(self.model, kept),
+        ).logits[:, -kept:-1]
+        stats = token_stats(
             logits,
-            ids[:, 1:],
+            ids[:, first + 1 :],
             temperature=self.temperature,
             sums=sums,
             chunk_size=self.config.stats_chunk_tokens,
             kernel=self.config.stats_kernel,
         )
+        return stats if first == 0 else stats.map(lambda t: torch.nn.functional.pad(t, (first, 0)))
 
     @property
     def shares_forward(self) -> bool:
@@ -105,7 +121,8 @@ class HFPolicy:
     def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics (with the vocabulary ``sums`` asked for) on
         the CPU, no graph; forwards of ``engine.micro_batch_size`` rows at a time (each trimmed
-        to its longest row; the columns past it are 0). The statistics stay on the device until
+        to its longest row; the columns past it, and those before its first response column,
+        are 0). The statistics stay on the device until
         the last micro-batch, the checks of every micro-batch are read once at the end
         (:mod:`~opefo_nemo.core.deferred_checks`), then one copy to the host."""
         names = ("logprob", "entropy", *requested_sums(sums))

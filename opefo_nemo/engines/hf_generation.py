@@ -5,7 +5,6 @@ step samples from exactly the weights being trained, under the vLLM path's contr
 
 from __future__ import annotations
 
-import inspect
 import secrets
 from collections.abc import Iterable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
@@ -14,6 +13,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
+from opefo_nemo.models.transformers_compat import last_logits_keyword
 from opefo_nemo.rollout.types import Completion, FinishReason, SamplingConfig
 
 
@@ -39,7 +39,7 @@ class HFGenerator:
         self.device = device
         self.pad_id = pad_id
         self.batch_rows = batch_rows
-        self._last_logits_only = _last_logits_only(model)
+        self._last_logits_only = last_logits_keyword(model, 1)
 
     @torch.no_grad()
     def generate(
@@ -163,18 +163,6 @@ def _completions(
         reason: FinishReason = "stop" if len(hits) else "length"
         out.append((tokens[row, :end].tolist(), logprobs[row, :end].tolist(), reason))
     return out
-
-
-def _last_logits_only(model: torch.nn.Module) -> dict[str, int]:
-    """The forward keyword that computes the last position's logits only (a prompt's
-    ``[rows, width, V]`` logits would not fit for a large vocabulary): ``logits_to_keep`` in
-    current transformers, ``num_logits_to_keep`` in older ones; none where the model has
-    neither (all logits are computed, the last one used)."""
-    names = inspect.signature(model.forward).parameters
-    for name in ("logits_to_keep", "num_logits_to_keep"):
-        if name in names:
-            return {name: 1}
-    return {}
 
 
 @contextmanager

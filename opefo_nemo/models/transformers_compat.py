@@ -4,6 +4,7 @@
 
 from __future__ import annotations
 
+import inspect
 import os
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -45,3 +46,15 @@ def quiet_progress() -> Iterator[None]:
     finally:
         if enabled:
             transformers_logging.enable_progress_bar()
+
+
+def last_logits_keyword(model: torch.nn.Module, count: int) -> dict[str, int]:
+    """The forward keyword that computes the logits of the last ``count`` positions only:
+    ``logits_to_keep`` in current transformers, ``num_logits_to_keep`` in older ones (4.48);
+    none where the model's forward has neither (then every position's logits are computed and
+    the caller slices)."""
+    names = inspect.signature(model.forward).parameters
+    for name in ("logits_to_keep", "num_logits_to_keep"):
+        if name in names:
+            return {name: count}
+    return {}
