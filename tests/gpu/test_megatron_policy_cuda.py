@@ -155,7 +155,7 @@ def test_megatron_step_equals_hf_engine(megatron_world, tmp_path):
         stats, outcome, weights = _update(policy, batch)
     grads = [clipped(g, norm, ENGINE["grad_clip"]) for g, norm in steps]
 
-    valid = batch.attention_mask[:, 1:]
+    valid = batch.response_mask  # HFPolicy computes response columns only (prompts hold 0)
     for field in ("logprob", "entropy"):
         ours, theirs = getattr(stats, field), getattr(want[0], field)
         bound = FP32_REL * float(theirs[valid].abs().max())

@@ -170,7 +170,7 @@ def test_warmup_schedule_is_linear_over_rollout_steps(model_dir):
 @pytest.mark.parametrize("micro_batch_size", [1, 4])
 def test_stats_pass_is_one_call_split_like_the_micro_batches(model_dir, micro_batch_size):
     """Reference: the engine's own stats of each micro-batch, one call each (the old pass), at
-    every real token position (padding positions are masked everywhere downstream)."""
+    every response token (prompt and padding positions are masked everywhere downstream)."""
     engine = dataclasses.replace(ENGINE, micro_batch_size=micro_batch_size)
     policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=TEMPERATURE)
     batch = build_batch(*random_rollout(), pad_id=0)
@@ -179,7 +179,7 @@ def test_stats_pass_is_one_call_split_like_the_micro_batches(model_dir, micro_ba
     assert len(got) == len(micros)
     for stats, micro in zip(got, micros, strict=True):
         want = policy.token_stats(micro, sums=VOCAB_SUMS)
-        real = micro.attention_mask[:, 1:]
+        real = micro.response_mask
         for field in ("logprob", "entropy", *VOCAB_SUMS):
             torch.testing.assert_close(getattr(stats, field)[real], getattr(want, field)[real])
     with pytest.raises(ValueError, match="do not tile a batch"):

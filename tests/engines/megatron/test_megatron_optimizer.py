@@ -90,7 +90,7 @@ def test_fp32_equals_hf_policy(runs, index):
     engine = CASES[index]["engine"]
     got, want = results[index], references[engine["grad_clip"]]
     _assert_common(got, engine)
-    valid = random_batch(ROWS, 100, low=1).attention_mask[:, 1:]
+    valid = random_batch(ROWS, 100, low=1).response_mask  # what HFPolicy computes
     for field in ("logprob", "entropy"):
         torch.testing.assert_close(
             got["stats"][field][valid], getattr(want["stats"], field)[valid], rtol=1e-5, atol=1e-5

@@ -119,7 +119,7 @@ def test_megatron_policy_equals_hf_policy(runs, world, index):
     want = hf_reference(hf_dir, method, engine, batch)
     got = torch.load(result)
 
-    valid = batch.attention_mask[:, 1:]
+    valid = batch.response_mask  # HFPolicy computes response columns only (prompts hold 0)
     for field in workers_policy.STAT_FIELDS:
         ours, theirs = got["stats"][field], getattr(want["stats"], field)
         assert ours.shape == theirs.shape == valid.shape, field
