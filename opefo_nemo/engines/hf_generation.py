@@ -61,11 +61,15 @@ class HFGenerator:
     def _sample(
         self, prompts: Sequence[list[int]], seeds: Sequence[int], sampling: SamplingConfig
     ) -> list[tuple[list[int], list[float], FinishReason]]:
-        """``(token_ids, logprobs, finish_reason)`` of one completion per prompt."""
+        """``(token_ids, logprobs, finish_reason)`` of one completion per prompt. The prompt's
+        forward runs once per distinct prompt (a group's ``n`` samples share one), and its KV
+        cache and last logits are then copied to each of the prompt's rows."""
         rows, width, steps = len(prompts), max(len(p) for p in prompts), sampling.max_new_tokens
-        ids = torch.full((rows, width), self.pad_id, dtype=torch.long)
-        mask = torch.zeros((rows, width), dtype=torch.long)
-        for row, prompt in enumerate(prompts):
+        distinct: dict[tuple[int, ...], int] = {}
+        row_prompt = [distinct.setdefault(tuple(p), len(distinct)) for p in prompts]
+        ids = torch.full((len(distinct), width), self.pad_id, dtype=torch.long)
+        mask = torch.zeros((len(distinct), width), dtype=torch.long)
+        for row, prompt in enumerate(distinct):
             ids[row, width - len(prompt) :] = torch.tensor(prompt)
             mask[row, width - len(prompt) :] = 1
         uniforms = torch.stack([_uniforms(seed, steps) for seed in seeds]).to(self.device)
@@ -79,13 +83,18 @@ class HFGenerator:
             use_cache=True,
             **self._last_logits_only,
         )
+        logits, cache = out.logits[:, -1], out.past_key_values
+        if len(distinct) < rows:
+            index = torch.tensor(row_prompt, device=self.device)
+            logits, cache = logits.index_select(0, index), _cache_rows(cache, index)
+            mask, positions = mask.index_select(0, index), positions.index_select(0, index)
         next_position = positions[:, -1:] + 1
         tokens, logprobs = [], []
         done = torch.zeros(rows, dtype=torch.bool, device=self.device)
         decoding = _attention(self.model, "eager") if self.device.type == "cpu" else nullcontext()
         with decoding:
             for step in range(steps):
-                token, logprob = pick(out.logits[:, -1], sampling, uniforms[:, step])
+                token, logprob = pick(logits, sampling, uniforms[:, step])
                 tokens.append(token)
                 logprobs.append(logprob)
                 done |= torch.isin(token, stop)
@@ -96,9 +105,10 @@ class HFGenerator:
                     input_ids=token[:, None],
                     attention_mask=mask,
                     position_ids=next_position,
-                    past_key_values=out.past_key_values,
+                    past_key_values=cache,
                     use_cache=True,
                 )
+                logits, cache = out.logits[:, -1], out.past_key_values
                 next_position = next_position + 1
         return _completions(torch.stack(tokens, 1).cpu(), torch.stack(logprobs, 1).cpu(), stop)
 
@@ -163,6 +173,15 @@ def _completions(
         reason: FinishReason = "stop" if len(hits) else "length"
         out.append((tokens[row, :end].tolist(), logprobs[row, :end].tolist(), reason))
     return out
+
+
+def _cache_rows(cache: Any, index: Tensor) -> Any:
+    """The KV cache of rows ``index`` (repeats allowed): transformers' ``Cache.reorder_cache``
+    (every release since 4.36), or each tensor of a legacy per-layer ``(key, value)`` tuple."""
+    if hasattr(cache, "reorder_cache"):
+        cache.reorder_cache(index)
+        return cache
+    return tuple(tuple(t.index_select(0, index) for t in layer) for layer in cache)
 
 
 @contextmanager

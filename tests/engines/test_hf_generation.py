@@ -96,6 +96,40 @@ def test_logprobs_are_the_trainers_and_batching_changes_nothing(policy):
     assert [c.token_ids for c in other] != [c.token_ids for c in completions]
 
 
+def test_a_prompts_forward_runs_once_for_all_its_samples(policy):
+    """Three distinct prompts (one of them given twice) × 4 samples in one batch: the prompt's
+    forward sees the 3 distinct prompts, and every row samples what it samples alone (one row a
+    forward, nothing shared), its logprobs within the reduction-order bound of the trainer's."""
+    prompts = ragged_prompts(3, seed=5)
+    prompts.append(list(prompts[1]))
+    widths: list[tuple[int, int]] = []
+
+    def record(module, args, kwargs):
+        widths.append(tuple(kwargs["hidden_states"].shape[:2]))
+
+    attention = policy.model.model.layers[0].self_attn
+    hook = attention.register_forward_pre_hook(record, with_kwargs=True)
+    try:
+        shared = HFGenerator(policy.model, policy.device, 0, 16).generate(prompts, 4, sampling())
+    finally:
+        hook.remove()
+    assert widths[0] == (3, max(len(p) for p in prompts))
+    assert {rows for rows, _ in widths[1:]} == {16}
+    alone = HFGenerator(policy.model, policy.device, 0, 1).generate(prompts, 4, sampling())
+    assert [c.token_ids for c in shared] == [c.token_ids for c in alone]
+    both = build_batch(
+        [prompts[c.prompt_index] for c in alone],
+        [c.token_ids for c in alone],
+        torch.zeros(len(alone)),
+        0,
+        [c.logprobs for c in alone],
+    )
+    bound = logprob_bound(policy, both.input_ids, both.attention_mask, TEMPERATURE)
+    got = torch.tensor([lp for c in shared for lp in c.logprobs], dtype=torch.float64)
+    want = both.rollout_logprob[both.response_mask].double()
+    assert bool(((got - want).abs() <= bound[:, :-1][both.response_mask]).all())
+
+
 def test_stop_tokens_end_a_sample_that_length_caps_otherwise(policy):
     prompts = ragged_prompts(8, seed=1)
     generator = HFGenerator(policy.model, policy.device, 0, 64)
