@@ -10,6 +10,7 @@ import threading
 from fractions import Fraction
 
 import pytest
+import torch
 import yaml
 
 from opefo_nemo.cli import eval as eval_cli
@@ -45,6 +46,45 @@ def test_a_dead_rollout_server_is_restarted_once_then_fails_clearly(warm_model):
         _kill_servers(rollout)
         with pytest.raises(RuntimeError, match=r"restarted 1 time\(s\) \(rollout.max_restarts=1\)"):
             rollout.generate(prompts, 2, sampling)
+    finally:
+        rollout.close()
+
+
+def test_weight_updates_sleep_and_wake_restart_a_dead_server_with_the_current_weights(warm_model):
+    """A server killed before a weight update, a sleep or a wake is restarted by that request, and
+    the restarted server holds the weights the guard's source gives now (moved away from the
+    model directory's), not the directory's: it samples what the moved weights sampled."""
+    overrides = ["model=tiny_arithmetic", f"model.path={warm_model}", "rollout.max_restarts=3"]
+    config, _ = compose(overrides)
+    from opefo_nemo.engines.hf import HFPolicy
+
+    policy = HFPolicy(warm_model, config.engine, lr=1e-3, temperature=1.0)
+    noise = torch.Generator().manual_seed(0)
+    current = {
+        name: weight + weight.std() * torch.randn(weight.shape, generator=noise)
+        for name, weight in policy.named_weights()
+    }
+    rollout = start_rollout(config, warm_model, lambda: iter(current.items()))
+    sampling = SamplingConfig(max_new_tokens=8, stop_token_ids=(), seed=0)
+    prompts = [[1, 4, 15, 5, 49], [1, 7, 3, 5, 12]]
+
+    def sample() -> list[list[int]]:
+        return [c.token_ids for c in rollout.generate(prompts, 4, sampling)]
+
+    try:
+        from_directory = sample()
+        rollout.update_weights(current.items())
+        moved = sample()
+        assert moved != from_directory  # else the check below could not tell the weights apart
+        requests = (lambda: rollout.update_weights(current.items()), rollout.sleep, rollout.wake)
+        for restarts, request in enumerate(requests, start=1):
+            _kill_servers(rollout)
+            request()
+            assert rollout.restarts == restarts
+            assert sample() == moved
+        _kill_servers(rollout)
+        with pytest.raises(RuntimeError, match=r"restarted 3 time\(s\) \(rollout.max_restarts=3\)"):
+            rollout.sleep()
     finally:
         rollout.close()
 
