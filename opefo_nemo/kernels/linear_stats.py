@@ -40,7 +40,8 @@ class LinearBlocks:
 
 
 #: The forward's tiles: the fastest of the variants ``benchmarks/kernel_sweep.py`` tried on an H200
-#: (docs/performance.md), 1.7 times the throughput of :class:`LinearBlocks`' defaults.
+#: (benchmarks/results/2026-11-26-triton-kernels-h200.md), 1.7 times the throughput of
+#: :class:`LinearBlocks`' defaults.
 FORWARD_BLOCKS = LinearBlocks(n=64, v=256, k=64, num_warps=8)
 #: The backward's tiles (``∂L/∂z`` tiles and their fp32 accumulators): the defaults.
 GRAD_BLOCKS = LinearBlocks(v=budgets.GRAD_BLOCKS_V)
