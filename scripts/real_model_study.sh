@@ -1,10 +1,10 @@
 #!/usr/bin/env bash
-# The first real-model study on one GPU (docs/training.md, "SmolLM2 on one GPU"): SmolLM2-135M-
-# Instruct on the times tables to 12 asked in words (+preset=smollm2_cpu data=word_times_tables:
-# strict GRPO's first batch at reward 0.2-0.5, held-out pass@32 below 1), trained by
-# the `hf` engine generating with its own weights (rollout=engine: no vLLM, no server, exactly
-# on-policy), STEPS rollout steps each of grpo_strict, opefo and steer (STEER's weights over the
-# batch, the entropy-control study's controller that kept strict GRPO's gains on both toys),
+# The first real-model study on one GPU (docs/studies/smollm2_times_tables.md, "SmolLM2 on one
+# GPU"): SmolLM2-135M-Instruct on the times tables to 12 asked in words (+preset=smollm2_cpu
+# data=word_times_tables: strict GRPO's first batch at reward 0.2-0.5, held-out pass@32 below 1),
+# trained by the `hf` engine generating with its own weights (rollout=engine: no vLLM, no server,
+# exactly on-policy), STEPS rollout steps each of grpo_strict, opefo and steer (STEER's weights over
+# the batch, the entropy-control study's controller that kept strict GRPO's gains on both toys),
 # held-out pass@1..32 every VALIDATE steps, then the opefo-report of the runs, all under OUTDIR:
 #
 #   bash scripts/real_model_study.sh OUTDIR [GGUF_PART ...]

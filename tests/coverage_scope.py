@@ -1,8 +1,9 @@
 """Where the suite measures the vLLM servers' coverage: in ``tests/rollout``, the server's own
 tests, only. Elsewhere the servers run the same code unmeasured, under a launcher of this
 interpreter that drops coverage's hand-over variable, since a measured server starts and decodes
-about 1.5× slower than an unmeasured one (docs/verification.md, "Coverage"). Gloo ranks,
-trainers and Slurm jobs stay measured everywhere: they are not started through the launcher.
+about 1.5× slower than an unmeasured one (docs/verification.md, "The gates of `make test`").
+Gloo ranks, trainers and Slurm jobs stay measured everywhere: they are not started through the
+launcher.
 """
 
 from __future__ import annotations

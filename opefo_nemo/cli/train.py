@@ -51,7 +51,7 @@ resolved configuration and exits.
 EMBEDDED_DEFAULT = ("run.name=embedded", "run.compare=[grpo_strict,opefo]", "rollout=engine")
 """What the bare ``opefo-train`` adds to the configuration's defaults: the comparison, generated
 by the trained model itself (no vLLM server to start; 0.3-0.4 s a step instead of vLLM's 1.0 on
-two CPU cores, docs/training.md).
+two CPU cores, docs/studies/demo.md).
 The model and its run settings are the defaults' (``conf/model/tiny_arithmetic_orders.yaml``)."""
 #: The comparison whose figures are checked against the demo's targets (targets.md).
 DEMO_METHODS = (GRPO, OPEFO)

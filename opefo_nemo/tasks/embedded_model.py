@@ -26,8 +26,9 @@ EMBEDDED_MODELS = ("tiny_arithmetic", "tiny_arithmetic_orders", "tiny_shortcut")
 """The embedded models' directory names under the cache (``conf/model/<name>.yaml``)."""
 SHIPPED = Path(__file__).parent / "shipped_warm_starts"
 """Warm starts shipped with the package, each in a directory named like its cache: the demo's
-(``tiny_arithmetic_orders``), the weights the entropy-control study of docs/training.md started
-from, and the first task's (``tiny_arithmetic``, ``+preset=tiny_cpu``'s model)."""
+(``tiny_arithmetic_orders``), the weights the entropy-control study
+(docs/studies/entropy_control.md) started from, and the first task's (``tiny_arithmetic``,
+``+preset=tiny_cpu``'s model)."""
 
 
 class PromptEncoder(Protocol):

@@ -1,6 +1,6 @@
 """The shortcut task: the embedded additions, where a common shortcut (top column first, no carries)
 caps the reward below the worked solution's 1, so reaching the optimum takes exploring the rare
-strategy (docs/training.md, "A task where collapse costs reward").
+strategy (docs/studies/shortcut_task.md, "A task where collapse costs reward").
 """
 
 from __future__ import annotations

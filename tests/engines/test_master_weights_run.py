@@ -1,6 +1,7 @@
 """Strict GRPO on the demo's task in ``engine.dtype=bfloat16`` (mixed precision) against the same
 runs in fp32, three seeds each from the same warm start: bf16 learns, and its reward and entropy
-follow fp32's within the seeds' spread (docs/training.md, "Precision")."""
+follow fp32's within the seeds' spread (docs/studies/bf16_precision.md, "bf16 mixed precision
+against fp32")."""
 
 from __future__ import annotations
 

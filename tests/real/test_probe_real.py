@@ -1,6 +1,6 @@
 """``opefo-probe`` on SmolLM2-135M-Instruct (``+preset=smollm2_cpu``) with a fixed seed: a real
-pretrained model sits on the paper's side of the regimes (docs/training.md), |λ*| far below the
-embedded toy's 0.7–0.9, with groups that carry signal."""
+pretrained model sits on the paper's side of the regimes (docs/studies/probes.md), |λ*| far
+below the embedded toy's 0.7–0.9, with groups that carry signal."""
 
 from __future__ import annotations
 
@@ -15,7 +15,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.slow]
 BATCH = ("trainer.prompts_per_step=8", "rollout.max_new_tokens=32", "run.seed=0")
 #: The verdict's bound between a moderate and a strong reweighting: below it OPEFO moves no
 #: token's term by more than 30 %. The 32 × 8 batch of the preset measured λ* = 0.057
-#: (docs/training.md); the embedded toy sits at 0.6–0.9.
+#: (docs/studies/probes.md); the embedded toy sits at 0.6–0.9.
 STRONG = 0.3
 
 

@@ -8,7 +8,7 @@ the last 10 steps (single steps are noisy: each sees different prompts). Measure
 0.160 → 0.393. Run on to 80 steps they reach 0.098 and 0.414: the learning rate is constant after
 its 10 warm-up steps, and the first 40 steps are where the two runs part. At this learning rate
 OPEFO's entropy does not just hold, it overshoots upward (its first-order balance does not hold at
-this step size on this model, docs/training.md), so only the anti-collapse side is asserted:
+this step size on this model, docs/studies/demo.md), so only the anti-collapse side is asserted:
 grpo_strict must lose at least 8 %, opefo must keep at least 97 % of its start and end at least
 0.05 nat above grpo_strict, and its predicted net flow after balancing is zero every step.
 """
