@@ -39,13 +39,13 @@ class RewardConfig:
     rule exactly), `answer.py`, `symbolic.py` (`math_verify`)."""
     correct_score: float = 1.0
     """The reward of a correct response."""
-    wrong_score: float | None = None
-    """The reward of a wrong answer, a timeout and an internal error; None: the verifier's own
+    incorrect_score: float | None = None
+    """`reward.incorrect_score` (its meaning: `config/reward.py`); None: the verifier's own
     (`INCORRECT_SCORES`), 0.0 with `function`."""
     no_answer_score: float | None = None
-    """The reward of a response with no answer; None: `wrong_score`'s."""
+    """The reward of a response with no answer; None: `incorrect_score`'s."""
     timeout_s: float = 5.0
-    """Time limit per response, in seconds (extraction plus comparison)."""
+    """`reward.timeout_s` (its meaning: `config/reward.py`)."""
     strict_box: bool = False
     """`answer` only: read the last `\\boxed{}` in the final `strict_box_chars`
     characters instead of the last `Answer:` line."""
@@ -85,21 +85,17 @@ class RewardConfig:
                 f"RewardConfig.strict_box_chars must be > 0, got {self.strict_box_chars!r}"
             )
 
-    @property
-    def incorrect_score(self) -> float:
-        """The score of a wrong answer, a timeout and an error (`wrong_score` resolved)."""
-        if self.wrong_score is not None:
-            return self.wrong_score
-        return 0.0 if self.function is not None else INCORRECT_SCORES[self.verifier]
-
     def score_for(self, reason: str) -> float:
         """The scalar reward for an outcome in `REASONS`."""
         if reason == CORRECT:
             return self.correct_score
+        incorrect = self.incorrect_score
+        if incorrect is None:
+            incorrect = 0.0 if self.function is not None else INCORRECT_SCORES[self.verifier]
         if reason == NO_ANSWER:
-            return self.incorrect_score if self.no_answer_score is None else self.no_answer_score
+            return incorrect if self.no_answer_score is None else self.no_answer_score
         if reason in (WRONG, TIMEOUT, ERROR):
-            return self.incorrect_score
+            return incorrect
         raise ValueError(f"unknown reward reason {reason!r}; expected one of {REASONS}")
 
 

@@ -141,7 +141,7 @@ def score_final_answer(
     by digits; a response without one (cut off, or malformed) is ``no_answer``; another integer
     than ``ground_truth`` is ``wrong``. The steps before it are not checked.
     """
-    config = config if config is not None else RewardConfig(wrong_score=0.0)
+    config = config if config is not None else RewardConfig(incorrect_score=0.0)
     fields = response.split()
     match = _FINAL.match(fields[-1]) if fields else None
     if match is None:

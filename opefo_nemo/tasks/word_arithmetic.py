@@ -47,7 +47,7 @@ def score_last_number(
     """Score the last integer of ``response`` against ``ground_truth`` (1 / 0 by default): "3 + 5 =
     8." and "The sum is 8" are right, "8 + 1 = 9" is wrong, a response without a number has no
     answer."""
-    config = config if config is not None else RewardConfig(wrong_score=0.0)
+    config = config if config is not None else RewardConfig(incorrect_score=0.0)
     numbers = _INTEGER.findall(response)
     if not numbers:
         return RewardResult(config.score_for(NO_ANSWER), None, NO_ANSWER)

@@ -31,18 +31,18 @@ def score_responses(
         config = RewardConfig(
             function=settings.function,
             timeout_s=settings.timeout_s,
-            wrong_score=settings.incorrect_score,
+            incorrect_score=settings.incorrect_score,
         )
         return score_batch(responses, ground_truths, config=config, workers=settings.workers)
     if settings.verifier not in TASK_VERIFIERS:
         config = RewardConfig(
             verifier=cast(Verifier, settings.verifier),  # validated by RewardSettings
             timeout_s=settings.timeout_s,
-            wrong_score=settings.incorrect_score,
+            incorrect_score=settings.incorrect_score,
         )
         return score_batch(responses, ground_truths, config=config, workers=settings.workers)
     incorrect = 0.0 if settings.incorrect_score is None else settings.incorrect_score
-    config = RewardConfig(wrong_score=incorrect)
+    config = RewardConfig(incorrect_score=incorrect)
     verify = TASK_VERIFIERS[settings.verifier]
     results = []
     for response, truth in zip(responses, ground_truths, strict=True):

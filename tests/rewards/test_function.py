@@ -76,7 +76,7 @@ EXPECTED = [
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_function_scores_in_process_and_in_the_pool(tmp_path, monkeypatch, workers):
     module = user_module(tmp_path, monkeypatch)
-    config = RewardConfig(function=f"{module}:count", wrong_score=-0.5, timeout_s=5.0)
+    config = RewardConfig(function=f"{module}:count", incorrect_score=-0.5, timeout_s=5.0)
     results = score_batch(RESPONSES, TRUTHS, config=config, workers=workers)
     assert [(r.score, r.reason) for r in results] == EXPECTED
     assert results[0].metrics["length"] == len(RESPONSES[0])

@@ -113,17 +113,17 @@ def test_default_scale_per_verifier() -> None:
         assert score("Answer: 3", "3", verifier=verifier).score == 1.0
         assert score("Answer: 4", "3", verifier=verifier).score == wrong
         assert score("no answer here", "3", verifier=verifier).score == wrong
-    assert RewardConfig().verifier == "dapo" and RewardConfig().incorrect_score == -1.0
+    assert RewardConfig().verifier == "dapo" and RewardConfig().score_for("wrong") == -1.0
 
 
 def test_scores_are_configurable() -> None:
-    config = RewardConfig(correct_score=1.0, wrong_score=-1.0, no_answer_score=-0.5)
+    config = RewardConfig(correct_score=1.0, incorrect_score=-1.0, no_answer_score=-0.5)
     assert score("Answer: 3", "3", config=config).score == 1.0
     assert score("Answer: 4", "3", config=config).score == -1.0
     assert score("no answer here", "3", config=config).score == -0.5
-    timeout = RewardConfig(verifier="math_verify", timeout_s=0.3, wrong_score=-1.0)
+    timeout = RewardConfig(verifier="math_verify", timeout_s=0.3, incorrect_score=-1.0)
     assert score("$\\boxed{10^{10^{10}}}$", "5", config=timeout).score == -1.0
-    zero = RewardConfig(verifier="dapo", wrong_score=0.0)
+    zero = RewardConfig(verifier="dapo", incorrect_score=0.0)
     assert score("Answer: 4", "3", config=zero).score == 0.0
     assert score("no answer here", "3", config=zero).score == 0.0
 
