@@ -8,9 +8,10 @@ from dataclasses import dataclass
 from opefo_nemo.core.schema import one_of, require
 from opefo_nemo.rewards import VERIFIERS as REWARD_VERIFIERS
 from opefo_nemo.rewards.function import split_name
+from opefo_nemo.tasks.verifiers import TASK_VERIFIERS
 
-VERIFIERS = ("arithmetic", "last_number", *REWARD_VERIFIERS)
-"""``reward.verifier``: the built-in tasks' (``trainer/scoring.py``), then the rewards package's."""
+VERIFIERS = (*TASK_VERIFIERS, *REWARD_VERIFIERS)
+"""``reward.verifier``: the built-in tasks' (``tasks/verifiers.py``), then the rewards package's."""
 
 
 @dataclass(frozen=True)

@@ -11,22 +11,16 @@ from typing import cast
 from opefo_nemo.config.reward import RewardSettings
 from opefo_nemo.rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
 from opefo_nemo.rewards.result import ERROR, Verifier
-from opefo_nemo.tasks.arithmetic import score_final_answer
-from opefo_nemo.tasks.word_arithmetic import score_last_number
-
-#: The verifiers of the built-in tasks (the others are :mod:`opefo_nemo.rewards`').
-TASK_VERIFIERS = {"arithmetic": score_final_answer, "last_number": score_last_number}
-"""The built-in tasks' verifiers (1 / 0 unless ``reward.incorrect_score`` says otherwise):
-``arithmetic`` reads a worked solution's final answer, ``last_number`` a response's last integer.
-``dapo``, ``answer`` and ``math_verify`` are :mod:`opefo_nemo.rewards`', which already turn a
-crashing or slow item into an ``error`` or ``timeout`` reason scored like a wrong answer."""
+from opefo_nemo.tasks.verifiers import TASK_VERIFIERS
 
 
 def score_responses(
     responses: Sequence[str], ground_truths: Sequence[str], settings: RewardSettings
 ) -> list[RewardResult]:
     """One result per response, in order: by ``reward.function`` when set, else by
-    ``reward.verifier``."""
+    ``reward.verifier``. :mod:`opefo_nemo.rewards` turns a crashing or slow item into an
+    ``error`` or ``timeout`` reason scored like a wrong answer; a built-in task's verifier that
+    raises is scored as an ``error`` here."""
     if settings.function is not None:
         config = RewardConfig(
             function=settings.function,
