@@ -16,7 +16,7 @@ from pathlib import Path
 
 from opefo_nemo.cli.preflight import compose_config
 from opefo_nemo.cli.usage import OneLineParser
-from opefo_nemo.launch import GIB, ModelShape, Problem
+from opefo_nemo.launch import GIB, LaunchProblem, ModelShape
 from opefo_nemo.launch.node import (
     GpuQuery,
     cache_directories,
@@ -50,7 +50,7 @@ class ConfigSettings:
     checkpoint_bytes: int = 0
 
 
-def config_settings(overrides: Sequence[str]) -> tuple[ConfigSettings, list[Problem]]:
+def config_settings(overrides: Sequence[str]) -> tuple[ConfigSettings, list[LaunchProblem]]:
     """``rollout.python`` and ``rollout.name``, ``run.output_dir`` and the disk the kept
     checkpoints need: the model's parameters × :data:`CHECKPOINT_BYTES_PER_PARAMETER` ×
     (``checkpoint.keep`` + 1, a new checkpoint is written before the oldest goes); 0 when the

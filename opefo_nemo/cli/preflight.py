@@ -15,7 +15,7 @@ from typing import Any, cast
 
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.engines.startup import startup_problems
-from opefo_nemo.launch import GIB, Problem, all_problems, plan_memory
+from opefo_nemo.launch import GIB, LaunchProblem, all_problems, plan_memory
 from opefo_nemo.launch.checks import colocated_placement, layout_of
 from opefo_nemo.launch.from_config import plan_from_config
 from opefo_nemo.launch.plan import LaunchPlan
@@ -62,7 +62,7 @@ def _cuda_memory_gib() -> float:  # pragma: no cover
     return torch.cuda.get_device_properties(0).total_memory / GIB
 
 
-def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, list[Problem]]:
+def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, list[LaunchProblem]]:
     """The composed config as a plain dict, or ``None`` and the problem that stopped it.
 
     A Hydra error becomes one problem on one line: a misspelt key is named, a missing group
@@ -82,9 +82,9 @@ def compose_config(overrides: Sequence[str]) -> tuple[dict[str, Any] | None, lis
     except HydraException as error:
         message = hydra_error_message(error)
         topic = "engine" if "'engine/" in message else "config"
-        return None, [Problem(topic, f"cannot compose the config: {message}")]
+        return None, [LaunchProblem(topic, f"cannot compose the config: {message}")]
     except (ValueError, FileNotFoundError) as error:
-        return None, [Problem("config", f"cannot compose the config: {error}")]
+        return None, [LaunchProblem("config", f"cannot compose the config: {error}")]
     return cast("dict[str, Any]", data), []  # a composed config is a mapping of strings
 
 
@@ -99,7 +99,7 @@ def _corrects_update(config: dict[str, Any]) -> bool:
         return False
 
 
-def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Problem]:
+def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[LaunchProblem]:
     """The trainer's own start-up validation and start-up rules
     (:func:`~opefo_nemo.engines.startup.startup_problems`, which ``trainer.setup.build_policy``
     raises), as problems instead of exceptions."""
@@ -108,11 +108,13 @@ def validation_problems(config: dict[str, Any], plan: LaunchPlan) -> list[Proble
     try:
         validated = TrainConfig.from_mapping(config)
     except ValueError as error:
-        return [Problem("config", str(error))]
-    return [Problem("layout", line) for line in startup_problems(validated.engine, plan.shape)]
+        return [LaunchProblem("config", str(error))]
+    return [
+        LaunchProblem("layout", line) for line in startup_problems(validated.engine, plan.shape)
+    ]
 
 
-def input_problems(config: dict[str, Any]) -> list[Problem]:
+def input_problems(config: dict[str, Any]) -> list[LaunchProblem]:
     """The model, data and run-directory checks ``opefo-train`` starts with
     (:func:`~opefo_nemo.trainer.inputs.check_inputs`): its first problem, if any."""
     from opefo_nemo.config.train import TrainConfig
@@ -125,7 +127,7 @@ def input_problems(config: dict[str, Any]) -> list[Problem]:
     try:
         check_inputs(validated, Path(validated.run.output_dir))
     except INPUT_ERRORS as error:
-        return [Problem("inputs", str(error))]
+        return [LaunchProblem("inputs", str(error))]
     return []
 
 
@@ -147,7 +149,7 @@ def preflight(
                 config, world_size, gpu_memory_bytes, gpus_per_node, _corrects_update(config)
             )
         except ValueError as error:
-            problems.append(Problem("config", str(error)))
+            problems.append(LaunchProblem("config", str(error)))
         else:
             problems += validation_problems(config, plan)
             problems += all_problems(plan)

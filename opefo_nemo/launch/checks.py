@@ -19,7 +19,7 @@ from opefo_nemo.models.directory import model_files_problem
 
 
 @dataclass(frozen=True)
-class Problem:
+class LaunchProblem:
     """One reason the launch would fail; ``topic`` names the check, ``message`` the fix."""
 
     topic: str
@@ -43,13 +43,13 @@ def layout_of(plan: LaunchPlan) -> ParallelLayout | None:
         return None
 
 
-def check_layout(plan: LaunchPlan) -> list[Problem]:
+def check_layout(plan: LaunchPlan) -> list[LaunchProblem]:
     """World size vs TP × PP × DP, and the model's heads and layers vs TP and PP."""
     problems = []
     tp, pp = plan.tensor_parallel, plan.pipeline_parallel
     if tp <= 0 or pp <= 0 or plan.world_size <= 0:
         return [
-            Problem(
+            LaunchProblem(
                 "layout",
                 f"world size {plan.world_size}, tensor parallel {tp} and pipeline parallel {pp} "
                 "must all be positive",
@@ -57,7 +57,7 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
         ]
     if plan.engine in SINGLE_PROCESS_ENGINES and plan.world_size != 1:
         problems.append(
-            Problem(
+            LaunchProblem(
                 "layout",
                 f"engine {plan.engine!r} trains in one process, but the allocation has "
                 f"{plan.world_size} tasks: request one task (--ntasks-per-node=1, one node)",
@@ -65,7 +65,7 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
         )
     if plan.world_size % (tp * pp):
         problems.append(
-            Problem(
+            LaunchProblem(
                 "layout",
                 f"world size {plan.world_size} is not a multiple of tensor parallel {tp} × "
                 f"pipeline parallel {pp} = {tp * pp}: no data-parallel size fits",
@@ -79,7 +79,7 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
         ):
             if count % tp:
                 problems.append(
-                    Problem(
+                    LaunchProblem(
                         "layout",
                         f"model {name} = {count} is not divisible by tensor parallel {tp}",
                     )
@@ -87,7 +87,7 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
         groups = shape.num_key_value_heads
         if groups % tp and tp % groups:
             problems.append(
-                Problem(
+                LaunchProblem(
                     "layout",
                     f"model num_key_value_heads = {groups} and tensor parallel {tp}: one must "
                     "divide the other (Megatron replicates key/value heads when TP exceeds them)",
@@ -95,7 +95,7 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
             )
         if shape.num_layers % pp:
             problems.append(
-                Problem(
+                LaunchProblem(
                     "layout",
                     f"model num_layers = {shape.num_layers} is not divisible by pipeline "
                     f"parallel {pp}",
@@ -104,14 +104,14 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
     return problems
 
 
-def check_batch(plan: LaunchPlan) -> list[Problem]:
+def check_batch(plan: LaunchPlan) -> list[LaunchProblem]:
     """Prompts × responses, split into ``updates_per_rollout`` mini-batches, each divisible by
     data-parallel size × micro-batch size (every rank runs whole micro-batches)."""
     total = plan.responses_per_step
     updates = plan.updates_per_rollout
     if updates <= 0 or plan.micro_batch_size <= 0:
         return [
-            Problem(
+            LaunchProblem(
                 "batch",
                 f"updates_per_rollout {updates} and micro_batch_size {plan.micro_batch_size} "
                 "must be positive",
@@ -119,7 +119,7 @@ def check_batch(plan: LaunchPlan) -> list[Problem]:
         ]
     if total % updates:
         return [
-            Problem(
+            LaunchProblem(
                 "batch",
                 f"{plan.prompts_per_step} prompts × {plan.responses_per_prompt} responses = "
                 f"{total} responses do not split into {updates} equal mini-batches",
@@ -132,7 +132,7 @@ def check_batch(plan: LaunchPlan) -> list[Problem]:
     step = layout.data * plan.micro_batch_size
     if per_update % step:
         return [
-            Problem(
+            LaunchProblem(
                 "batch",
                 f"{per_update} responses per optimizer step ({plan.prompts_per_step} prompts × "
                 f"{plan.responses_per_prompt} responses / {updates} updates) are not divisible "
@@ -155,7 +155,7 @@ def _writable_dir(path: Path) -> bool:
     return False
 
 
-def check_paths(plan: LaunchPlan) -> list[Problem]:
+def check_paths(plan: LaunchPlan) -> list[LaunchProblem]:
     """The model directory holds what the engines load, by its files
     (:func:`~opefo_nemo.models.directory.model_files_problem`, which start-up checks too), the
     data files and resume checkpoint are readable; the checkpoint directory is writable (or
@@ -164,19 +164,21 @@ def check_paths(plan: LaunchPlan) -> list[Problem]:
     if plan.model_path is not None:
         model = Path(plan.model_path)
         if model.exists() and not _readable_file_or_dir(model):
-            problems.append(Problem("paths", f"model directory {model} is not readable"))
+            problems.append(LaunchProblem("paths", f"model directory {model} is not readable"))
         else:
             problem = model_files_problem(model, f"model.path={model}")
             if problem is not None:
-                problems.append(Problem("paths", problem))
+                problems.append(LaunchProblem("paths", problem))
     for data in plan.data_paths:
         if not Path(data).exists() or not _readable_file_or_dir(Path(data)):
-            problems.append(Problem("paths", f"data path {data} is not readable"))
+            problems.append(LaunchProblem("paths", f"data path {data} is not readable"))
     if plan.resume_path is not None and not _readable_file_or_dir(Path(plan.resume_path)):
-        problems.append(Problem("paths", f"resume checkpoint {plan.resume_path} is not readable"))
+        problems.append(
+            LaunchProblem("paths", f"resume checkpoint {plan.resume_path} is not readable")
+        )
     if plan.checkpoint_dir is not None and not _writable_dir(Path(plan.checkpoint_dir)):
         problems.append(
-            Problem("paths", f"checkpoint directory {plan.checkpoint_dir} is not writable")
+            LaunchProblem("paths", f"checkpoint directory {plan.checkpoint_dir} is not writable")
         )
     return problems
 
@@ -192,7 +194,7 @@ def colocated_placement(plan: LaunchPlan) -> ColocatedPlacement | None:
         return None
 
 
-def check_rollout(plan: LaunchPlan) -> list[Problem]:
+def check_rollout(plan: LaunchPlan) -> list[LaunchProblem]:
     """The colocated vLLM servers fit the allocation: ``engine.rollout_tp_size`` GPUs of one
     node per server, and a model vLLM can shard over that many GPUs."""
     if plan.engine in SINGLE_PROCESS_ENGINES:
@@ -201,10 +203,10 @@ def check_rollout(plan: LaunchPlan) -> list[Problem]:
     try:
         ColocatedPlacement(plan.world_size, plan.ranks_per_node, plan.rollout_tp_size)
     except PlacementError as error:
-        problems.append(Problem("rollout", str(error)))
+        problems.append(LaunchProblem("rollout", str(error)))
     if plan.shape is not None and plan.rollout_tp_size >= 1:
         problems += [
-            Problem("rollout", message)
+            LaunchProblem("rollout", message)
             for message in vllm_tensor_parallel_problems(
                 plan.rollout_tp_size,
                 plan.shape.num_attention_heads,
@@ -222,7 +224,7 @@ def plan_memory(plan: LaunchPlan) -> MemoryEstimate | None:
     return estimate_memory(plan.shape, layout, plan.memory, plan.gpu_memory_bytes)
 
 
-def check_memory(plan: LaunchPlan) -> list[Problem]:
+def check_memory(plan: LaunchPlan) -> list[LaunchProblem]:
     """The estimated peak fits in the GPU's memory (skipped for CPU runs: no GPU memory)."""
     estimate = plan_memory(plan)
     if estimate is None or plan.gpu_memory_bytes <= 0:
@@ -231,7 +233,7 @@ def check_memory(plan: LaunchPlan) -> list[Problem]:
         return []
     phase = "training" if estimate.training >= estimate.generation else "generation"
     return [
-        Problem(
+        LaunchProblem(
             "memory",
             f"estimated per-GPU peak {estimate.peak / GIB:.1f} GiB ({phase} phase) exceeds the "
             f"GPU's {plan.gpu_memory_bytes / GIB:.1f} GiB: raise tensor/pipeline parallel, "
@@ -241,7 +243,7 @@ def check_memory(plan: LaunchPlan) -> list[Problem]:
     ]
 
 
-def check_engine(plan: LaunchPlan) -> list[Problem]:
+def check_engine(plan: LaunchPlan) -> list[LaunchProblem]:
     """The configured engine's module ``opefo_nemo.engines.<engine>`` is installed (found without
     importing it, so a missing NeMo does not crash preflight)."""
     module = f"opefo_nemo.engines.{plan.engine}"
@@ -252,7 +254,7 @@ def check_engine(plan: LaunchPlan) -> list[Problem]:
     if found:
         return []
     return [
-        Problem(
+        LaunchProblem(
             "engine",
             f"engine {plan.engine!r} is not available: module {module} is not installed in "
             "this environment",
@@ -260,7 +262,7 @@ def check_engine(plan: LaunchPlan) -> list[Problem]:
     ]
 
 
-def plan_problems(plan: LaunchPlan) -> list[Problem]:
+def plan_problems(plan: LaunchPlan) -> list[LaunchProblem]:
     """The problems of the plan's numbers and paths (every check but the engine's)."""
     return [
         *check_layout(plan),
@@ -271,7 +273,7 @@ def plan_problems(plan: LaunchPlan) -> list[Problem]:
     ]
 
 
-def all_problems(plan: LaunchPlan) -> list[Problem]:
+def all_problems(plan: LaunchPlan) -> list[LaunchProblem]:
     """Every check's problems, in a fixed order: engine, layout, batch, rollout, paths,
     memory."""
     return [*check_engine(plan), *plan_problems(plan)]

@@ -1,6 +1,6 @@
 """What one node must offer before any training rank starts on it (``opefo-node-check``): driver,
 GPUs, rollout environment, caches, disk. Each check returns
-:class:`~opefo_nemo.launch.checks.Problem` s (one line each), never raises (docs/cluster.md,
+:class:`~opefo_nemo.launch.checks.LaunchProblem` s (one line each), never raises (docs/cluster.md,
 section 8).
 """
 
@@ -16,7 +16,7 @@ import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 
-from opefo_nemo.launch.checks import Problem
+from opefo_nemo.launch.checks import LaunchProblem
 from opefo_nemo.rollout.environment import foreign_imports, server_pythonpath, site_directories
 
 MIN_DRIVER_FOR_CUDA = {11: 450, 12: 525, 13: 580}
@@ -62,26 +62,26 @@ def parse_version(text: str) -> tuple[int, ...]:
     return tuple(int(part) for part in text.strip().split("."))
 
 
-def query_gpus(nvidia_smi: str = "nvidia-smi") -> GpuQuery | Problem:
+def query_gpus(nvidia_smi: str = "nvidia-smi") -> GpuQuery | LaunchProblem:
     """Ask ``nvidia-smi`` for the driver and the GPUs; a problem when it cannot answer."""
     command = [nvidia_smi, "--query-gpu=uuid,driver_version", "--format=csv,noheader"]
     try:
         result = subprocess.run(command, capture_output=True, text=True, timeout=60)
     except FileNotFoundError:
-        return Problem("gpus", f"{nvidia_smi} is not on PATH: no NVIDIA driver on this node")
+        return LaunchProblem("gpus", f"{nvidia_smi} is not on PATH: no NVIDIA driver on this node")
     except subprocess.TimeoutExpired:
-        return Problem("gpus", f"{nvidia_smi} did not answer within 60 s")
+        return LaunchProblem("gpus", f"{nvidia_smi} did not answer within 60 s")
     rows = [line.split(",") for line in result.stdout.splitlines() if line.strip()]
     if result.returncode != 0 or not rows or any(len(row) != 2 for row in rows):
         said = (result.stdout + result.stderr).strip().splitlines()
-        return Problem(
+        return LaunchProblem(
             "gpus",
             f"{nvidia_smi} failed (exit {result.returncode}): {said[0] if said else 'no output'}",
         )
     return GpuQuery(rows[0][1].strip(), tuple(row[0].strip() for row in rows))
 
 
-def driver_problems(driver: str, cuda_of: dict[str, str | None]) -> list[Problem]:
+def driver_problems(driver: str, cuda_of: dict[str, str | None]) -> list[LaunchProblem]:
     """``driver`` against each environment's torch CUDA (``cuda_of``: what → version or None)."""
     problems = []
     for what, cuda in cuda_of.items():
@@ -97,7 +97,7 @@ def driver_problems(driver: str, cuda_of: dict[str, str | None]) -> list[Problem
                     "containers/build.sh: vLLM 0.19.1, torch 2.10.0+cu128; docs/cluster.md)"
                 )
             problems.append(
-                Problem(
+                LaunchProblem(
                     "driver",
                     f"NVIDIA driver {driver} is older than {need}, the minimum for CUDA {cuda} "
                     f"that {what} was built for: upgrade the node's driver to >= {need}, or {fix}",
@@ -108,7 +108,7 @@ def driver_problems(driver: str, cuda_of: dict[str, str | None]) -> list[Problem
 
 def visible_gpu_problems(
     uuids: tuple[str, ...], visible: str | None, tasks_per_node: int
-) -> list[Problem]:
+) -> list[LaunchProblem]:
     """Whether the GPUs this task sees (``nvidia-smi``'s ``uuids``, then ``visible``:
     ``CUDA_VISIBLE_DEVICES``) number at least
     ``tasks_per_node``: every training rank of the node needs its own."""
@@ -119,7 +119,7 @@ def visible_gpu_problems(
         return []
     shown = f" (CUDA_VISIBLE_DEVICES={visible})" if visible is not None else ""
     return [
-        Problem(
+        LaunchProblem(
             "gpus",
             f"{count} GPU(s) visible{shown}, but {tasks_per_node} training task(s) per node need "
             f"one each: request them with --gres=gpu:{tasks_per_node}",
@@ -127,7 +127,7 @@ def visible_gpu_problems(
     ]
 
 
-def probe_environment(python: str) -> tuple[dict | None, list[Problem]]:
+def probe_environment(python: str) -> tuple[dict | None, list[LaunchProblem]]:
     """Run ``python`` as the rollout servers run it (their ``PYTHONPATH``) and report what it
     imports; problems when it cannot run or cannot import torch, vLLM or the rollout server, or
     imports them from the trainer's site-packages (``rollout/environment.py``)."""
@@ -142,13 +142,15 @@ def probe_environment(python: str) -> tuple[dict | None, list[Problem]]:
             [python, "-c", _PROBE], capture_output=True, text=True, timeout=300, env=env
         )
     except (OSError, subprocess.TimeoutExpired) as error:
-        return None, [Problem("rollout", f"rollout.python={python} cannot run: {error}")]
+        return None, [LaunchProblem("rollout", f"rollout.python={python} cannot run: {error}")]
     if result.returncode != 0:
         tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return None, [Problem("rollout", f"rollout.python={python} failed: {tail}")]
+        return None, [LaunchProblem("rollout", f"rollout.python={python} failed: {tail}")]
     report = json.loads(result.stdout.strip().splitlines()[-1])
     problems = [
-        Problem("rollout", f"rollout.python={python} cannot import {name}: {report[name]['error']}")
+        LaunchProblem(
+            "rollout", f"rollout.python={python} cannot import {name}: {report[name]['error']}"
+        )
         for name in ("torch", "vllm", "opefo_nemo.rollout.server")
         if "error" in report[name]
     ]
@@ -159,7 +161,7 @@ def probe_environment(python: str) -> tuple[dict | None, list[Problem]]:
             "torch_path": report["torch"]["path"],
             "vllm_path": report["vllm"]["path"],
         }
-        problems += [Problem("rollout", p) for p in foreign_imports(flat, sys.prefix, sites)]
+        problems += [LaunchProblem("rollout", p) for p in foreign_imports(flat, sys.prefix, sites)]
     return report, problems
 
 
@@ -172,7 +174,7 @@ def cache_directories(environ: dict[str, str]) -> dict[str, Path]:
     }
 
 
-def cache_problems(environ: dict[str, str]) -> list[Problem]:
+def cache_problems(environ: dict[str, str]) -> list[LaunchProblem]:
     """Every cache directory vLLM, Triton and torch compile write can be created and written (a
     file is written and removed)."""
     problems = []
@@ -183,7 +185,9 @@ def cache_problems(environ: dict[str, str]) -> list[Problem]:
                 pass
         except OSError as error:
             problems.append(
-                Problem("cache", f"{name}={path} is not writable ({type(error).__name__}: {error})")
+                LaunchProblem(
+                    "cache", f"{name}={path} is not writable ({type(error).__name__}: {error})"
+                )
             )
     return problems
 
@@ -196,14 +200,14 @@ def free_bytes(path: Path) -> tuple[Path, int]:
     return existing, shutil.disk_usage(existing).free
 
 
-def disk_problems(path: Path, min_free_bytes: int) -> list[Problem]:
+def disk_problems(path: Path, min_free_bytes: int) -> list[LaunchProblem]:
     """Less than ``min_free_bytes`` free where checkpoints go."""
     existing, free = free_bytes(path)
     if free >= min_free_bytes:
         return []
     gib = 1 << 30
     return [
-        Problem(
+        LaunchProblem(
             "disk",
             f"{free / gib:.1f} GiB free on {existing} (checkpoints go to {path}), fewer than "
             f"the {min_free_bytes / gib:.1f} GiB the kept checkpoints need (--min-free-gib)",
