@@ -25,7 +25,7 @@ CHECKPOINTS_SUBDIR = "checkpoints"
 METRICS_FILE = "metrics.jsonl"
 
 
-class RunDirectoryError(Exception):
+class ResumeError(Exception):
     """``run.output_dir`` and ``checkpoint.resume`` disagree (a start-up error, one line)."""
 
 
@@ -118,27 +118,27 @@ def resume_point(resume: str, output_dir: Path) -> Path | None:
         return found[-1] if found else None
     if resume == "fresh":
         if holds_run(output_dir):
-            raise RunDirectoryError(
+            raise ResumeError(
                 f"checkpoint.resume=fresh but run.output_dir={output_dir} holds a run: give a new "
                 "run.output_dir, or drop checkpoint.resume=fresh to continue that run"
             )
         return None
     if resume == "latest":
         if not found:
-            raise RunDirectoryError(
+            raise ResumeError(
                 f"checkpoint.resume=latest but {output_dir / CHECKPOINTS_SUBDIR} holds no "
                 "checkpoint: use checkpoint.resume=auto to start from step 0 when there is none"
             )
         return found[-1]
     path = Path(resume)
     if not (path / "trainer_state.json").is_file():
-        raise RunDirectoryError(
+        raise ResumeError(
             f"checkpoint.resume={resume} is not a checkpoint directory (no trainer_state.json)"
         )
     step = checkpoint_step(path)
     later = [c for c in found if checkpoint_step(c) > step]
     if later:
-        raise RunDirectoryError(
+        raise ResumeError(
             f"checkpoint.resume={resume} (step {step}) but run.output_dir={output_dir} holds the "
             f"later {later[-1].name}: give a new run.output_dir to branch off step {step}"
         )

@@ -18,7 +18,7 @@ from opefo_nemo.models.directory import architecture_problem, model_files_proble
 from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
 from opefo_nemo.tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
 from opefo_nemo.tasks.warm_start import read_recipe
-from opefo_nemo.trainer.checkpoint import CHECKPOINTS_SUBDIR, RunDirectoryError, resume_point
+from opefo_nemo.trainer.checkpoint import CHECKPOINTS_SUBDIR, ResumeError, resume_point
 
 ARITHMETIC = "arithmetic"
 #: What :func:`check_inputs` raises: the user's set-up, one line each.
@@ -27,7 +27,7 @@ INPUT_ERRORS = (
     ModelPathError,
     DatasetError,
     RewardFunctionError,
-    RunDirectoryError,
+    ResumeError,
 )
 
 
@@ -111,7 +111,7 @@ def check_run_directory(config: TrainConfig, output_dir: Path) -> None:
         was = (recorded.get(section) or {}).get(key)
         now = getattr(getattr(config, section), key)
         if was is not None and str(was) != str(now):
-            raise RunDirectoryError(
+            raise ResumeError(
                 f"run.output_dir={output_dir} holds a run with {section}.{key}={was}, not {now}: "
                 "give this run its own run.output_dir"
             )

@@ -8,7 +8,7 @@ import json
 
 import pytest
 
-from opefo_nemo.trainer.checkpoint import RunDirectoryError, holds_run, resume_point
+from opefo_nemo.trainer.checkpoint import ResumeError, holds_run, resume_point
 
 
 def _checkpoint(run, step):
@@ -39,16 +39,16 @@ def test_fresh_refuses_a_directory_that_holds_a_run(tmp_path):
     (tmp_path / "metrics.jsonl").write_text("")
     assert resume_point("fresh", tmp_path) is None  # an empty file is no run
     (tmp_path / "metrics.jsonl").write_text('{"step": 1}\n')
-    with pytest.raises(RunDirectoryError, match=r"fresh but run\.output_dir=.* holds a run"):
+    with pytest.raises(ResumeError, match=r"fresh but run\.output_dir=.* holds a run"):
         resume_point("fresh", tmp_path)
     only_checkpoints = tmp_path / "other"
     _checkpoint(only_checkpoints, 3)
-    with pytest.raises(RunDirectoryError, match="holds a run"):
+    with pytest.raises(ResumeError, match="holds a run"):
         resume_point("fresh", only_checkpoints)
 
 
 def test_latest_needs_a_checkpoint(tmp_path):
-    with pytest.raises(RunDirectoryError, match=r"latest but .* holds no checkpoint"):
+    with pytest.raises(ResumeError, match=r"latest but .* holds no checkpoint"):
         resume_point("latest", tmp_path)
 
 
@@ -57,10 +57,10 @@ def test_a_checkpoint_path_is_refused_behind_a_later_one_of_the_run(tmp_path):
     source = _checkpoint(tmp_path / "source", 2)
     assert resume_point(str(source), tmp_path / "branch") == source
     own_2, _ = _checkpoint(tmp_path / "run", 2), _checkpoint(tmp_path / "run", 4)
-    with pytest.raises(RunDirectoryError, match=r"\(step 2\) .* holds the later step_000004"):
+    with pytest.raises(ResumeError, match=r"\(step 2\) .* holds the later step_000004"):
         resume_point(str(own_2), tmp_path / "run")
     assert resume_point(str(tmp_path / "run" / "checkpoints" / "step_000004"), tmp_path / "run")
-    with pytest.raises(RunDirectoryError, match="not a checkpoint directory"):
+    with pytest.raises(ResumeError, match="not a checkpoint directory"):
         resume_point(str(tmp_path / "nothing"), tmp_path / "run")
 
 
@@ -79,7 +79,7 @@ def test_a_run_continues_only_a_run_of_its_own_method_model_and_data(tmp_path):
     longer, _ = compose(["method=opefo", "trainer.max_steps=500", f"run.output_dir={tmp_path}"])
     check_run_directory(longer, tmp_path)
     grpo, _ = compose(["method=grpo_strict", f"run.output_dir={tmp_path}"])
-    with pytest.raises(RunDirectoryError, match=r"method\.name=opefo, not grpo_strict"):
+    with pytest.raises(ResumeError, match=r"method\.name=opefo, not grpo_strict"):
         check_run_directory(grpo, tmp_path)
     branch, _ = compose(["method=grpo_strict", f"checkpoint.resume={checkpoint}"])
     check_run_directory(branch, tmp_path / "branch")  # another directory: a new run from it

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import pytest
 
-from opefo_nemo.trainer.checkpoint import RunDirectoryError, list_checkpoints
+from opefo_nemo.trainer.checkpoint import ResumeError, list_checkpoints
 from opefo_nemo.trainer.metrics_log import read_metrics
 
 pytestmark = pytest.mark.vllm
@@ -43,10 +43,10 @@ def test_a_second_run_into_the_same_directory_continues_the_first(make_trainer, 
     assert not (run / "metrics.superseded.jsonl").exists()
 
     before = _snapshot(run)
-    with pytest.raises(RunDirectoryError, match=r"checkpoint\.resume=fresh .* holds a run"):
+    with pytest.raises(ResumeError, match=r"checkpoint\.resume=fresh .* holds a run"):
         make_trainer(["checkpoint.resume=fresh", "trainer.max_steps=4"], run)
     older = run / "checkpoints" / "step_000002"
-    with pytest.raises(RunDirectoryError, match=r"holds the later step_000004"):
+    with pytest.raises(ResumeError, match=r"holds the later step_000004"):
         make_trainer([f"checkpoint.resume={older}", "trainer.max_steps=4"], run)
     assert _snapshot(run) == before, "a refused start writes nothing"
 
