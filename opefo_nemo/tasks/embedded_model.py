@@ -126,8 +126,11 @@ def embedded_model(
     warm start (:func:`shipped_warm_start`) is copied from it when ``use_shipped``; building
     draws the training ``problems()`` and encodes them with ``encoder(base model directory)``.
     """
-    if _holds_warm_start(target, recipe):
+    if holds_warm_start(target, recipe):
         return target
+    if target.exists():
+        log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
+        shutil.rmtree(target)
     shipped = shipped_warm_start(target.name, recipe) if use_shipped else None
     if shipped is not None:
         log.info("copying the warm start shipped with the package into %s", target)
@@ -139,10 +142,12 @@ def embedded_model(
     return _build(target, warm_start, recipe, list(problems()), encoder)
 
 
-def _holds_warm_start(target: Path, recipe: Mapping[str, Any]) -> bool:
+def holds_warm_start(target: Path, recipe: Mapping[str, Any]) -> bool:
     """Whether ``target`` already holds the warm start of ``recipe``; ``False`` where one is to
-    be built (a missing default place, or a stale cache there, removed). Refuses a missing
-    place of the user's own and one holding anything else."""
+    be built (a missing default place, or a stale cache there). Refuses, in one line naming the
+    fix, a missing place of the user's own, one holding anything else and one holding a warm
+    start of another recipe: the start-up check of :func:`embedded_model`, which preflight runs
+    too. Reads only."""
     is_default = is_embedded_default(target)
     if not target.exists():
         if is_default:
@@ -166,8 +171,6 @@ def _holds_warm_start(target: Path, recipe: Mapping[str, Any]) -> bool:
             f"model.path={target} holds a warm start made with other model.warm_start or "
             "data settings: restore those, or leave model.path at its default (rebuilt there)"
         )
-    log.warning("%s holds a warm start made with another recipe: rebuilding it", target)
-    shutil.rmtree(target)
     return False
 
 

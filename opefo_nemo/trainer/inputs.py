@@ -7,16 +7,19 @@ built, loaded or written here.
 
 from __future__ import annotations
 
+import dataclasses
 from pathlib import Path
+from typing import Any
 
 import yaml
 
-from opefo_nemo.config.data import GENERATED_DATA
+from opefo_nemo.config.data import GENERATED_DATA, WORD_TASK_KEYS
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import DatasetError
 from opefo_nemo.models.directory import architecture_problem, model_files_problem
 from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
-from opefo_nemo.tasks.embedded_model import ModelPathError, embedded_paths, is_embedded_default
+from opefo_nemo.tasks.embedded_model import ModelPathError, holds_warm_start
+from opefo_nemo.tasks.embedded_model import warm_start_recipe as recipe_of
 from opefo_nemo.tasks.warm_start import read_recipe
 from opefo_nemo.trainer.checkpoint import CHECKPOINTS_SUBDIR, ResumeError, resume_point
 
@@ -31,9 +34,20 @@ INPUT_ERRORS = (
 )
 
 
+def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
+    """The recipe of the embedded model ``config`` describes (:mod:`..tasks.embedded_model`)."""
+    data = config.data
+    problems = dataclasses.asdict(data.arithmetic)
+    for word_task_only in WORD_TASK_KEYS:  # at their defaults here (validated): the warm
+        del problems[word_task_only]  # starts made before these keys keep their recipe
+    return recipe_of(config.model.warm_start, data.template, problems)
+
+
 def check_embedded_model(config: TrainConfig) -> None:
-    """``model.embedded=true``: ``model.path`` is a default place or already holds a warm start,
-    never a model of the user's own (forgetting ``model=local``), and the task is arithmetic."""
+    """``model.embedded=true``: ``model.path`` is a default place or already holds the warm start
+    these settings make (:func:`..tasks.embedded_model.holds_warm_start`, the check start-up
+    builds by), never a model of the user's own (forgetting ``model=local``), and the task is
+    arithmetic."""
     target = Path(config.model.path)
     if (target / "config.json").is_file() and read_recipe(target) is None:
         raise ModelPathError(
@@ -46,18 +60,7 @@ def check_embedded_model(config: TrainConfig) -> None:
             f"{config.data.train}: add `model=local model.path=<Hugging Face model directory>` "
             "to train a model of your own on it"
         )
-    if not target.exists() and not is_embedded_default(target):
-        raise FileNotFoundError(
-            f"model.path={target} does not exist. To train a model of your own, select it with "
-            "model=local model.path=<Hugging Face model directory>; the embedded toy models are "
-            f"built only into {' or '.join(map(str, embedded_paths()))} (set OPEFO_CACHE to "
-            "move them)"
-        )
-    if target.exists() and read_recipe(target) is None:
-        raise ModelPathError(
-            f"model.path={target} holds no embedded warm start: point model.path at a new "
-            "directory, or add `model=local` if it is a model of your own"
-        )
+    holds_warm_start(target, warm_start_recipe(config))
 
 
 def check_model(config: TrainConfig) -> None:

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 from torch import Tensor
 
-from opefo_nemo.config.data import GENERATED_DATA, WORD_TASK_KEYS, DataConfig
+from opefo_nemo.config.data import GENERATED_DATA, DataConfig
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import Problem, load_problems
@@ -28,10 +28,15 @@ from opefo_nemo.models.shape import ModelShape
 from opefo_nemo.rollout import VLLMRolloutEngine
 from opefo_nemo.tasks.arithmetic import make_problems
 from opefo_nemo.tasks.embedded_model import embedded_model as build_embedded_model
-from opefo_nemo.tasks.embedded_model import warm_start_recipe as recipe_of
 from opefo_nemo.tasks.word_arithmetic import make_word_problems
 from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
-from opefo_nemo.trainer.inputs import ARITHMETIC, check_embedded_model, check_inputs, check_model
+from opefo_nemo.trainer.inputs import (
+    ARITHMETIC,
+    check_embedded_model,
+    check_inputs,
+    check_model,
+    warm_start_recipe,
+)
 from opefo_nemo.trainer.loop import Dataset, Trainer
 from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
 from opefo_nemo.trainer.protocols import RolloutEngine
@@ -54,15 +59,6 @@ def generated_split(name: str, data: DataConfig) -> tuple[list[Problem], list[Pr
     return make_word_problems(
         a.digits, a.num_train, a.num_validation, a.seed, a.operation, a.max_operand
     )
-
-
-def warm_start_recipe(config: TrainConfig) -> dict[str, Any]:
-    """The recipe of the embedded model ``config`` describes (:mod:`..tasks.embedded_model`)."""
-    data = config.data
-    problems = dataclasses.asdict(data.arithmetic)
-    for word_task_only in WORD_TASK_KEYS:  # at their defaults here (validated): the warm
-        del problems[word_task_only]  # starts made before these keys keep their recipe
-    return recipe_of(config.model.warm_start, data.template, problems)
 
 
 def embedded_model(config: TrainConfig) -> Path:

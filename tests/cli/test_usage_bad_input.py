@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import subprocess
 import sys
 from pathlib import Path
 
 import pytest
+
+from opefo_nemo.tasks.embedded_model import SHIPPED
 
 ROOT = Path(__file__).resolve().parents[2]
 
@@ -25,8 +28,10 @@ ROOT = Path(__file__).resolve().parents[2]
 @pytest.fixture(scope="module")
 def paths(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
     """A Hugging Face model directory (the session's tiny model), a run directory that holds a
-    run, a megatron-style checkpoint (no Hugging Face model inside), an empty directory."""
+    run, a megatron-style checkpoint (no Hugging Face model inside), an empty directory, and a
+    copy of the demo's shipped warm start outside the cache (as a user keeps one)."""
     root = tmp_path_factory.mktemp("inputs")
+    shutil.copytree(SHIPPED / "tiny_arithmetic_orders", root / "warm")
     run = root / "run"
     run.mkdir()
     (run / "metrics.jsonl").write_text(json.dumps({"step": 1, "reward/mean": 0.5}) + "\n")
@@ -39,11 +44,14 @@ def paths(tmp_path_factory, tiny_model_dir) -> dict[str, Path]:
         "run": run,
         "megatron": checkpoint,
         "empty": root / "empty",
+        "warm": root / "warm",
         "root": root,
     }
 
 
 OWN_MODEL = ["model=local", "model.path={hf}"]
+#: The copied warm start with other warm-start settings than those it was made with.
+OTHER_RECIPE = ["model.path={warm}", "model.warm_start.slip_rate=0.5"]
 # (command, arguments with {hf}/{run}/... placeholders, what the line must say)
 CASES = [
     ("train", ["model.path={hf}"], "add `model=local`"),
@@ -55,6 +63,7 @@ CASES = [
     ("train", ["model=local", "model.path={root}/missing"], "model.path="),
     ("train", ["model.path={root}/Qwen-typo"], "model=local model.path="),
     ("train", ["model.path={empty}"], "add `model=local`"),
+    ("train", OTHER_RECIPE, "warm start made with other model.warm_start"),
     ("train", ["run.output_dir={run}", "checkpoint.resume=fresh"], "holds a run"),
     ("train", ["run.output_dir={empty}", "checkpoint.resume=latest"], "checkpoint.resume=auto"),
     ("train", ["checkpoint.resume="], "checkpoint.resume must be"),
@@ -79,6 +88,9 @@ CASES = [
 
 
 PREFLIGHT = [("preflight", ["model.path={hf}"]), ("preflight", [*OWN_MODEL])]
+#: A warm start of other settings at ``model.path``, which training refuses, and the same copy
+#: with the settings it was made with, which it trains from.
+PREFLIGHT_WARM_START = [("preflight", OTHER_RECIPE), ("preflight", ["model.path={warm}"])]
 CFG_JOB = ["model=local", "model.path={hf}", "trainer.max_steps=3"]
 
 
@@ -86,7 +98,12 @@ CFG_JOB = ["model=local", "model.path={hf}", "trainer.max_steps=3"]
 def results(paths) -> dict[tuple[str, tuple[str, ...]], dict]:
     """``{(command, args): {"code", "stdout", "stderr"}}`` for every command line of this module
     (placeholders filled), all run in one Python process."""
-    lines = [*[(c, a) for c, a, _ in CASES], *PREFLIGHT, ("train", ["--cfg", "job", *CFG_JOB])]
+    lines = [
+        *[(c, a) for c, a, _ in CASES],
+        *PREFLIGHT,
+        *PREFLIGHT_WARM_START,
+        ("train", ["--cfg", "job", *CFG_JOB]),
+    ]
     filled = [(c, [arg.format(**paths) for arg in a]) for c, a in lines]
     cases, out = paths["root"] / "cases.json", paths["root"] / "results.json"
     cases.write_text(json.dumps(filled))
@@ -124,6 +141,17 @@ def test_preflight_reports_what_training_would_stop_on(results):
     stops, fine = (results[(c, tuple(a))] for c, a in PREFLIGHT)
     assert stops["code"] == 1, stops["stdout"]
     assert "add `model=local`" in stops["stdout"]
+    assert stops["stdout"].rstrip().endswith("preflight: 1 problem(s)")
+    assert fine["code"] == 0 and fine["stdout"].rstrip().endswith("preflight: OK"), fine["stdout"]
+
+
+def test_preflight_refuses_the_warm_start_training_refuses(results):
+    """A warm start at ``model.path`` made with other settings stops ``opefo-train`` (the table
+    above); preflight runs the same check and reports it, and passes the copy whose settings
+    match."""
+    stops, fine = (results[(c, tuple(a))] for c, a in PREFLIGHT_WARM_START)
+    assert stops["code"] == 1, stops["stdout"]
+    assert "warm start made with other model.warm_start" in stops["stdout"]
     assert stops["stdout"].rstrip().endswith("preflight: 1 problem(s)")
     assert fine["code"] == 0 and fine["stdout"].rstrip().endswith("preflight: OK"), fine["stdout"]
 

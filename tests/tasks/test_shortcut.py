@@ -13,7 +13,8 @@ from opefo_nemo.config.compose import compose
 from opefo_nemo.tasks.arithmetic import make_problems, operands, score_final_answer, worked_solution
 from opefo_nemo.tasks.embedded_model import warm_start_response
 from opefo_nemo.tasks.shortcut import shortcut_answer, shortcut_ceiling, shortcut_is_right
-from opefo_nemo.trainer.setup import arithmetic_split, warm_start_recipe
+from opefo_nemo.trainer.inputs import warm_start_recipe
+from opefo_nemo.trainer.setup import arithmetic_split
 
 
 def no_carry_sum(a: int, b: int, digits: int) -> int:

@@ -11,7 +11,8 @@ import pytest
 from opefo_nemo.config.compose import compose
 from opefo_nemo.tasks import embedded_model as embedded
 from opefo_nemo.tasks.warm_start import read_recipe
-from opefo_nemo.trainer.setup import build_trainer, embedded_model, warm_start_recipe
+from opefo_nemo.trainer.inputs import warm_start_recipe
+from opefo_nemo.trainer.setup import build_trainer, embedded_model
 
 SMALL = ["model.warm_start.steps=2", "model.warm_start.batch_size=4"]
 
