@@ -4,6 +4,7 @@ point down, and only ``engines/aligner`` imports NeMo or NeMo-Aligner."""
 from __future__ import annotations
 
 import ast
+import re
 from pathlib import Path
 
 import opefo_nemo
@@ -58,6 +59,14 @@ def _package_of(module: str) -> str | None:
 def test_every_package_has_a_layer():
     packages = {p.name for p in PACKAGE.iterdir() if (p / "__init__.py").is_file()}
     assert packages <= set(LAYERS), packages - set(LAYERS)
+
+
+def test_the_architecture_page_lists_the_layers_in_this_order():
+    """docs/architecture.md's "Layers" table is the picture of :data:`LAYERS`: one row a package,
+    top to bottom in the same order."""
+    page = (PACKAGE.parent / "docs" / "architecture.md").read_text()
+    table = page.split("\n## Layers\n", 1)[1].split("\n## ", 1)[0]
+    assert re.findall(r"^\| `(\w+)/` \|", table, re.M) == list(LAYERS)
 
 
 def test_imports_only_point_down():
