@@ -21,6 +21,7 @@ from torch import Tensor
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.batch_layout import MicroBatchLayout
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.checkpoint import load_megatron, save_megatron
@@ -162,6 +163,16 @@ class MegatronPolicy:
         return self.layout.tensor_parallel if self.config.sequence_parallel else 1
 
     @property
+    def data_parallel_size(self) -> int:
+        """The data-parallel ranks a layout deals micro-batches to."""
+        return self._dp[0]
+
+    @property
+    def sequence_multiple(self) -> int:
+        """:attr:`_seq_multiple`: what every micro-batch's width is rounded up to."""
+        return self._seq_multiple
+
+    @property
     def lr(self) -> float:
         """This rollout step's learning rate (:func:`~..schedule.warmup_factor`), as ``hf``'s."""
         return self.updates.lr
@@ -175,9 +186,16 @@ class MegatronPolicy:
         )
 
     @torch.no_grad()
-    def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
+    def token_stats(
+        self,
+        batch: TrainBatch,
+        *,
+        sums: Sequence[str] = (),
+        layout: MicroBatchLayout | None = None,
+    ) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` (with the vocabulary
-        ``sums`` asked for) on every rank (CPU).
+        ``sums`` asked for) on every rank (CPU). ``layout`` is not followed: every row's
+        statistics are its own whichever micro-batch computes them.
 
         The rows are split over the DP ranks (:func:`~.schedule_driver.balanced_rows`); each rank
         runs its rows through the forward-only schedule in micro-batches of
@@ -239,11 +257,15 @@ class MegatronPolicy:
         return micros.stack_rows(stats, names, width), error
 
     def train_step(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        owners: Sequence[int] | None = None,
     ) -> EngineStepResult:
         """Phase 3 (spec §5): one optimizer step over all ``micro_batches`` of the step.
 
-        Micro-batch ``i`` of the ``M`` belongs to DP rank ``⌊i·D/M⌋`` (:meth:`_backward`). Then
+        Micro-batch ``i`` belongs to DP rank ``owners[i]`` (:meth:`_backward`). Then
         the gradients' DP reduction, the global norm over TP and PP, clipping to
         ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A non-finite loss or
         logits on any rank, or a non-finite gradient, skips the step on every rank (gradients
@@ -251,7 +273,7 @@ class MegatronPolicy:
         finiteness and metric sums accumulate on the device and are read once, after the
         backward."""
         self.updates.zero_grad()
-        failed, sums = self._backward(micro_batches, loss_fn, sum_names)
+        failed, sums = self._backward(micro_batches, loss_fn, sum_names, owners)
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
             return EngineStepResult(grad_norm=math.nan, lr=self.lr, skipped=True)
@@ -260,34 +282,45 @@ class MegatronPolicy:
         return EngineStepResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
 
     def capture_entropy_gradient(
-        self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
+        self,
+        micro_batches: Sequence[TrainBatch],
+        entropy_fn: LossFn,
+        owners: Sequence[int] | None = None,
     ) -> CapturedEntropyGradient | None:
         """``Policy.capture_entropy_gradient``: :meth:`train_step`'s schedule and reduction with
         ``entropy_fn``, then the reduced gradient kept in the optimizer's layout
         (:meth:`.optimizer_step.MegatronOptimizerStep.capture_entropy_gradient`)."""
         self.updates.zero_grad()
-        failed, _ = self._backward(micro_batches, entropy_fn, ())
+        failed, _ = self._backward(micro_batches, entropy_fn, (), owners)
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
             return None
         return self.updates.capture_entropy_gradient()
 
     def _backward(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        owners: Sequence[int] | None,
     ) -> tuple[Tensor, Tensor]:
         """This rank's micro-batches through the schedule with gradient; returns the device flag
         of a non-finite loss or logits and the summed ``LossOutput.sums`` (in ``sum_names``
         order, this rank's micro-batches only, non-zero on the last stage).
 
-        Micro-batch ``i`` of the ``M`` belongs to DP rank ``⌊i·D/M⌋`` (equal contiguous blocks).
-        The last stage's loss is ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D,
-        D).factor``, which undoes megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the
+        Micro-batch ``i`` belongs to DP rank ``owners[i]`` (``None``: ``⌊i·D/M⌋`` of the ``M``,
+        equal contiguous blocks); every rank needs at least one. The last stage's loss is
+        ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(m, D).factor``, ``m`` this rank's
+        micro-batches, which undoes megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the
         trainer's closure holds the coefficients, already on the device: only tokens and
         targets travel with the micro-batches). The checks of ``token_stats`` and of the loss
         are read once, after the schedule: the first failing one decides, as if it had raised in
         its micro-batch (non-finite logits fail the step, any other error is raised)."""
         size, rank = self._dp
-        mine = per_rank(len(micro_batches), size)(rank)
+        if owners is None:
+            mine = list(per_rank(len(micro_batches), size)(rank))
+        else:
+            mine = [i for i, owner in enumerate(owners) if owner == rank]
         scaling = MegatronScaling(len(mine), size)
         failed = torch.zeros((), device=self.device)
         names = tuple(sum_names)
