@@ -13,7 +13,7 @@ from pathlib import Path
 
 import torch
 
-from opefo_nemo.cli.sample_counts import DrawSettings, sample_seed
+from opefo_nemo.cli.sample_counts import DrawSettings, sample_seed, server_devices
 from opefo_nemo.config.reward import VERIFIERS, RewardSettings
 from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.data import TEMPLATES
@@ -199,7 +199,7 @@ def draw_settings(
 ) -> DrawSettings:
     """How ``model``'s samples are drawn for ``purpose`` (``calibrate`` | ``compare``)."""
     generator = generator_name(args)
-    return DrawSettings(
+    settings = DrawSettings(
         generator=generator,
         dtype=dtype_name(args, generator, model),
         device="cuda" if torch.cuda.is_available() else "cpu",
@@ -213,6 +213,9 @@ def draw_settings(
         servers=servers(args),
         max_model_len=args.max_model_len,
     )
+    if generator == "vllm":
+        server_devices(settings)  # more servers than GPUs: refused here, naming both
+    return settings
 
 
 def threads(args: argparse.Namespace) -> int | None:

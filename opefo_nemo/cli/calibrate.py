@@ -1,11 +1,7 @@
 """``opefo-eval calibrate MODEL --pool SOURCE``: a hard-tail held-out set calibrated on MODEL
 (spec §12): n samples of every problem of the pool, and the problems whose count of correct
 samples falls in ``--band`` written as a held-out file in our JSONL schema, each with its count
-(docs/boundary.md, "Calibrating a held-out set").
-
-In ``--out``: ``counts.jsonl`` (every problem's count, written as problems finish: the same
-command again draws only what is missing), ``heldout.jsonl``, ``calibration.md`` and
-``calibration.json`` (the counts' histogram, the settings, what the draw cost).
+(docs/boundary.md, "Calibrating a held-out set"; the files it writes: :func:`main`).
 """
 
 from __future__ import annotations
@@ -36,7 +32,12 @@ PROG = "opefo-eval calibrate"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(
+        prog=PROG,
+        description="Draw n samples of every problem of a pool with MODEL and keep the problems "
+        "whose count of correct samples falls in --band as a held-out file, each with its count "
+        "(spec §12; docs/boundary.md).",
+    )
     parser.add_argument("model", help="the starting model: a directory, checkpoint or policy/")
     parser.add_argument(
         "--pool",
@@ -168,8 +169,11 @@ def render(report: dict) -> str:
 
 
 def main(argv: Sequence[str]) -> int:
-    """Calibrate; 2 with one line on stderr for bad input (before or, for ``--band``, after
-    the draw, whose counts are kept)."""
+    """Calibrate; 2 with one line on stderr for bad input (before the draw, or for a ``--band``
+    that selects nothing after it, whose counts are kept). In ``--out``: ``counts.jsonl`` (every
+    problem's count, written as problems finish: the same command again draws only what is
+    missing), ``heldout.jsonl``, ``calibration.md`` and ``calibration.json`` (the counts'
+    histogram, the settings, what the draw cost)."""
     args = parse_args(argv)
     try:
         model, problems, prompts, band, settings, counts = prepare(args)

@@ -1,12 +1,7 @@
 """``opefo-eval compare BASE MODEL [MODEL ...] --heldout FILE``: did training narrow the reasoning
-boundary? Fresh samples of every model on the same prompts with the same sampling, pass@k for
-k = 1, 2, 4 … n/2, Δ(k) of each MODEL against BASE with its paired-bootstrap interval, the problems
-only one of them solves, the distinct answers per problem (spec §12; docs/boundary.md).
-
-A MODEL may be a run's output directory: each of its checkpoints is compared. In ``--out``:
-``counts/<model>.jsonl`` (written as problems finish; the same command again draws only what is
-missing, and a new ``--resamples`` or ``--bootstrap-seed`` draws nothing), ``boundary.md``,
-``boundary.json`` (with every problem's counts) and ``boundary.png``.
+boundary? Fresh samples of every model, pass@k for k = 1, 2, 4 … n/2, Δ(k) against BASE with its
+paired-bootstrap interval, the problems only one solves, the distinct answers (spec §12;
+docs/boundary.md, "Comparing two models"; the files it writes: :func:`main`).
 """
 
 from __future__ import annotations
@@ -43,7 +38,12 @@ PROG = "opefo-eval compare"
 
 
 def parse_args(argv: Sequence[str]) -> argparse.Namespace:
-    parser = OneLineParser(prog=PROG, description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(
+        prog=PROG,
+        description="pass@k of BASE and of each MODEL on fresh samples of the held-out problems, "
+        "Δ(k) against BASE with paired-bootstrap 95 % intervals, the problems only one solves "
+        "and the distinct answers per problem (spec §12; docs/boundary.md).",
+    )
     parser.add_argument("base", help="model A, the reference: usually the starting model")
     parser.add_argument(
         "models",
@@ -190,7 +190,11 @@ def report_settings(args: argparse.Namespace, settings: DrawSettings, models: di
 
 
 def main(argv: Sequence[str]) -> int:
-    """Compare; 2 with one line on stderr for bad input, found before any sample is drawn."""
+    """Compare; 2 with one line on stderr for bad input, found before any sample is drawn. In
+    ``--out``: ``counts/<model>.jsonl`` (written as problems finish; the same command again
+    draws only what is missing, and a new ``--resamples`` or ``--bootstrap-seed`` draws
+    nothing), ``boundary.md``, ``boundary.json`` (with every problem's counts) and
+    ``boundary.png``."""
     args = parse_args(argv)
     try:
         ks, models, problems, prompts, settings, counts = prepare(args)

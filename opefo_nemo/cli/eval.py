@@ -1,9 +1,8 @@
 """``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (spec §7).
 
-MODEL is a Hugging Face directory, a checkpoint or a checkpoint's ``policy/`` directory. The
-benchmarks, the paper's sampling, the outputs and the servers: docs/training.md, "Validation and
-``opefo-eval``". Two subcommands measure the reasoning boundary (spec §12, docs/boundary.md):
-``opefo-eval calibrate`` (``cli/calibrate.py``) and ``opefo-eval compare`` (``cli/compare.py``).
+MODEL is a Hugging Face directory, a checkpoint or a checkpoint's ``policy/`` directory
+(docs/training.md, "Validation and ``opefo-eval``"). ``opefo-eval calibrate`` and ``opefo-eval
+compare`` measure the reasoning boundary (spec §12, docs/boundary.md; :data:`SUBCOMMANDS`).
 """
 
 from __future__ import annotations

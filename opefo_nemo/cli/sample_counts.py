@@ -1,12 +1,7 @@
-"""Draw n samples of every problem and keep what they came to (:class:`~..eval.counts.
-ProblemCount`): the generation behind ``opefo-eval calibrate`` and ``compare``, on the ``hf``
-generator in this process or in worker processes, or on vLLM servers; counts are written as
-problems finish, progress and cost are logged (docs/boundary.md, "Cost").
-
-Samples depend only on the problem's place in its file and the seed: problem i's sample j is drawn
-with the row seed ``base + i·n + j`` however problems are grouped into forwards, requests or worker
-processes, so a resumed or a differently split run draws the same samples (up to the rounding of
-other batch shapes on the ``hf`` generator).
+"""Draw n samples of every problem and count what they came to: the generation behind
+``opefo-eval calibrate`` and ``compare``, on the ``hf`` generator (in this process or in worker
+processes) or on vLLM servers, counts written as problems finish, progress and cost logged
+(docs/boundary.md, "Cost"; how samples are seeded: :func:`count_chunk`).
 """
 
 from __future__ import annotations
@@ -124,10 +119,16 @@ def count_chunk(
     codec: PromptCodec,
     settings: DrawSettings,
 ) -> list[ProblemCount]:
-    """Draw ``n`` samples of each problem of ``chunk`` (row seeds ``base + i·n + j`` for file
-    index i), score them and count them."""
+    """Draw ``n`` samples of each problem of ``chunk``, score them and count them. Sample j of
+    the file's problem i is drawn with the row seed ``base + i·n + j`` however problems are
+    grouped into forwards, requests or worker processes, so a resumed or a differently split run
+    draws the same samples (up to the rounding of other batch shapes on the ``hf``
+    generator)."""
     sampling = replace(settings.sampling, seed=settings.base_seed + chunk.start * n)
-    completions = generator.generate(chunk.prompts, n, sampling)
+    completions = sorted(
+        generator.generate(chunk.prompts, n, sampling),
+        key=lambda c: (c.prompt_index, c.sample_index),
+    )
     responses = [codec.decode(c.token_ids) for c in completions]
     truths = [chunk.truths[c.prompt_index] for c in completions]
     results = score_responses(responses, truths, settings.reward)
@@ -328,19 +329,25 @@ def _counter(model: Path, settings: DrawSettings, n: int) -> Iterator[Any]:
         yield lambda work: pool.imap_unordered(_worker_count, work)
 
 
-def _vllm_engine(model: Path, settings: DrawSettings) -> AbstractContextManager[Any]:
+def server_devices(settings: DrawSettings) -> list[str] | None:
+    """Each vLLM server's ``CUDA_VISIBLE_DEVICES``, one visible GPU each (``None`` without GPUs);
+    more servers than GPUs is a ``PlacementError`` (a ``ValueError``) naming both counts."""
     from opefo_nemo.launch.placement import device_slices
-    from opefo_nemo.rollout import VLLMRolloutEngine
 
-    devices = device_slices(
+    return device_slices(
         settings.servers.num_servers, 1, torch.cuda.device_count(),
         os.environ.get("CUDA_VISIBLE_DEVICES"),
     )  # fmt: skip
+
+
+def _vllm_engine(model: Path, settings: DrawSettings) -> AbstractContextManager[Any]:
+    from opefo_nemo.rollout import VLLMRolloutEngine
+
     return VLLMRolloutEngine.from_config(
         model,
         settings.servers,
         seed=settings.base_seed,
         max_model_len=settings.max_model_len,
         dtype=settings.dtype,
-        devices=devices,
+        devices=server_devices(settings),
     )

@@ -1,9 +1,6 @@
-"""Per-problem sample counts and the file that keeps them as they are drawn: a calibration or a
-comparison writes one line per finished problem, so an interrupted run loses only the problems in
-flight, and the same command run again draws only the rest (docs/boundary.md).
-
-The file is JSON lines: first a header ``{"counts": SETTINGS}`` naming everything the samples
-depend on (model, sampling, seed, verifier, generator), then one :class:`ProblemCount` a line.
+"""Per-problem sample counts and the file that keeps them as they are drawn, one line per finished
+problem after a header of the settings, so an interrupted run loses only the problems in flight
+and the same command again draws only the rest (docs/boundary.md, "Cost").
 """
 
 from __future__ import annotations
@@ -73,7 +70,9 @@ class CountsMismatchError(ValueError):
 class CountsFile:
     """The counts file at ``path`` for ``settings``: the counts already there (:attr:`done`) when
     its header names the same settings, a new file otherwise; :meth:`append` adds one finished
-    problem and flushes it."""
+    problem and flushes it. The file is JSON lines: a header ``{"counts": SETTINGS}`` naming
+    everything the samples depend on (model, sampling, seed, verifier, generator), then one
+    :class:`ProblemCount` a line."""
 
     def __init__(self, path: Path, settings: Mapping[str, Any], prompt_ids: Sequence[str]):
         self.path = path
