@@ -1,7 +1,8 @@
 """``opefo-eval calibrate`` on the demo's tiny model: every problem's count against one plain
-generation of all samples with the same row seeds, scored and counted here; the held-out file is
-the problems in the band; a resumed run, a run on two worker processes and a run with another
-band give the same counts; the trainer validates on the held-out file."""
+generation of all samples with the same row seeds, scored and counted here; a band selects by
+those counts without drawing again; an interrupted run draws only the rest and two worker
+processes draw the same counts; the trainer validates on the held-out file; bad input stops with
+one line naming the option."""
 
 from __future__ import annotations
 
@@ -25,7 +26,7 @@ from opefo_nemo.trainer.scoring import score_responses
 from opefo_nemo.trainer.setup import build_trainer, generated_split
 from opefo_nemo.trainer.stop_tokens import stop_tokens
 
-N, PROBLEMS, ROWS, NEW_TOKENS = 8, 6, 16, 24
+N, PROBLEMS, ROWS, NEW_TOKENS = 8, 4, 16, 24
 POOL = ["--pool", "data=arithmetic", "--set", f"data.arithmetic.num_validation={PROBLEMS}"]
 
 
@@ -99,11 +100,11 @@ def test_an_interrupted_run_draws_only_the_rest(calibrated, demo_model, tmp_path
     resumed.mkdir()
     lines = (out / "counts.jsonl").read_text().splitlines()
     rows = {json.loads(line)["index"]: line for line in lines[1:]}
-    kept = [lines[0]] + [rows[i] for i in (0, 1, 4, 5)]  # problems 2 and 3 never finished
+    kept = [lines[0]] + [rows[i] for i in (0, 1)]  # problems 2 and 3 never finished
     (resumed / "counts.jsonl").write_text("\n".join(kept) + "\n")
     with caplog.at_level(logging.INFO, logger="opefo_nemo.eval"):
         assert eval_cli.main(command(demo_model, resumed, "--band", f"0-{N}")) == 0
-    assert "drawing 8 samples of 2 problems (4 already counted)" in caplog.text
+    assert "drawing 8 samples of 2 problems (2 already counted)" in caplog.text
     assert counted(resumed) == want
     assert len(load_jsonl(resumed / "heldout.jsonl")) == PROBLEMS
     summary = json.loads((resumed / "calibration.json").read_text())
