@@ -112,8 +112,8 @@ def check_same_tokenizer(
     )
     if not same:
         raise ValueError(
-            f"{other.model_dir}: its tokenizer differs from the base model's ({base.model_dir}), "
-            "so the same prompts would be other tokens: compare checkpoints of one model"
+            f"MODEL {other.model_dir}: its tokenizer differs from BASE's ({base.model_dir}), so "
+            "the same prompts would be other tokens: compare checkpoints of one model"
         )
 
 

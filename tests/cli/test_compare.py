@@ -129,7 +129,7 @@ def test_bad_input_stops_with_one_line_naming_the_option(demo_model, heldout, tm
             heldout,
             ["--k-max", "4"],
         ],
-        "its tokenizer differs from the base model's": [demo_model, [other], heldout, []],
+        "other_tokenizer: its tokenizer differs from BASE's": [demo_model, [other], heldout, []],
         "data file not found": [demo_model, [demo_model], tmp_path / "none.jsonl", []],
         "--names a: need 2 distinct names": [demo_model, [demo_model], heldout, ["--names", "a"]],
         "does not exist": [demo_model, [tmp_path / "nothing"], heldout, []],
