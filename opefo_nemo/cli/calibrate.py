@@ -182,7 +182,10 @@ def main(argv: Sequence[str]) -> int:
         return 2
     ids = [p.prompt_id for p in problems]
     truths = [p.ground_truth for p in problems]
-    cost = draw_counts(model, ids, prompts, truths, args.samples, settings, counts, "calibrate")
+    try:
+        cost = draw_counts(model, ids, prompts, truths, args.samples, settings, counts, "calibrate")
+    except KeyboardInterrupt:  # the counts so far are kept (logged)
+        return 130
     ordered = counts.ordered(len(problems))
     try:
         chosen = select(ordered, band)

@@ -203,10 +203,15 @@ def main(argv: Sequence[str]) -> int:
         return 2
     ids = [p.prompt_id for p in problems]
     truths = [p.ground_truth for p in problems]
-    costs = {
-        name: draw_counts(path, ids, prompts, truths, args.samples, settings, counts[name], name)
-        for name, path in models.items()
-    }
+    try:
+        costs = {
+            name: draw_counts(
+                path, ids, prompts, truths, args.samples, settings, counts[name], name
+            )
+            for name, path in models.items()
+        }
+    except KeyboardInterrupt:  # the counts so far are kept (logged)
+        return 130
     report = boundary_report(
         {name: counts[name].ordered(len(problems)) for name in models},
         ks,

@@ -291,11 +291,18 @@ def draw_counts(
         "%s: drawing %d samples of %d problems (%d already counted) with %s",
         label, n, len(todo), len(prompts) - len(todo), describe_generator(settings),
     )  # fmt: skip
-    with _counter(model, settings, n) as count:
-        progress.started()
-        for finished in count(work):
-            counts.append(finished)
-            progress.add(finished)
+    try:
+        with _counter(model, settings, n) as count:
+            progress.started()
+            for finished in count(work):
+                counts.append(finished)
+                progress.add(finished)
+    except KeyboardInterrupt:
+        log.warning(
+            "%s: interrupted with %d of %d problems counted in %s: the same command draws the rest",
+            label, len(counts.done), len(prompts), counts.path,
+        )  # fmt: skip
+        raise
     cost = progress.cost()
     log.info("%s: drew %s", label, cost.describe())
     return cost

@@ -8,7 +8,12 @@ from __future__ import annotations
 
 import json
 import logging
+import os
 import shutil
+import signal
+import subprocess
+import sys
+import time
 
 import pytest
 import torch
@@ -151,3 +156,29 @@ def test_bad_input_stops_with_one_line_naming_the_option(calibrated, demo_model,
     missing = ["calibrate", str(demo_model), "--pool", str(tmp_path / "none.jsonl")]
     assert eval_cli.main(missing) == 2
     assert "data file not found" in capsys.readouterr().err
+
+
+def test_an_interrupt_keeps_the_finished_problems(demo_model, tmp_path):
+    # a real Ctrl-C (SIGINT) once two problems are written: exit 130, one line saying where the
+    # counts are, no traceback, and every line written is a whole problem's count
+    out = tmp_path / "interrupted"
+    argv = command(demo_model, out, "--band", f"0-{N}", "--batch-rows", str(N))
+    argv[argv.index("--set") + 1] = "data.arithmetic.num_validation=64"
+    code = "import sys; from opefo_nemo.cli.eval import main; sys.exit(main(sys.argv[1:]))"
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
+    child = subprocess.Popen(
+        [sys.executable, "-c", code, *argv], env=env, stderr=subprocess.PIPE, text=True
+    )
+    counts = out / "counts.jsonl"
+    deadline = time.monotonic() + 120
+    while not (counts.is_file() and len(counts.read_text().splitlines()) >= 3):
+        assert child.poll() is None and time.monotonic() < deadline, "no counts appeared"
+        time.sleep(0.05)
+    child.send_signal(signal.SIGINT)
+    _, err = child.communicate(timeout=60)
+    assert child.returncode == 130, err
+    assert "Traceback" not in err
+    assert "problems counted in" in err and "the same command draws the rest" in err
+    lines = counts.read_text().splitlines()
+    assert 3 <= len(lines) < 65
+    assert all(json.loads(line)["samples"] == N for line in lines[1:])
