@@ -110,6 +110,12 @@ def add_draw_options(parser: argparse.ArgumentParser, samples: int, out: str) ->
         choices=("error", "skip"),
         help="a data row with an empty problem or answer: refuse the file or skip it",
     )
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="draw only the I-th of N contiguous blocks of the problems (0 <= I < N) and stop; "
+        'merged count files give the whole draw (docs/boundary.md, "Cost")',
+    )
     parser.add_argument("--out", default=out, help=f"output directory (default: {out})")
 
 
@@ -140,6 +146,11 @@ def check_draw_options(args: argparse.Namespace) -> None:
             ) from None
     if args.reward_function is not None:
         load_reward_function(args.reward_function, "--reward-function")
+    if args.shard is not None:
+        index, sep, total = str(args.shard).partition("/")
+        if not (sep and index.isdigit() and total.isdigit() and int(index) < int(total)):
+            raise ValueError(f"--shard {args.shard}: expected I/N with 0 <= I < N")
+        args.shard = (int(index), int(total))
 
 
 def generator_name(args: argparse.Namespace) -> str:

@@ -21,7 +21,7 @@ from opefo_nemo.cli.boundary_options import (
     check_lengths,
     draw_settings,
 )
-from opefo_nemo.cli.sample_counts import describe_generator, draw_counts
+from opefo_nemo.cli.sample_counts import describe_generator, draw_counts, shard_done, shard_range
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.data import Problem, load_jsonl, load_problems
 from opefo_nemo.eval.calibration import Band, count_histogram, select, write_heldout
@@ -182,10 +182,15 @@ def main(argv: Sequence[str]) -> int:
         return 2
     ids = [p.prompt_id for p in problems]
     truths = [p.ground_truth for p in problems]
+    share = shard_range(len(problems), args.shard)
     try:
-        cost = draw_counts(model, ids, prompts, truths, args.samples, settings, counts, "calibrate")
+        cost = draw_counts(
+            model, ids, prompts, truths, args.samples, settings, counts, "calibrate", share
+        )
     except KeyboardInterrupt:  # the counts so far are kept (logged)
         return 130
+    if args.shard is not None:
+        return shard_done(counts.path, share)
     ordered = counts.ordered(len(problems))
     try:
         chosen = select(ordered, band)

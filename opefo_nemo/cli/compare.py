@@ -22,7 +22,13 @@ from opefo_nemo.cli.boundary_options import (
     check_lengths,
     draw_settings,
 )
-from opefo_nemo.cli.sample_counts import DrawSettings, describe_generator, draw_counts
+from opefo_nemo.cli.sample_counts import (
+    DrawSettings,
+    describe_generator,
+    draw_counts,
+    shard_done,
+    shard_range,
+)
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.data import Problem, load_problems
 from opefo_nemo.eval.boundary import boundary_ks
@@ -203,15 +209,18 @@ def main(argv: Sequence[str]) -> int:
         return 2
     ids = [p.prompt_id for p in problems]
     truths = [p.ground_truth for p in problems]
+    share = shard_range(len(problems), args.shard)
     try:
         costs = {
             name: draw_counts(
-                path, ids, prompts, truths, args.samples, settings, counts[name], name
+                path, ids, prompts, truths, args.samples, settings, counts[name], name, share
             )
             for name, path in models.items()
         }
     except KeyboardInterrupt:  # the counts so far are kept (logged)
         return 130
+    if args.shard is not None:
+        return shard_done(Path(args.out) / "counts", share)
     report = boundary_report(
         {name: counts[name].ordered(len(problems)) for name in models},
         ks,

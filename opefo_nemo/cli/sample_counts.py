@@ -229,6 +229,24 @@ class DrawCost:
         )
 
 
+def shard_range(problems: int, shard: tuple[int, int] | None) -> range:
+    """The problems ``--shard I/N`` draws: the I-th of N contiguous blocks (all without one)."""
+    if shard is None:
+        return range(problems)
+    index, total = shard
+    return range(index * problems // total, (index + 1) * problems // total)
+
+
+def shard_done(where: Path, share: range) -> int:
+    """Say what a ``--shard`` run leaves to do (nothing else is written); exit status 0."""
+    log.info(
+        "problems %d to %d counted in %s; merge the shards' count files (one header, every "
+        "shard's lines) into one --out and run the command there without --shard",
+        share.start, share.stop - 1, where,
+    )  # fmt: skip
+    return 0
+
+
 class Progress:
     """Logs ``label: done/total problems, samples, rate, time left`` at most every
     :data:`PROGRESS_EVERY_S` seconds, and always at the end."""
@@ -272,15 +290,18 @@ def draw_counts(
     settings: DrawSettings,
     counts: CountsFile,
     label: str,
+    share: range | None = None,
 ) -> DrawCost:
     """Draw what ``counts`` lacks of ``n`` samples per problem with ``model`` and append each
-    finished problem to it; what it cost (nothing when every problem is already counted)."""
+    finished problem to it; what it cost (nothing when every problem is already counted). With
+    ``share`` only those problems (a ``--shard``'s block) are drawn."""
     if len(prompts) * n >= SEED_SPAN // 2:
         raise ValueError(f"{len(prompts)} problems × {n} samples: at most 2^29 samples a draw")
-    todo = [i for i in range(len(prompts)) if i not in counts.done]
-    progress = Progress(label, len(prompts), len(prompts) - len(todo), n)
+    share = range(len(prompts)) if share is None else share
+    todo = [i for i in share if i not in counts.done]
+    progress = Progress(label, len(share), len(share) - len(todo), n)
     if not todo:
-        log.info("%s: all %d problems already counted in %s", label, len(prompts), counts.path)
+        log.info("%s: all %d problems already counted in %s", label, len(share), counts.path)
         return progress.cost()
     rows = VLLM_REQUEST_ROWS if settings.generator == "vllm" else settings.batch_rows
     per_chunk = max(1, rows // n)
@@ -289,7 +310,7 @@ def draw_counts(
     work = chunks(todo, prompt_ids, prompts, truths, per_chunk)
     log.info(
         "%s: drawing %d samples of %d problems (%d already counted) with %s",
-        label, n, len(todo), len(prompts) - len(todo), describe_generator(settings),
+        label, n, len(todo), len(share) - len(todo), describe_generator(settings),
     )  # fmt: skip
     try:
         with _counter(model, settings, n) as count:
@@ -300,7 +321,7 @@ def draw_counts(
     except KeyboardInterrupt:
         log.warning(
             "%s: interrupted with %d of %d problems counted in %s: the same command draws the rest",
-            label, len(counts.done), len(prompts), counts.path,
+            label, progress.done, len(share), counts.path,
         )  # fmt: skip
         raise
     cost = progress.cost()

@@ -1,8 +1,8 @@
 """``opefo-eval calibrate`` on the demo's tiny model: every problem's count against one plain
 generation of all samples with the same row seeds, scored and counted here; a band selects by
-those counts without drawing again; an interrupted run draws only the rest and two worker
-processes draw the same counts; the trainer validates on the held-out file; bad input stops with
-one line naming the option."""
+those counts without drawing again; an interrupted run draws only the rest, and two worker
+processes and two merged shards draw the same counts; a real Ctrl-C keeps what was counted; the
+trainer validates on the held-out file; bad input stops with one line naming the option."""
 
 from __future__ import annotations
 
@@ -123,6 +123,23 @@ def test_two_worker_processes_give_the_same_counts(calibrated, demo_model, tmp_p
     assert counted(tmp_path / "workers") == want
 
 
+def test_shards_merged_give_the_same_counts(calibrated, demo_model, tmp_path, caplog):
+    _, want = calibrated
+    lines = []
+    for shard in ("0/2", "1/2"):  # problems 0-1 and 2-3, each one forward of 16 rows
+        out = tmp_path / shard.replace("/", "_")
+        assert eval_cli.main(command(demo_model, out, "--shard", shard)) == 0
+        assert not (out / "heldout.jsonl").exists()
+        lines.append((out / "counts.jsonl").read_text().splitlines())
+    merged = tmp_path / "merged"
+    merged.mkdir()
+    (merged / "counts.jsonl").write_text("\n".join(lines[0] + lines[1][1:]) + "\n")
+    with caplog.at_level(logging.INFO, logger="opefo_nemo.eval"):
+        assert eval_cli.main(command(demo_model, merged, "--band", f"0-{N}")) == 0
+    assert f"all {PROBLEMS} problems already counted" in caplog.text
+    assert counted(merged) == want
+
+
 def test_training_validates_on_the_heldout_file(calibrated, demo_model, tmp_path):
     out, _ = calibrated
     heldout = out / "heldout.jsonl"
@@ -147,6 +164,7 @@ def test_bad_input_stops_with_one_line_naming_the_option(calibrated, demo_model,
         f"--band {empty}-{empty} selects none of the {PROBLEMS} problems": ["--band", str(empty)],
         "--band 1-9: need 0 <= LOW <= HIGH <= --samples (8)": ["--band", "1-9"],
         "--samples must be >= 2": ["--samples", "1"],
+        "--shard 2/2: expected I/N with 0 <= I < N": ["--shard", "2/2"],
     }
     for expected, extra in cases.items():
         assert eval_cli.main(command(demo_model, copy, *extra)) == 2, expected
