@@ -154,8 +154,8 @@ def render(report: dict) -> str:
         f"{report['model']} on {report['pool']}: {report['problems']} problems × "
         f"{report['samples']} samples (seed {report['seed']}, {report['generator']}).",
         "",
-        f"Band {report['band']} correct of {report['samples']}: {report['selected']} problems "
-        f"kept in {report['heldout']}.",
+        f"Band {report['band']} correct of {report['samples']}: {report['selected']} of "
+        f"{report['problems']} problems kept in {report['heldout']}.",
         "",
         "| correct samples | problems |",
         "| --- | --- |",
