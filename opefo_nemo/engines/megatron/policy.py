@@ -34,9 +34,11 @@ from opefo_nemo.engines.megatron.loss_closure import (
 from opefo_nemo.engines.megatron.optimizer_step import MegatronOptimizerStep
 from opefo_nemo.engines.megatron.pipeline_batch import PipelineMicroBatches
 from opefo_nemo.engines.megatron.schedule_driver import (
-    balanced_rows,
+    RowLayout,
+    contiguous_owners,
+    forward_layout,
     gather_rows,
-    per_rank,
+    owned,
     run_schedule,
 )
 from opefo_nemo.engines.protocols import EngineStepResult, LossFn
@@ -59,7 +61,7 @@ class MegatronPolicy:
     weights and gradients, or fp32 ones; with or without the distributed optimizer);
     ``temperature``: the rollout's sampling temperature (spec §1). Tied embeddings at PP > 1
     must start bit-equal (:meth:`_check_tied_copies`); with sequence parallelism sequences are
-    padded to a multiple of TP (:attr:`_seq_multiple`). Not supported: virtual pipeline stages.
+    padded to a multiple of TP (:attr:`sequence_multiple`). Not supported: virtual pipeline stages.
     """
 
     def __init__(
@@ -156,9 +158,10 @@ class MegatronPolicy:
         return next(self.model.parameters()).device
 
     @property
-    def _seq_multiple(self) -> int:
-        """Sequence parallelism splits each sequence over the TP ranks: the schedule's sequence
-        length is padded to a multiple of TP (the padding is masked like any other)."""
+    def sequence_multiple(self) -> int:
+        """What every micro-batch's width is rounded up to: sequence parallelism splits each
+        sequence over the TP ranks, so a multiple of TP then (the padding is masked like any
+        other), else 1. The trainer's layout planner counts the padding with it."""
         return self.layout.tensor_parallel if self.config.sequence_parallel else 1
 
     @property
@@ -167,37 +170,58 @@ class MegatronPolicy:
         return self.updates.lr
 
     @property
+    def data_parallel_size(self) -> int:
+        """The data-parallel ranks the micro-batches of a pass are dealt to."""
+        return parallel_state.get_data_parallel_world_size()
+
+    @property
     def _dp(self) -> tuple[int, int]:
         """``(data-parallel size, this rank's data-parallel rank)``."""
-        return (
-            parallel_state.get_data_parallel_world_size(),
-            parallel_state.get_data_parallel_rank(),
-        )
+        return self.data_parallel_size, parallel_state.get_data_parallel_rank()
 
     @torch.no_grad()
-    def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
+    def token_stats(
+        self,
+        batch: TrainBatch,
+        *,
+        sums: Sequence[str] = (),
+        layout: RowLayout | None = None,
+    ) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` (with the vocabulary
-        ``sums`` asked for) on every rank (CPU).
+        ``sums`` asked for) on every rank (CPU), in ``batch``'s row order.
 
-        The rows are split over the DP ranks (:func:`~.schedule_driver.balanced_rows`); each rank
-        runs its rows through the forward-only schedule in micro-batches of
-        ``config.micro_batch_size`` (padded to the schedule's fixed shape,
-        :class:`~.pipeline_batch.PipelineMicroBatches`) with :func:`~.loss_closure.stats_function`
-        (vocab-parallel over TP, padded vocabulary excluded, the rollout temperature) on the last
-        pipeline stage, which broadcasts them to the others (``engine.stats_kernel=fused_linear``:
-        from the final hidden states, :mod:`.fused_output`); the rows are then all-gathered over
-        DP in row order, so the trainer's ``prepare`` is identical on every rank. The checks of
-        every micro-batch are read once after the schedule (:mod:`~opefo_nemo.core.deferred_checks`)
-        and the statistics stay on the device until one copy to the host after the gather."""
+        ``layout`` says which rows form each micro-batch and which DP rank runs it (its rows
+        cover every row of ``batch`` once); ``None``: :func:`forward_layout`. Each rank runs the
+        micro-batches it owns through the forward-only schedule, each at its own width
+        (:class:`~.pipeline_batch.PipelineMicroBatches`), with
+        :func:`~.loss_closure.stats_function` (vocab-parallel over TP, padded vocabulary
+        excluded, the rollout temperature) on the last pipeline stage, which broadcasts them to
+        the others (``engine.stats_kernel=fused_linear``: from the final hidden states,
+        :mod:`.fused_output`); the rows are then all-gathered over DP and put back by row
+        index (:func:`~.schedule_driver.gather_rows`), so the trainer's ``prepare`` is identical
+        on every rank. The checks of every micro-batch are read once after the schedule
+        (:mod:`~opefo_nemo.core.deferred_checks`) and the statistics stay on the device until one
+        copy to the host after the gather."""
+        if layout is None:
+            size = self.data_parallel_size
+            layout = forward_layout(batch.rows, size, self.config.micro_batch_size)
+        covered = sorted(row for rows in layout.rows for row in rows)
+        if covered != list(range(batch.rows)):
+            raise ValueError(f"the layout's rows do not cover the batch's {batch.rows} rows once")
         size, rank = self._dp
-        rows = balanced_rows(batch.rows, size, rank)
+        count = len(layout.rows)
+        shares = [
+            [row for i in owned(layout.owners, count, size, r) for row in layout.rows[i]]
+            for r in range(size)
+        ]
         names = ("logprob", "entropy", *requested_sums(sums))
         width = batch.input_ids.shape[1] - 1
         local = torch.zeros((len(names), 0, width), dtype=torch.float32, device=self.device)
         error: Exception | None = None
-        if len(rows):
-            local, error = self._shard_stats(batch.select(rows), names, width)
-        full = gather_rows(local, batch.rows, self.dp_group).cpu()
+        mine = [batch.select(layout.rows[i]) for i in owned(layout.owners, count, size, rank)]
+        if mine:
+            local, error = self._shard_stats(mine, names, width)
+        full = gather_rows(local, shares, batch.rows, self.dp_group).cpu()
         if error is not None:
             raise error
         if bool(torch.isnan(full).any()):
@@ -207,13 +231,13 @@ class MegatronPolicy:
         return TokenStats(**dict(zip(names, full, strict=True)))
 
     def _shard_stats(
-        self, shard: TrainBatch, names: Sequence[str], width: int
+        self, micro_batches: Sequence[TrainBatch], names: Sequence[str], width: int
     ) -> tuple[Tensor, Exception | None]:
-        """This rank's rows ``shard`` through the forward-only schedule: the statistics
-        ``[len(names), rows, width]`` fp32 on the device, and non-finite logits as an error to
-        raise after the gather (its rows NaN, so the other ranks learn of it); any other failed
-        check is raised at once."""
-        micros = PipelineMicroBatches.split(shard, self.config.micro_batch_size, self._seq_multiple)
+        """This rank's ``micro_batches`` through the forward-only schedule: the statistics
+        ``[len(names), rows, width]`` fp32 on the device (their rows in order), and non-finite
+        logits as an error to raise after the gather (its rows NaN, so the other ranks learn
+        of it); any other failed check is raised at once."""
+        micros = PipelineMicroBatches(tuple(micro_batches), self.sequence_multiple)
         order = iter(range(micros.num_microbatches))
 
         def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
@@ -232,26 +256,31 @@ class MegatronPolicy:
         if error is not None and not isinstance(error, NonFiniteLogitsError):
             raise error
         if error is not None:
-            shape = (micros.micro_batch_size, micros.seq_length)
-            nan = torch.full(shape, math.nan, device=self.device)
-            outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
-        stats = micros.gather_stats(outputs, self.pp_group, self.device, names[2:])
-        return micros.stack_rows(stats, names, width), error
+            outputs = [
+                dict.fromkeys(names, torch.full(shape, math.nan, device=self.device))
+                for shape in micros.shapes
+            ]
+        stats = micros.gather_stats(outputs, names, width, self.pp_group, self.device)
+        return stats, error
 
     def train_step(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        owners: Sequence[int] | None = None,
     ) -> EngineStepResult:
         """Phase 3 (spec §5): one optimizer step over all ``micro_batches`` of the step.
 
-        Micro-batch ``i`` of the ``M`` belongs to DP rank ``⌊i·D/M⌋`` (:meth:`_backward`). Then
-        the gradients' DP reduction, the global norm over TP and PP, clipping to
-        ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A non-finite loss or
-        logits on any rank, or a non-finite gradient, skips the step on every rank (gradients
-        dropped, ``EngineStepResult(nan, lr, skipped=True)``), as ``HFPolicy`` does. The loss's
-        finiteness and metric sums accumulate on the device and are read once, after the
-        backward."""
+        ``owners[i]``: the DP rank that runs micro-batch ``i`` (:meth:`_backward`); ``None``:
+        equal contiguous blocks. Then the gradients' DP reduction, the global norm over TP and
+        PP, clipping to ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A
+        non-finite loss or logits on any rank, or a non-finite gradient, skips the step on every
+        rank (gradients dropped, ``EngineStepResult(nan, lr, skipped=True)``), as ``HFPolicy``
+        does. The loss's finiteness and metric sums accumulate on the device and are read once,
+        after the backward."""
         self.updates.zero_grad()
-        failed, sums = self._backward(micro_batches, loss_fn, sum_names)
+        failed, sums = self._backward(micro_batches, loss_fn, sum_names, owners)
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
             return EngineStepResult(grad_norm=math.nan, lr=self.lr, skipped=True)
@@ -260,39 +289,63 @@ class MegatronPolicy:
         return EngineStepResult(grad_norm=grad_norm, lr=self.lr, skipped=False, sums=totals)
 
     def capture_entropy_gradient(
-        self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
+        self,
+        micro_batches: Sequence[TrainBatch],
+        entropy_fn: LossFn,
+        owners: Sequence[int] | None = None,
     ) -> CapturedEntropyGradient | None:
         """``Policy.capture_entropy_gradient``: :meth:`train_step`'s schedule and reduction with
-        ``entropy_fn``, then the reduced gradient kept in the optimizer's layout
+        ``entropy_fn`` (and the same ``owners``), then the reduced gradient kept in the
+        optimizer's layout
         (:meth:`.optimizer_step.MegatronOptimizerStep.capture_entropy_gradient`)."""
         self.updates.zero_grad()
-        failed, _ = self._backward(micro_batches, entropy_fn, ())
+        failed, _ = self._backward(micro_batches, entropy_fn, (), owners)
         if self.updates.reduce(failed):  # the same on every rank
             self.updates.zero_grad()
             return None
         return self.updates.capture_entropy_gradient()
 
     def _backward(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        owners: Sequence[int] | None,
     ) -> tuple[Tensor, Tensor]:
-        """This rank's micro-batches through the schedule with gradient; returns the device flag
-        of a non-finite loss or logits and the summed ``LossOutput.sums`` (in ``sum_names``
-        order, this rank's micro-batches only, non-zero on the last stage).
+        """This rank's micro-batches through the schedule with gradient, each at its own width;
+        returns the device flag of a non-finite loss or logits and the summed
+        ``LossOutput.sums`` (in ``sum_names`` order, this rank's micro-batches only, non-zero on
+        the last stage).
 
-        Micro-batch ``i`` of the ``M`` belongs to DP rank ``⌊i·D/M⌋`` (equal contiguous blocks).
-        The last stage's loss is ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(M/D,
-        D).factor``, which undoes megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the
-        trainer's closure holds the coefficients, already on the device: only tokens and
-        targets travel with the micro-batches). The checks of ``token_stats`` and of the loss
-        are read once, after the schedule: the first failing one decides, as if it had raised in
-        its micro-batch (non-finite logits fail the step, any other error is raised)."""
+        Micro-batch ``i`` belongs to DP rank ``owners[i]`` (``None``:
+        :func:`~.schedule_driver.contiguous_owners`); ranks may own different numbers of them,
+        or none. The last stage's loss is ``loss_fn(i, stats_with_grad)`` ×
+        ``MegatronScaling(n, D).factor`` with ``n`` this rank's own count, which undoes
+        megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the trainer's closure holds the
+        coefficients, already on the device: only tokens and targets travel with the
+        micro-batches). The checks of ``token_stats`` and of the loss are read once, after the
+        schedule: the first failing one decides, as if it had raised in its micro-batch
+        (non-finite logits fail the step, any other error is raised). A rank that owns nothing
+        runs no schedule (its gradient is 0 in the DP reduction), except with
+        ``engine.overlap_grad_reduce``: megatron's DDP starts each bucket's reduction from the
+        gradient hooks of the last micro-batch's backward (``finish_grad_sync`` asserts it was
+        started), so such a rank runs the step's first micro-batch with its loss × 0, whose
+        backward fires the same hooks in the same order as the other ranks'."""
         size, rank = self._dp
-        mine = per_rank(len(micro_batches), size)(rank)
-        scaling = MegatronScaling(len(mine), size)
+        count = len(micro_batches)
+        if not count:
+            raise ValueError("a step needs at least one micro-batch")
+        given = contiguous_owners(count, size) if owners is None else owners
+        mine = owned(given, count, size, rank)
+        stand_in = not mine and self.config.overlap_grad_reduce
         failed = torch.zeros((), device=self.device)
         names = tuple(sum_names)
         sums = torch.zeros(len(names), dtype=torch.float64, device=self.device)
-        order = iter(mine)
+        if not mine and not stand_in:
+            return failed, sums
+        run = mine or [0]
+        scaling = MegatronScaling(len(run), size)
+        order = iter(run)
 
         def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
             index = next(order)  # the last stage builds the functions in micro-batch order
@@ -302,6 +355,8 @@ class MegatronPolicy:
                 nonlocal failed, sums
                 checks.label = f"micro-batch {index} of the loss pass"
                 stats = self.outputs.stats(output, item["targets"])
+                if stand_in:
+                    return (stats.logprob.sum() + stats.entropy.sum()) * 0.0, {}
                 out = loss_fn(
                     index, TokenStats(stats.logprob[:rows, :width], stats.entropy[:rows, :width])
                 )
@@ -311,12 +366,7 @@ class MegatronPolicy:
 
             return compute
 
-        shard = [micro_batches[i] for i in mine]
-        width = max(int(m.input_ids.shape[1]) for m in shard)
-        multiple = self._seq_multiple
-        micros = PipelineMicroBatches(
-            tuple(shard), max(m.rows for m in shard), -(-width // multiple) * multiple
-        )
+        micros = PipelineMicroBatches(tuple(micro_batches[i] for i in run), self.sequence_multiple)
         with deferred_checks() as checks:
             run_schedule(
                 self.model,
