@@ -22,7 +22,6 @@ from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
-from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.checkpoint import load_megatron, save_megatron
 from opefo_nemo.engines.megatron.fused_output import gpt_model
 from opefo_nemo.engines.megatron.loss_closure import (
@@ -31,6 +30,7 @@ from opefo_nemo.engines.megatron.loss_closure import (
     output_stats,
     stats_function,
 )
+from opefo_nemo.engines.megatron.model_checks import check_model, check_tied_copies
 from opefo_nemo.engines.megatron.optimizer_step import MegatronOptimizerStep
 from opefo_nemo.engines.megatron.pipeline_batch import PipelineMicroBatches
 from opefo_nemo.engines.megatron.schedule_driver import (
@@ -44,7 +44,6 @@ from opefo_nemo.engines.megatron.schedule_driver import (
 from opefo_nemo.engines.protocols import EngineStepResult, LossFn
 from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 from opefo_nemo.models.megatron_weights.streaming import DistributedFetch, hf_named_weights
-from opefo_nemo.models.megatron_weights.weight_mapping import Sharding, stage_specs
 from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -60,8 +59,9 @@ class MegatronPolicy:
     (:func:`~.megatron_optimizer.build_megatron_optimizer`: bf16 parameters with fp32 main
     weights and gradients, or fp32 ones; with or without the distributed optimizer);
     ``temperature``: the rollout's sampling temperature (spec §1). Tied embeddings at PP > 1
-    must start bit-equal (:meth:`_check_tied_copies`); with sequence parallelism sequences are
-    padded to a multiple of TP (:attr:`sequence_multiple`). Not supported: virtual pipeline stages.
+    must start bit-equal (:func:`~.model_checks.check_tied_copies`); with sequence parallelism
+    sequences are padded to a multiple of TP (:attr:`sequence_multiple`). Not supported: virtual
+    pipeline stages.
     """
 
     def __init__(
@@ -90,67 +90,14 @@ class MegatronPolicy:
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.model_parallel_group = parallel_state.get_model_parallel_group()
-        self._check_model()
+        check_model(model, layout, config.dtype)
         if layout.pipeline_parallel > 1 and layout.shape.tie_word_embeddings:
-            self._check_tied_copies()
+            check_tied_copies(model, self.pp_group)
         self.outputs = output_stats(
             model, self.tp_group, layout.shape.vocab_size, temperature, config
         )
         groups = (self.dp_group, self.model_parallel_group)
         self.updates = MegatronOptimizerStep(model, optimizer, config, *groups)
-
-    def _check_model(self) -> None:
-        """The model's names, shard shapes and dtype are what ``layout`` and ``config`` say."""
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        if tp != self.layout.tensor_parallel:
-            raise ValueError(
-                f"parallel_state has tensor parallel {tp}, the layout {self.layout.tensor_parallel}"
-            )
-        state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
-        stage = parallel_state.get_pipeline_model_parallel_rank()
-        expected = {
-            spec.name: _shard_shape(spec.shape, spec.sharding, tp)
-            for spec in stage_specs(self.layout, stage)
-        }
-        missing, unexpected = set(expected) - set(state), set(state) - set(expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"model weights do not match the layout: missing {sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
-        for name, tensor in state.items():
-            if tuple(tensor.shape) != expected[name]:
-                raise ValueError(
-                    f"model weight {name} has shape {tuple(tensor.shape)}, the layout (padded "
-                    f"vocabulary {self.layout.padded_vocab_size}, TP {tp}) expects {expected[name]}"
-                )
-        dtype = _DTYPES[self.config.dtype]
-        wrong = [n for n, p in self.model.named_parameters() if p.dtype != dtype]
-        if wrong:
-            raise ValueError(f"model weight {wrong[0]} is not engine.dtype={self.config.dtype}")
-
-    def _check_tied_copies(self) -> None:
-        """Tied embeddings at PP > 1: the last stage's ``output_layer.weight`` equals the first
-        stage's word embedding bit for bit (their gradients are summed each step by megatron's
-        ``finalize_model_grads``, so they stay equal only if they start equal). One all-reduce of
-        ``E_first − E_last`` over the embedding group, then the verdict over the pipeline so that
-        every stage raises together."""
-        group = compat.embedding_group()
-        unequal = torch.zeros(1, device=self.device)
-        if group is not None:
-            first = parallel_state.is_pipeline_first_stage()
-            model = gpt_model(self.model)
-            weight = model.embedding.word_embeddings.weight if first else model.output_layer.weight
-            difference = weight.detach().clone() if first else -weight.detach()
-            dist.all_reduce(difference, group=group)
-            unequal[0] = float(not bool((difference == 0).all()))
-        dist.all_reduce(unequal, op=dist.ReduceOp.MAX, group=self.pp_group)
-        if bool(unequal[0] > 0):
-            raise ValueError(
-                "tied embeddings at pipeline_parallel > 1: the last stage's output_layer.weight "
-                "differs from the first stage's embedding.word_embeddings.weight (load the same "
-                "weights into both copies)"
-            )
 
     @property
     def device(self) -> torch.device:
@@ -431,11 +378,3 @@ def _sum_vector(part: Mapping[str, Tensor], names: Sequence[str], like: Tensor) 
     if not names:
         return like.new_zeros((0,))
     return torch.stack([part[k].detach().reshape(()).to(like) for k in names])
-
-
-def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:
-    """A full Megatron weight's shape on one TP rank (``tensor_parallel.split_for_rank``)."""
-    if sharding is Sharding.REPLICATED:
-        return shape
-    dim = 1 if sharding is Sharding.ROW else 0
-    return tuple(n // tp if d == dim else n for d, n in enumerate(shape))
