@@ -15,11 +15,14 @@ from opefo_nemo.models.shape import ModelShape
 DTYPES = ("float32", "bfloat16")
 ATTENTIONS = ("default", "eager", "sdpa")
 MEGATRON_DEVICES = ("cuda", "cpu")
+BALANCED, CONTIGUOUS = "balanced", "contiguous"
+BATCH_LAYOUTS = (BALANCED, CONTIGUOUS)
 
 
 @dataclass(frozen=True)
 class OptimizerConfig:
-    """The schedule, AdamW and token-stats keys every engine shares (validated together)."""
+    """The schedule, AdamW, token-stats and batch-layout keys every engine shares (validated
+    together)."""
 
     warmup_steps: int = 10
     """Linear learning-rate warm-up over the first N rollout steps."""
@@ -40,6 +43,20 @@ class OptimizerConfig:
     """Token statistics: auto (triton on CUDA when it imports, else torch) | torch | triton
     (needs device=cuda) | fused_linear (megatron and aligner only: from the final hidden states
     and the output weight, the logits never stored; needs device=cuda); docs/kernels.md."""
+    batch_layout: str = BALANCED
+    """Which responses share a micro-batch and a data-parallel rank: balanced (sorted by length,
+    the ranks' padded tokens balanced) | contiguous (consecutive responses, equal contiguous
+    blocks of micro-batches per rank). The update is the same up to rounding (spec §11);
+    docs/batch_layout.md."""
+    max_tokens_per_micro_batch: int | None = None
+    """null: micro-batches of micro_batch_size responses | N: micro-batches of as many
+    responses as keep responses × the longest one's tokens (prompt included) within N, which
+    must hold data.max_prompt_tokens + rollout.max_new_tokens (docs/batch_layout.md)."""
+
+    @property
+    def sequence_multiple(self) -> int:
+        """What every micro-batch's width is rounded up to (1: none)."""
+        return 1
 
 
 @dataclass(frozen=True)
@@ -134,6 +151,12 @@ class MegatronEngineConfig(OptimizerConfig):
     """engine=aligner only: the NeMo checkpoint to train (a .nemo file or a NeMo 2 directory);
     null: ``model.path/model.nemo``, else ``model.path/nemo/``."""
 
+    @property
+    def sequence_multiple(self) -> int:
+        """Sequence parallelism splits each sequence over the TP ranks: widths are rounded up to
+        a multiple of TP."""
+        return self.tensor_model_parallel_size if self.sequence_parallel else 1
+
     def validate(self) -> None:
         """Ranges and contradictions between the keys; errors name the key (``engine.<key>``)."""
         one_of(self.name, ("megatron", "aligner"), "engine.name")
@@ -200,6 +223,12 @@ def _validate_optimizer(e: EngineConfig | MegatronEngineConfig) -> None:
         "must be >= 1 or null",
     )
     one_of(e.stats_kernel, ENGINE_STATS_KERNELS, "engine.stats_kernel")
+    one_of(e.batch_layout, BATCH_LAYOUTS, "engine.batch_layout")
+    require(
+        e.max_tokens_per_micro_batch is None or e.max_tokens_per_micro_batch >= 1,
+        "engine.max_tokens_per_micro_batch",
+        "must be >= 1 or null",
+    )
     require(
         e.stats_kernel not in ("triton", FUSED_LINEAR) or e.device.startswith("cuda"),
         "engine.stats_kernel",

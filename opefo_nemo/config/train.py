@@ -10,7 +10,12 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from opefo_nemo.config.data import DataConfig
-from opefo_nemo.config.engines import ENGINE_CONFIGS, EngineConfig, MegatronEngineConfig
+from opefo_nemo.config.engines import (
+    CONTIGUOUS,
+    ENGINE_CONFIGS,
+    EngineConfig,
+    MegatronEngineConfig,
+)
 from opefo_nemo.config.metrics import MetricsConfig, ValidationConfig
 from opefo_nemo.config.model import ModelConfig
 from opefo_nemo.config.reward import AdvantageConfig, RewardSettings
@@ -106,11 +111,41 @@ class TrainConfig:
             f"is engine (the training engine samples with its own model), which only engine=hf "
             f"supports, not engine={self.engine.name}: use rollout=vllm",
         )
+        self._validate_layout()
         max_new_tokens, buffer = self.rollout.max_new_tokens, self.reward.overlong_buffer
         require(
             buffer < max_new_tokens,
             "reward.overlong_buffer",
             f"({buffer}) must be below rollout.max_new_tokens ({max_new_tokens})",
+        )
+
+    def _validate_layout(self) -> None:
+        """The token budget holds the longest row the run can make (every row then fits a
+        micro-batch), and a method that takes a statistic per micro-batch keeps today's
+        micro-batches (spec §11)."""
+        engine, budget = self.engine, self.engine.max_tokens_per_micro_batch
+        longest = self.data.max_prompt_tokens + self.rollout.max_new_tokens
+        multiple = engine.sequence_multiple
+        padded = -(-longest // multiple) * multiple
+        require(
+            budget is None or budget >= padded,
+            "engine.max_tokens_per_micro_batch",
+            f"({budget}) must hold the longest response with its prompt: "
+            f"data.max_prompt_tokens + rollout.max_new_tokens = {longest}"
+            + (
+                f", rounded up to the sequence-parallel multiple {multiple}: {padded}"
+                if padded != longest
+                else ""
+            ),
+        )
+        require(
+            self.method.layout_invariant or (engine.batch_layout == CONTIGUOUS and budget is None),
+            "engine.batch_layout",
+            f"is {engine.batch_layout}"
+            + ("" if budget is None else f" with engine.max_tokens_per_micro_batch={budget}")
+            + f", but method {self.method.name!r} takes a statistic over each micro-batch of "
+            "engine.micro_batch_size responses: set engine.batch_layout=contiguous and "
+            "engine.max_tokens_per_micro_batch=null",
         )
 
 

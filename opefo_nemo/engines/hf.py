@@ -14,6 +14,7 @@ from torch import Tensor
 from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch, to_device
+from opefo_nemo.engines.batch_layout import MicroBatchLayout, plan_layouts
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_one_device
 from opefo_nemo.engines.master_weights import MasterWeights
 from opefo_nemo.engines.protocols import EngineStepResult, LossFn
@@ -67,6 +68,16 @@ class HFPolicy:
     def lr(self) -> float:
         return float(self.optimizer.param_groups[0]["lr"])
 
+    @property
+    def data_parallel_size(self) -> int:
+        """One device: one rank runs every micro-batch."""
+        return 1
+
+    @property
+    def sequence_multiple(self) -> int:
+        """Each micro-batch runs at its longest row's width."""
+        return 1
+
     def _stats(self, batch: TrainBatch, sums: Sequence[str] = ()) -> TokenStats:
         """``parallel.token_stats`` (TP = 1) at the rollout's sampling temperature (spec §1) with
         ``engine.stats_kernel``: both phases differentiate the policy that generated the rollout.
@@ -118,25 +129,43 @@ class HFPolicy:
         return kept
 
     @torch.no_grad()
-    def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
+    def token_stats(
+        self,
+        batch: TrainBatch,
+        *,
+        sums: Sequence[str] = (),
+        layout: MicroBatchLayout | None = None,
+    ) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics (with the vocabulary ``sums`` asked for) on
-        the CPU, no graph; forwards of ``engine.micro_batch_size`` rows at a time (each trimmed
-        to its longest row; the columns past it, and those before its first response column,
-        are 0). The statistics stay on the device until
-        the last micro-batch, the checks of every micro-batch are read once at the end
-        (:mod:`~opefo_nemo.core.deferred_checks`), then one copy to the host."""
+        the CPU in ``batch``'s row order, no graph; one forward per micro-batch of ``layout``
+        (``None``: :func:`~.batch_layout.plan_layouts` with ``engine.micro_batch_size``,
+        ``engine.batch_layout`` and ``engine.max_tokens_per_micro_batch``), each trimmed to its
+        longest row (the columns past it, and those before its first response column, are 0).
+        The statistics stay on the device until the last micro-batch, the checks of every
+        micro-batch are read once at the end (:mod:`~opefo_nemo.core.deferred_checks`), then
+        one copy to the host."""
+        if layout is None:
+            lengths = batch.attention_mask.sum(dim=1).tolist()
+            (layout,) = plan_layouts(
+                lengths,
+                micro_batch_size=self.config.micro_batch_size,
+                max_tokens=self.config.max_tokens_per_micro_batch,
+                layout=self.config.batch_layout,
+            )
+        if not layout.covers(batch.rows):
+            raise ValueError(f"the layout's rows do not cover the batch's {batch.rows} rows once")
         names = ("logprob", "entropy", *requested_sums(sums))
         shape = (len(names), *batch.targets.shape)
         out = torch.zeros(shape, dtype=torch.float32, device=self.device)
-        start = 0
         with deferred_checks() as checks:
-            for index, micro in enumerate(batch.split(self.config.micro_batch_size)):
+            for index, rows in enumerate(layout.rows):
                 checks.label = f"micro-batch {index} of the token-stats pass"
-                rows, width = slice(start, start + micro.rows), micro.targets.shape[1]
+                micro = batch.select(rows)
+                place = to_device(torch.tensor(rows), self.device)
+                width = micro.targets.shape[1]
                 fields = self._stats(micro, sums).present()
                 for field, name in enumerate(names):
-                    out[field, rows, :width] = fields[name]
-                start += micro.rows
+                    out[field, place, :width] = fields[name]
         error = checks.first_error()
         if error is not None:
             raise error
@@ -182,12 +211,14 @@ class HFPolicy:
         self,
         micro_batches: Sequence[TrainBatch],
         entropy_fn: LossFn,
+        owners: Sequence[int] | None = None,
         kept: Sequence[TokenStats] | None = None,
     ) -> CapturedEntropyGradient | None:
-        """``∇θ H̄`` of every parameter (``Policy.capture_entropy_gradient``): the ``grad``
-        tensors of the optimizer's (fp32) tensors, detached from them (one more fp32 copy of the
-        weights); a move along it is published into the bf16 parameters in mixed precision.
-        With ``kept`` (:meth:`forward_with_graph`) the graphs stay for :meth:`train_step`."""
+        """``∇θ H̄`` of every parameter (``Policy.capture_entropy_gradient``; one rank runs
+        every micro-batch, whatever ``owners`` says): the ``grad`` tensors of the optimizer's
+        (fp32) tensors, detached from them (one more fp32 copy of the weights); a move along it
+        is published into the bf16 parameters in mixed precision. With ``kept``
+        (:meth:`forward_with_graph`) the graphs stay for :meth:`train_step`."""
         self.weights.zero_grad()
         failed, _ = self._backward(
             micro_batches, entropy_fn, (), kept, retain_graph=kept is not None
@@ -207,10 +238,12 @@ class HFPolicy:
         micro_batches: Sequence[TrainBatch],
         loss_fn: LossFn,
         sum_names: Sequence[str],
+        owners: Sequence[int] | None = None,
         kept: Sequence[TokenStats] | None = None,
     ) -> EngineStepResult:
         """Accumulate every micro-batch's gradient and metric sums (each loss is already its share
-        of the global token mean, spec §5: nothing is rescaled), clip, step; skip the step if
+        of the global token mean, spec §5: nothing is rescaled; one rank runs every micro-batch,
+        whatever ``owners`` says), clip, step; skip the step if
         anything is NaN. The statistics reach ``loss_fn`` on :attr:`device` (``kept``: those of
         :meth:`forward_with_graph`, no forward is run); finiteness is checked once, after the
         last backward."""

@@ -13,6 +13,7 @@ from torch import Tensor
 
 from opefo_nemo.core.objectives import LossOutput
 from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.batch_layout import MicroBatchLayout
 from opefo_nemo.parallel import TokenStats
 
 LossFn = Callable[[int, TokenStats], LossOutput]
@@ -59,9 +60,28 @@ class Policy(Protocol):
         tensors there once, before :meth:`train_step`."""
         ...
 
-    def token_stats(self, batch: TrainBatch, *, sums: Sequence[str] = ()) -> TokenStats:
-        """Phase 1: per-token statistics ``[B, T − 1]`` of ``batch``, forward only, no grad; with
-        the vocabulary ``sums`` asked for (``parallel.token_stats``), the others ``None``."""
+    @property
+    def data_parallel_size(self) -> int:
+        """``D``, the data-parallel ranks a layout deals micro-batches to (1 on one device)."""
+        ...
+
+    @property
+    def sequence_multiple(self) -> int:
+        """What the engine rounds every micro-batch's width up to (1: nothing)."""
+        ...
+
+    def token_stats(
+        self,
+        batch: TrainBatch,
+        *,
+        sums: Sequence[str] = (),
+        layout: MicroBatchLayout | None = None,
+    ) -> TokenStats:
+        """Phase 1: per-token statistics ``[B, T − 1]`` of ``batch`` in its row order, on every
+        rank, forward only, no grad; with the vocabulary ``sums`` asked for
+        (``parallel.token_stats``), the others ``None``. ``layout`` (its rows cover ``batch``'s
+        exactly once): the micro-batches each rank runs, each at its own width; ``None``: the
+        engine's own forward-only layout (``engine.batch_layout``, one mini-batch)."""
         ...
 
     @property
@@ -70,17 +90,26 @@ class Policy(Protocol):
         ...
 
     def train_step(
-        self, micro_batches: Sequence[TrainBatch], loss_fn: LossFn, sum_names: Sequence[str]
+        self,
+        micro_batches: Sequence[TrainBatch],
+        loss_fn: LossFn,
+        sum_names: Sequence[str],
+        owners: Sequence[int] | None = None,
     ) -> EngineStepResult:
         """One optimizer step: for each micro-batch ``i`` a forward with gradient, then
         ``loss_fn(i, stats).loss.backward()`` (the loss is already a share of the global token
-        mean, so gradients just accumulate); then clipping and the optimizer step. The returned
+        mean, so gradients just accumulate); then clipping and the optimizer step. Every rank is
+        given the step's whole list; ``owners[i]``: the data-parallel rank that runs micro-batch
+        ``i`` (``MicroBatchLayout.owners``; ``None``: equal contiguous blocks). The returned
         ``sums`` add up every micro-batch's ``LossOutput.sums``, whose keys are ``sum_names``
         (the same on every rank, so an engine can reduce them as one vector)."""
         ...
 
     def capture_entropy_gradient(
-        self, micro_batches: Sequence[TrainBatch], entropy_fn: LossFn
+        self,
+        micro_batches: Sequence[TrainBatch],
+        entropy_fn: LossFn,
+        owners: Sequence[int] | None = None,
     ) -> EntropyGradient | None:
         """``g = ∇θ H̄`` before a step: the forwards and backwards of :meth:`train_step` with
         ``entropy_fn(i, stats).loss`` (micro-batch ``i``'s share ``Σ mask·H_t / N`` of the
@@ -130,6 +159,7 @@ class SharedForwardPolicy(Policy, Protocol):
         self,
         micro_batches: Sequence[TrainBatch],
         entropy_fn: LossFn,
+        owners: Sequence[int] | None = None,
         kept: Sequence[TokenStats] | None = None,
     ) -> EntropyGradient | None:
         """:meth:`Policy.capture_entropy_gradient`; with ``kept``, through its graphs, which stay
@@ -141,6 +171,7 @@ class SharedForwardPolicy(Policy, Protocol):
         micro_batches: Sequence[TrainBatch],
         loss_fn: LossFn,
         sum_names: Sequence[str],
+        owners: Sequence[int] | None = None,
         kept: Sequence[TokenStats] | None = None,
     ) -> EngineStepResult:
         """:meth:`Policy.train_step`; with ``kept``, through its graphs (no forward)."""

@@ -102,6 +102,8 @@ def test_every_method_file_composes(name):
         (["engine.stats_kernel=fused"], "engine.stats_kernel"),
         (["engine.stats_kernel=triton"], "engine.stats_kernel"),
         (["engine.stats_kernel=fused_linear"], "fused_linear is for engine=megatron or aligner"),
+        (["engine.batch_layout=sorted"], "engine.batch_layout"),
+        (["engine.max_tokens_per_micro_batch=0"], "engine.max_tokens_per_micro_batch"),
         (["rollout.startup_timeout_s=0"], "rollout.startup_timeout_s"),
         (["rollout.request_timeout_s=0"], "rollout.request_timeout_s"),
         (["rollout.stop_token_ids=[]"], "rollout.stop_token_ids"),
@@ -136,3 +138,41 @@ def test_every_method_file_composes(name):
 def test_bad_config_names_the_key(overrides, key):
     with pytest.raises(ValueError, match=key.replace(".", r"\.")):
         compose(overrides)
+
+
+def test_a_token_budget_holds_the_longest_row_and_steers_micro_batch_scope_keeps_the_layout():
+    """``engine.max_tokens_per_micro_batch`` below ``data.max_prompt_tokens +
+    rollout.max_new_tokens`` (rounded up to the sequence-parallel multiple) is refused, and a
+    method taking a statistic per micro-batch needs the contiguous layout (spec §11)."""
+    lengths = ["data.max_prompt_tokens=30", "rollout.max_new_tokens=20"]
+    assert (
+        compose([*lengths, "engine.max_tokens_per_micro_batch=50"])[
+            0
+        ].engine.max_tokens_per_micro_batch
+        == 50
+    )
+    with pytest.raises(
+        ValueError, match=r"engine\.max_tokens_per_micro_batch \(49\) must hold .* = 50$"
+    ):
+        compose([*lengths, "engine.max_tokens_per_micro_batch=49"])
+    megatron = [
+        "engine=megatron",
+        "engine.tensor_model_parallel_size=4",
+        "engine.sequence_parallel=true",
+    ]
+    with pytest.raises(ValueError, match="rounded up to the sequence-parallel multiple 4: 52"):
+        compose([*lengths, *megatron, "engine.max_tokens_per_micro_batch=51"])
+    assert (
+        compose([*lengths, *megatron, "engine.max_tokens_per_micro_batch=52"])[
+            0
+        ].engine.sequence_multiple
+        == 4
+    )
+    scoped = ["method=steer", "method.steer.scope=micro_batch"]
+    with pytest.raises(ValueError, match=r"engine\.batch_layout is balanced, but method 'steer'"):
+        compose(scoped)
+    with pytest.raises(ValueError, match=r"with engine\.max_tokens_per_micro_batch=64"):
+        compose([*scoped, "engine.batch_layout=contiguous", "engine.max_tokens_per_micro_batch=64"])
+    assert (
+        compose([*scoped, "engine.batch_layout=contiguous"])[0].engine.batch_layout == "contiguous"
+    )

@@ -57,6 +57,13 @@ class MethodConfig:
         """One optimizer step per rollout batch, so ``ρ ≡ 1`` (spec §5)."""
         return self.updates_per_rollout == 1
 
+    @property
+    def layout_invariant(self) -> bool:
+        """Whether the update is the same, up to rounding, whichever responses share a
+        micro-batch (spec §11): every statistic over the optimizer-step batch. A method taking one
+        over each micro-batch says no, and keeps the contiguous layout."""
+        return True
+
     def validate(self, prefix: str) -> None:
         """Ranges of the common keys; a subclass extends it (``super().validate(prefix)``)."""
         require(self.updates_per_rollout >= 1, f"{prefix}.updates_per_rollout", "must be >= 1")

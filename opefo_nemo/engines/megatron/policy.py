@@ -21,6 +21,7 @@ from torch import Tensor
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch
+from opefo_nemo.engines.batch_layout import MicroBatchLayout, plan_layouts
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
 from opefo_nemo.engines.megatron.checkpoint import load_megatron, save_megatron
 from opefo_nemo.engines.megatron.fused_output import gpt_model
@@ -34,9 +35,7 @@ from opefo_nemo.engines.megatron.model_checks import check_model, check_tied_cop
 from opefo_nemo.engines.megatron.optimizer_step import MegatronOptimizerStep
 from opefo_nemo.engines.megatron.pipeline_batch import PipelineMicroBatches
 from opefo_nemo.engines.megatron.schedule_driver import (
-    RowLayout,
     contiguous_owners,
-    forward_layout,
     gather_rows,
     owned,
     run_schedule,
@@ -132,13 +131,15 @@ class MegatronPolicy:
         batch: TrainBatch,
         *,
         sums: Sequence[str] = (),
-        layout: RowLayout | None = None,
+        layout: MicroBatchLayout | None = None,
     ) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` (with the vocabulary
         ``sums`` asked for) on every rank (CPU), in ``batch``'s row order.
 
         ``layout`` says which rows form each micro-batch and which DP rank runs it (its rows
-        cover every row of ``batch`` once); ``None``: :func:`forward_layout`. Each rank runs the
+        cover every row of ``batch`` once); ``None``: one planned with the engine's own
+        ``batch_layout``, ``micro_batch_size`` and ``max_tokens_per_micro_batch``
+        (:func:`~opefo_nemo.engines.batch_layout.plan_layouts`, one mini-batch). Each rank runs the
         micro-batches it owns through the forward-only schedule, each at its own width
         (:class:`~.pipeline_batch.PipelineMicroBatches`), with
         :func:`~.loss_closure.stats_function` (vocab-parallel over TP, padded vocabulary
@@ -149,23 +150,27 @@ class MegatronPolicy:
         on every rank. The checks of every micro-batch are read once after the schedule
         (:mod:`~opefo_nemo.core.deferred_checks`) and the statistics stay on the device until one
         copy to the host after the gather."""
-        if layout is None:
-            size = self.data_parallel_size
-            layout = forward_layout(batch.rows, size, self.config.micro_batch_size)
-        covered = sorted(row for rows in layout.rows for row in rows)
-        if covered != list(range(batch.rows)):
-            raise ValueError(f"the layout's rows do not cover the batch's {batch.rows} rows once")
         size, rank = self._dp
-        count = len(layout.rows)
-        shares = [
-            [row for i in owned(layout.owners, count, size, r) for row in layout.rows[i]]
-            for r in range(size)
-        ]
+        if layout is None:
+            lengths = batch.attention_mask.sum(dim=1).tolist()
+            (layout,) = plan_layouts(
+                lengths,
+                data_parallel=size,
+                micro_batch_size=self.config.micro_batch_size,
+                max_tokens=self.config.max_tokens_per_micro_batch,
+                multiple=self.sequence_multiple,
+                layout=self.config.batch_layout,
+            )
+        if not layout.covers(batch.rows):
+            raise ValueError(f"the layout's rows do not cover the batch's {batch.rows} rows once")
+        if layout.data_parallel != size:
+            raise ValueError(f"a layout for {layout.data_parallel} data-parallel ranks, not {size}")
+        shares = [[row for i in layout.of_rank(r) for row in layout.rows[i]] for r in range(size)]
         names = ("logprob", "entropy", *requested_sums(sums))
         width = batch.input_ids.shape[1] - 1
         local = torch.zeros((len(names), 0, width), dtype=torch.float32, device=self.device)
         error: Exception | None = None
-        mine = [batch.select(layout.rows[i]) for i in owned(layout.owners, count, size, rank)]
+        mine = [batch.select(layout.rows[i]) for i in layout.of_rank(rank)]
         if mine:
             local, error = self._shard_stats(mine, names, width)
         full = gather_rows(local, shares, batch.rows, self.dp_group).cpu()

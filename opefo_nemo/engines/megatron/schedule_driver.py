@@ -5,8 +5,6 @@ data-parallel rank runs which micro-batch, and moving per-row results between da
 from __future__ import annotations
 
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
-from typing import Protocol
 
 import torch
 import torch.distributed as dist
@@ -101,37 +99,3 @@ def gather_rows(
         index = torch.as_tensor(share, dtype=torch.long, device=local.device)
         full[:, index] = part[:, : len(share)]
     return full
-
-
-class RowLayout(Protocol):
-    """Micro-batches of one pass and the data-parallel rank that runs each: ``rows[i]`` the row
-    indices of micro-batch ``i``, ``owners[i]`` its rank."""
-
-    @property
-    def rows(self) -> tuple[tuple[int, ...], ...]: ...
-
-    @property
-    def owners(self) -> tuple[int, ...]: ...
-
-
-@dataclass(frozen=True)
-class ForwardLayout:
-    """A :class:`RowLayout` built by :func:`forward_layout`."""
-
-    rows: tuple[tuple[int, ...], ...]
-    owners: tuple[int, ...]
-
-
-def forward_layout(rows: int, size: int, micro_batch_size: int) -> ForwardLayout:
-    """The forward-only pass's layout when none is given: rank ``r`` of ``size`` takes the
-    contiguous rows ``⌊r·B/D⌋ … ⌊(r+1)·B/D⌋ − 1`` (shares differ by at most one row; some may
-    be empty: a forward-only pass reduces no gradient), in micro-batches of
-    ``micro_batch_size`` consecutive rows."""
-    micro: list[tuple[int, ...]] = []
-    owners: list[int] = []
-    for rank in range(size):
-        share = range(rank * rows // size, (rank + 1) * rows // size)
-        for start in range(0, len(share), micro_batch_size):
-            micro.append(tuple(share[start : start + micro_batch_size]))
-            owners.append(rank)
-    return ForwardLayout(tuple(micro), tuple(owners))

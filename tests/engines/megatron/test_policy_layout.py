@@ -44,7 +44,13 @@ pytest.importorskip("transformers")
 ROWS, VOCAB = 8, 100
 #: Lengths 19, 3, 5, 17, 14, 16, 5, 19 tokens (prompt + response).
 BATCH = {"rows": ROWS, "vocab": VOCAB, "seed": 5, "low": 1, "longest_response": 16}
-ENGINE = {**CLIP, "micro_batch_size": 2, "use_distributed_optimizer": False}
+#: The reference is the contiguous layout (its statistics pass planned by the engine).
+ENGINE = {
+    **CLIP,
+    "micro_batch_size": 2,
+    "use_distributed_optimizer": False,
+    "batch_layout": "contiguous",
+}
 CONTIGUOUS = {"rows": None, "owners": None}
 #: The rows sorted by length in micro-batches of 2, 3 and 3 rows; rank 0 runs the first.
 UNEVEN = {"rows": [[0, 7], [3, 5, 4], [2, 6, 1]], "owners": [0, 1, 1]}

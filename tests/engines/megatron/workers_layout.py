@@ -11,9 +11,9 @@ import torch
 
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.core.objectives import LossOutput
+from opefo_nemo.engines.batch_layout import MicroBatchLayout
 from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.model_checks import check_model
-from opefo_nemo.engines.megatron.schedule_driver import ForwardLayout
 from opefo_nemo.models.megatron_weights import MegatronLayout
 from opefo_nemo.parallel import VOCAB_SUMS
 
@@ -35,7 +35,7 @@ def layout_steps(
 ) -> None:
     """For each case (``engine``: MegatronEngineConfig keys shared by its layouts; ``layouts``:
     ``{name: {"rows": …, "owners": …, "engine": extra keys}}``, ``rows`` ``None`` for the
-    engine's own forward layout and equal contiguous blocks of ``micro_batch_size`` rows), a
+    engine's own forward-only layout and equal contiguous blocks of ``micro_batch_size`` rows), a
     fresh policy per layout runs :func:`_one_step`; rank 0 saves ``{name: result}`` as
     ``out_dir/case_<i>.pt``."""
     warnings.filterwarnings("ignore")
@@ -98,7 +98,11 @@ def _one_step(policy, batch, rows, owners) -> dict:
     with an entropy bonus, as a share of the batch's token mean; its two metric sums): the
     statistics, ``⟨g, g⟩``, the step's result, the clipped gradient it applied and the weights
     after it (Hugging Face names)."""
-    layout = None if rows is None else ForwardLayout(tuple(map(tuple, rows)), tuple(owners))
+    if rows is None:
+        layout = None
+    else:
+        micros = tuple(tuple(r) for r in rows)
+        layout = MicroBatchLayout(micros, tuple(owners), policy.data_parallel_size)
     stats = policy.token_stats(batch, sums=VOCAB_SUMS, layout=layout)
     if rows is None:
         micros = batch.split(policy.config.micro_batch_size)

@@ -36,7 +36,8 @@ class SteerSettings:
     scope: str = "batch"
     """The tokens whose least and largest |Ω| set the mapping: ``batch`` (the whole
     optimizer-step batch, like every global sum) | ``micro_batch`` (each chunk of
-    ``engine.micro_batch_size`` responses on its own, as STEER's code does)."""
+    ``engine.micro_batch_size`` responses on its own, as STEER's code does; needs
+    ``engine.batch_layout=contiguous``)."""
     mapping: str = "linear"
     """``linear``: |Ω| mapped onto [weight_min, weight_max], the largest |Ω| → weight_min |
     ``exponential``: exp(−k|Ω|) within [weight_min, 1], k = −ln(weight_min) / max(largest |Ω|,
@@ -55,6 +56,11 @@ class SteerConfig(ClippedConfig):
     """STEER's published runs: 10."""
     steer: SteerSettings = field(default_factory=SteerSettings)
     """STEER's token weights (docs/core.md, "STEER")."""
+
+    @property
+    def layout_invariant(self) -> bool:
+        """The ``micro_batch`` scope maps each micro-batch's |Ω| range on its own."""
+        return self.steer.scope != "micro_batch"
 
     def validate(self, prefix: str) -> None:
         super().validate(prefix)
