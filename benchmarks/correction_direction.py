@@ -92,7 +92,7 @@ def _measure(model_dir: Path, lr: float, earlier_steps: int) -> None:
     start = {n: p.detach().clone() for n, p in named.items()}
     outcome = update_rollout_batch(policy, grpo, batch, MICRO, 0)
     after = {n: p.detach().clone() for n, p in named.items()}
-    grpo_change = realized_entropy_change(policy, batch, MICRO, outcome.entropy_before)
+    grpo_change = realized_entropy_change(policy, batch, outcome.entropy_before)
     step = {n: after[n].double() - start[n].double() for n in named}
     names = {p: n for n, p in named.items()}
     second_moment = {names[p]: s["exp_avg_sq"] for p, s in policy.optimizer.state.items()}
@@ -109,7 +109,7 @@ def _measure(model_dir: Path, lr: float, earlier_steps: int) -> None:
         with torch.no_grad():
             for n, p in named.items():
                 p.copy_(after[n] + alpha * direction[n])
-        residual = realized_entropy_change(policy, batch, MICRO, outcome.entropy_before)
+        residual = realized_entropy_change(policy, batch, outcome.entropy_before)
         moved = {n: step[n] + alpha * direction[n].double() for n in step}
         ratio = math.sqrt(_dot(moved, moved) / _dot(step, step))
         print(

@@ -153,9 +153,15 @@ def preflight(
             problems += all_problems(plan)
             if not any(problem.topic == "paths" for problem in problems):  # else said already
                 problems += input_problems(config)
+            budget = plan.memory.max_tokens_per_micro_batch
+            micro = (
+                f"micro-batch {plan.micro_batch_size}"
+                if budget is None
+                else f"micro-batches of at most {budget} tokens"
+            )
             lines.append(
                 f"engine {plan.engine}: {plan.prompts_per_step} prompts × "
-                f"{plan.responses_per_prompt} responses, micro-batch {plan.micro_batch_size}, "
+                f"{plan.responses_per_prompt} responses, {micro}, "
                 f"sequence {plan.memory.sequence_length} tokens"
             )
             placement = colocated_placement(plan)

@@ -22,6 +22,9 @@ ROLLOUT_ROWS = (
     "response/length_mean",
     "response/clip_frac",
     "fidelity/abs_logprob_diff",
+    "perf/pad_fraction",
+    "perf/dp_imbalance",
+    "perf/micro_batches",
 )
 
 

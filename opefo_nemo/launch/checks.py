@@ -106,7 +106,8 @@ def check_layout(plan: LaunchPlan) -> list[Problem]:
 
 def check_batch(plan: LaunchPlan) -> list[Problem]:
     """Prompts × responses, split into ``updates_per_rollout`` mini-batches, each divisible by
-    data-parallel size × micro-batch size (every rank runs whole micro-batches)."""
+    data-parallel size × micro-batch size (every rank runs whole micro-batches; with a token
+    budget the micro-batches follow the lengths and any count splits)."""
     total = plan.responses_per_step
     updates = plan.updates_per_rollout
     if updates <= 0 or plan.micro_batch_size <= 0:
@@ -126,7 +127,7 @@ def check_batch(plan: LaunchPlan) -> list[Problem]:
             )
         ]
     layout = layout_of(plan)
-    if layout is None:
+    if layout is None or plan.memory.max_tokens_per_micro_batch is not None:
         return []
     per_update = total // updates
     step = layout.data * plan.micro_batch_size

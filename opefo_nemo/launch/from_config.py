@@ -55,9 +55,10 @@ def memory_settings(
     caller looks up: this package does not import torch).
 
     Keys read (absent ones take the default shown): ``engine.name``, ``engine.micro_batch_size``,
-    ``engine.dtype`` [bfloat16], ``engine.use_distributed_optimizer`` [false],
-    ``engine.recompute_activations`` [false], ``engine.make_vocab_size_divisible_by`` [128; 1 for
-    hf], ``engine.stats_kernel`` [auto; fused_linear drops the logits' memory],
+    ``engine.max_tokens_per_micro_batch`` [null: micro_batch_size rows], ``engine.dtype``
+    [bfloat16], ``engine.use_distributed_optimizer`` [false], ``engine.recompute_activations``
+    [false], ``engine.make_vocab_size_divisible_by`` [128; 1 for hf], ``engine.stats_kernel``
+    [auto; fused_linear drops the logits' memory],
     ``rollout.max_new_tokens``, ``rollout.gpu_memory_utilization`` [0: vLLM not on the training
     GPUs], ``data.max_prompt_tokens``. Precision: the ``hf`` engine keeps weights, gradients and
     both AdamW moments in ``engine.dtype``; every other engine is Megatron mixed precision
@@ -72,11 +73,13 @@ def memory_settings(
         raise ValueError(f"engine.dtype {dtype!r} is not one of {sorted(DTYPE_BYTES)}")
     param_bytes = DTYPE_BYTES[dtype]
     single_device = name == "hf"
+    budget = engine.get("max_tokens_per_micro_batch")
     vllm_fraction = float(rollout.get("gpu_memory_utilization", 0.0))
     return MemorySettings(
         sequence_length=int(_required(data, "data", "max_prompt_tokens"))
         + int(_required(rollout, "rollout", "max_new_tokens")),
         micro_batch_size=int(_required(engine, "engine", "micro_batch_size")),
+        max_tokens_per_micro_batch=None if budget is None else int(budget),
         param_bytes=param_bytes,
         grad_bytes=param_bytes if single_device else 4,
         activation_bytes=param_bytes,
@@ -123,7 +126,9 @@ def plan_from_config(
     updates = int(method.get("updates_per_rollout", 1))
     data_parallel = max(world_size // max(tp * pp, 1), 1)
     micro_batches = prompts * responses // max(updates, 1) // data_parallel
-    micro_batches = max(micro_batches // settings.micro_batch_size, 1)
+    if settings.max_tokens_per_micro_batch is None:
+        micro_batches //= settings.micro_batch_size
+    micro_batches = max(micro_batches, 1)  # with a budget: at most one row each
     built_at_start = bool(model.get("embedded", False)) or bool(model.get("packaged"))
     data_paths = tuple(
         str(data[key])

@@ -17,11 +17,14 @@ GIB = 1024**3
 
 @dataclass(frozen=True)
 class MemorySettings:
-    """What besides the model shape and the layout decides memory."""
+    """What besides the model shape and the layout decides memory. ``max_tokens_per_micro_batch``
+    (``engine.max_tokens_per_micro_batch``; ``None``: ``micro_batch_size`` rows): the padded
+    tokens of the widest micro-batch a token budget allows."""
 
     sequence_length: int
     micro_batch_size: int = 1
     num_micro_batches: int = 1
+    max_tokens_per_micro_batch: int | None = None
     param_bytes: int = 2
     grad_bytes: int = 4
     activation_bytes: int = 2
@@ -49,6 +52,12 @@ class MemorySettings:
             value = getattr(self, name)
             if not isinstance(value, int) or value <= 0:
                 raise ValueError(f"MemorySettings.{name} must be a positive integer, got {value!r}")
+        budget = self.max_tokens_per_micro_batch
+        if budget is not None and (not isinstance(budget, int) or budget <= 0):
+            raise ValueError(
+                f"MemorySettings.max_tokens_per_micro_batch must be a positive integer or None, "
+                f"got {budget!r}"
+            )
         if not 0.0 <= self.vllm_memory_fraction < 1.0:
             raise ValueError(
                 f"MemorySettings.vllm_memory_fraction must be in [0, 1), got "
@@ -174,14 +183,18 @@ def estimate_memory(
                       [/ DP, distributed optimizer]   entropy_neutral: ∇θ H̄ kept in the
                                                 optimizer's layout during the update)
 
-    ``tokens = micro_batch_size · sequence_length``; ``in_flight`` = ``min(PP, micro-batches)``,
+    ``tokens = micro_batch_size · sequence_length``, or with a token budget
+    ``max_tokens_per_micro_batch`` (every micro-batch's rows × padded width stays within it);
+    ``in_flight`` = ``min(PP, micro-batches)``,
     the micro-batches whose activations the first stage holds under the 1F1B schedule;
     ``per_token_layer`` = :func:`activation_bytes_per_token_layer`. The colocated rollout engine
     uses ``vllm_memory_fraction`` of the GPU while it generates and ``vllm_asleep_bytes`` while
     the actor trains; the peak is the larger phase (:class:`MemoryEstimate`)."""
     params = parameters_per_rank(shape, layout, settings.make_vocab_size_divisible_by)
     optimizer = params * settings.optimizer_bytes
-    tokens = settings.micro_batch_size * settings.sequence_length
+    tokens = settings.max_tokens_per_micro_batch or (
+        settings.micro_batch_size * settings.sequence_length
+    )
     layers = math.ceil(shape.num_layers / layout.pipeline)
     in_flight = min(layout.pipeline, settings.num_micro_batches)
     per_token_layer = activation_bytes_per_token_layer(shape, layout, settings)

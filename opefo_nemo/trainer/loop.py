@@ -218,14 +218,16 @@ class Trainer:
     def _update(self, batch: TrainBatch) -> tuple[RolloutUpdateSummary, dict[str, float]]:
         """The update of the rollout batch, and its metrics with ``flow/realized`` on the
         steps ``metrics.realized_every`` measures."""
-        cfg, micro = self.config, self.config.engine.micro_batch_size
+        cfg, engine = self.config, self.config.engine
         try:
             outcome = update_rollout_batch(
                 self.policy,
                 self.objective,
                 batch,
-                micro,
+                engine.micro_batch_size,
                 seed=self.update_seed(),
+                batch_layout=engine.batch_layout,
+                max_tokens_per_micro_batch=engine.max_tokens_per_micro_batch,
                 fidelity_threshold=cfg.metrics.fidelity_threshold,
                 confident_prob=cfg.metrics.confident_prob,
             )
@@ -236,7 +238,7 @@ class Trainer:
         every = cfg.metrics.realized_every
         if every and (self.step + 1) % every == 0 and not outcome.skipped_steps:
             metrics["flow/realized"] = realized_entropy_change(
-                self.policy, batch, micro, outcome.entropy_before
+                self.policy, batch, outcome.entropy_before
             )
             metrics.update(self._predictor_quality(outcome, metrics["flow/realized"]))
         return outcome, metrics

@@ -17,6 +17,7 @@ from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.probe_groups import GroupFlow, group_flows
 from opefo_nemo.trainer.stats_pass import stats_pass
 from opefo_nemo.trainer.update import rollout_fidelity, token_chunks
+from opefo_nemo.trainer.update_layout import layout_metrics, plan_update, row_lengths
 
 #: The vocabulary sums of every estimator, in the order ``token_stats`` names them.
 ALL_SUMS = tuple(dict.fromkeys(name for sums in ESTIMATOR_SUMS.values() for name in sums))
@@ -24,7 +25,8 @@ ALL_SUMS = tuple(dict.fromkeys(name for sums in ESTIMATOR_SUMS.values() for name
 
 @dataclass(frozen=True)
 class ProbeResult:
-    """``rollout``: the batch's rollout and fidelity metrics (shared by every estimator);
+    """``rollout``: the batch's rollout, fidelity and layout (``perf/*``, as the update would lay
+    it out) metrics (shared by every estimator);
     ``estimators``: ``prepare``'s metrics for each ΔH estimator; ``configured``: the estimator of
     the configured method; ``groups``: each estimator's flows of each group (prompt);
     ``prompts`` × ``responses``: the batch; ``signal``: per group, in the order of ``groups``,
@@ -61,10 +63,22 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
         )
     trainer.rollout.sleep()  # its GPU memory goes to the token-stats pass (no-op on CPU)
     stage("token statistics")
-    micros = collected.batch.split(config.engine.micro_batch_size)
-    stats = stats_pass(trainer.policy, collected.batch, micros, ALL_SUMS)
+    batch, engine = collected.batch, config.engine
+    layouts = plan_update(
+        trainer.policy,
+        batch,
+        config.method.updates_per_rollout,
+        engine.micro_batch_size,
+        engine.batch_layout,
+        engine.max_tokens_per_micro_batch,
+    )
+    pieces = [[batch.select(rows) for rows in layout.rows] for layout in layouts]
+    per_layout = stats_pass(trainer.policy, batch, layouts, pieces, ALL_SUMS)
+    micros = [m for ms in pieces for m in ms]
+    stats = [s for ss in per_layout for s in ss]
     rollout = dict(collected.metrics)
     rollout.update(rollout_fidelity(micros, stats, config.metrics.fidelity_threshold))
+    rollout.update(layout_metrics(layouts, row_lengths(batch), trainer.policy.sequence_multiple))
     chunks = token_chunks(micros, stats)
     per_estimator, per_group = {}, {}
     for estimator in ESTIMATORS:

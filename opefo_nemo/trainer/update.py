@@ -12,6 +12,7 @@ from dataclasses import dataclass
 import torch
 from torch import Tensor
 
+from opefo_nemo.config.engines import BALANCED
 from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS
 from opefo_nemo.core.fidelity import DEFAULT_THRESHOLD, fidelity_metrics, fidelity_sums
@@ -39,6 +40,7 @@ from opefo_nemo.engines.protocols import (
 from opefo_nemo.parallel import TokenStats
 from opefo_nemo.trainer.seeds import mini_batch_seed
 from opefo_nemo.trainer.stats_pass import kept_forward, stats_pass
+from opefo_nemo.trainer.update_layout import layout_metrics, plan_update, row_lengths
 
 
 @dataclass(frozen=True)
@@ -162,11 +164,13 @@ def optimizer_step(
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
     old_entropy: Sequence[Tensor] | None = None,
     kept: Sequence[TokenStats] | None = None,
+    owners: Sequence[int] | None = None,
 ) -> OptimizerStepSummary:
     """Phases 2 and 3 for one optimizer-step batch given its phase-1 ``stats``
     (``confident_prob``: ``metrics.confident_prob``, spec §6; ``old_entropy``: the rollout
     policy's entropies of a later mini-batch; ``kept``: the same statistics with their graphs,
-    ``SharedForwardPolicy.forward_with_graph``): its metrics are spec §6 flow, loss, clip,
+    ``SharedForwardPolicy.forward_with_graph``; ``owners``: the data-parallel rank of each
+    micro-batch, ``MicroBatchLayout.owners``): its metrics are spec §6 flow, loss, clip,
     ``grad/norm``, ``lr``, and ``correction/*`` for a method that corrects its update
     (``Objective.update_target`` not ``None``: :func:`engine_step`)."""
     chunks = token_chunks(micro_batches, stats, old_logprob, old_entropy)
@@ -200,7 +204,7 @@ def optimizer_step(
 
         request = EntropyCorrectionRequest(entropy_fn, prepared.update_target)
     names = loss_sum_names(objective)
-    result, corrected = engine_step(policy, micro_batches, loss_fn, names, request, kept)
+    result, corrected = engine_step(policy, micro_batches, loss_fn, names, request, kept, owners)
     metrics = dict(prepared.metrics)
     if not result.skipped:
         metrics.update(step_loss_metrics(objective, result.sums, prepared.n_tokens))
@@ -217,6 +221,7 @@ def engine_step(
     sum_names: Sequence[str],
     request: EntropyCorrectionRequest | None,
     kept: Sequence[TokenStats] | None = None,
+    owners: Sequence[int] | None = None,
 ) -> tuple[EngineStepResult, CorrectionResult | None]:
     """One optimizer step of ``policy``; with a correction ``request``, in this order for every
     engine:
@@ -227,13 +232,15 @@ def engine_step(
     3. the applied update corrected along ``g`` (:func:`correct_update`), unless step 2 skipped.
 
     With ``kept`` (a :class:`SharedForwardPolicy`'s statistics with their graphs), steps 1 and 2
-    are backward passes through those graphs.
+    are backward passes through those graphs. ``owners``: the data-parallel rank that runs each
+    micro-batch in both.
     """
     if kept is None:
-        capture, step = policy.capture_entropy_gradient, policy.train_step
+        capture = functools.partial(policy.capture_entropy_gradient, owners=owners)
+        step = functools.partial(policy.train_step, owners=owners)
     elif isinstance(policy, SharedForwardPolicy):
-        capture = functools.partial(policy.capture_entropy_gradient, kept=kept)
-        step = functools.partial(policy.train_step, kept=kept)
+        capture = functools.partial(policy.capture_entropy_gradient, owners=owners, kept=kept)
+        step = functools.partial(policy.train_step, owners=owners, kept=kept)
     else:
         raise TypeError(f"{type(policy).__name__} cannot reuse a kept forward")
     if request is None:
@@ -287,18 +294,25 @@ def update_rollout_batch(
     micro_batch_size: int,
     seed: int,
     *,
+    batch_layout: str = BALANCED,
+    max_tokens_per_micro_batch: int | None = None,
     fidelity_threshold: float = DEFAULT_THRESHOLD,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
 ) -> RolloutUpdateSummary:
     """All optimizer steps of one rollout batch; its metrics include :func:`rollout_fidelity`
-    when the batch carries the rollout engine's logprobs.
+    when the batch carries the rollout engine's logprobs, and :func:`layout_metrics`.
+
+    The micro-batches of each mini-batch and the rank that runs each are
+    :func:`plan_update`'s (``engine.micro_batch_size``, ``engine.batch_layout``,
+    ``engine.max_tokens_per_micro_batch``); which rows share one changes nothing beyond
+    rounding (spec §11).
 
     Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the
-    whole batch (one engine call; the engine micro-batches it), phase 2 ``prepare`` turns the
-    stats of *all* micro-batches into coefficients with global sums (λ*, the token count), phase
-    3 is one optimizer step with gradient accumulation over the micro-batches; ρ ≡ 1. A policy
-    that shares its forward (:func:`kept_forward`) runs phase 1 per micro-batch with the graphs
-    kept, and phase 3 backpropagates through them.
+    whole batch (one engine call), phase 2 ``prepare`` turns the stats of *all* micro-batches
+    into coefficients with global sums (λ*, the token count), phase 3 is one optimizer step with
+    gradient accumulation over the micro-batches; ρ ≡ 1. A policy that shares its forward
+    (:func:`kept_forward`) runs phase 1 per micro-batch with the graphs kept, and phase 3
+    backpropagates through them.
 
     Approximate on-policy (``updates_per_rollout = k > 1``): the rollout batch is cut into ``k``
     consecutive mini-batches, each with its own optimizer step. One stats pass over the whole
@@ -311,41 +325,55 @@ def update_rollout_batch(
     k = method.updates_per_rollout
     if batch.rows % k:
         raise ValueError(f"{batch.rows} responses cannot be cut into {k} equal mini-batches")
-    minis = batch.split(batch.rows // k)
-    micros = [mini.split(micro_batch_size) for mini in minis]
+    layouts = plan_update(
+        policy, batch, k, micro_batch_size, batch_layout, max_tokens_per_micro_batch
+    )
+    micros = [[batch.select(rows) for rows in layout.rows] for layout in layouts]
     kept = kept_forward(policy, micros[0], sums) if k == 1 else None
     if kept is None:
-        flat = stats_pass(policy, batch, [m for ms in micros for m in ms], sums)
+        first = stats_pass(policy, batch, layouts, micros, sums)
     else:
-        flat = [s.map(lambda t: t.detach().cpu()) for s in kept]
-    counts = [len(ms) for ms in micros]
-    first = [flat[sum(counts[:j]) : sum(counts[: j + 1])] for j in range(k)]
+        first = [[s.map(lambda t: t.detach().cpu()) for s in kept]]
     all_micros, all_first = [m for ms in micros for m in ms], [s for ss in first for s in ss]
     entropy_before = mean_entropy(all_micros, all_first)
-    fidelity = rollout_fidelity(all_micros, all_first, fidelity_threshold)
+    shared = rollout_fidelity(all_micros, all_first, fidelity_threshold)
+    shared.update(layout_metrics(layouts, row_lengths(batch), policy.sequence_multiple))
     if k == 1:
         step = optimizer_step(
-            policy, objective, micros[0], first[0], None, seed, confident_prob, kept=kept
+            policy,
+            objective,
+            micros[0],
+            first[0],
+            None,
+            seed,
+            confident_prob,
+            kept=kept,
+            owners=layouts[0].owners,
         )
         corrected = () if step.correction is None else (step.correction,)
         return RolloutUpdateSummary(
-            {**step.metrics, **fidelity}, int(step.skipped), entropy_before, corrected
+            {**step.metrics, **shared}, int(step.skipped), entropy_before, corrected
         )
 
+    size = batch.rows // k
     steps: list[OptimizerStepSummary] = []
-    for j, mini_micros in enumerate(micros):
-        stats = first[j] if j == 0 else stats_pass(policy, minis[j], mini_micros, sums)
-        old = [s.logprob for s in first[j]]
+    for j, (layout, mini_micros) in enumerate(zip(layouts, micros, strict=True)):
+        if j == 0:
+            stats = first[0]
+        else:
+            mini = batch.select(range(j * size, (j + 1) * size))
+            (stats,) = stats_pass(policy, mini, [layout.shifted(-j * size)], [mini_micros], sums)
         steps.append(
             optimizer_step(
                 policy,
                 objective,
                 mini_micros,
                 stats,
-                old,
+                [s.logprob for s in first[j]],
                 mini_batch_seed(seed, k, j),
                 confident_prob,
                 old_entropy=[s.entropy for s in first[j]],
+                owners=layout.owners,
             )
         )
     per_step = [step.metrics for step in steps]
@@ -356,15 +384,13 @@ def update_rollout_batch(
     averaged["entropy/mean"] = entropy_before
     skipped_steps = sum(step.skipped for step in steps)
     corrections = tuple(step.correction for step in steps if step.correction is not None)
-    return RolloutUpdateSummary(
-        {**averaged, **fidelity}, skipped_steps, entropy_before, corrections
-    )
+    return RolloutUpdateSummary({**averaged, **shared}, skipped_steps, entropy_before, corrections)
 
 
 @torch.no_grad()
-def realized_entropy_change(
-    policy: Policy, batch: TrainBatch, micro_batch_size: int, entropy_before: float
-) -> float:
-    """``flow/realized``: token-mean entropy of ``batch`` now minus ``entropy_before`` (spec §6)."""
-    micros = batch.split(micro_batch_size)
-    return mean_entropy(micros, stats_pass(policy, batch, micros, sums=())) - entropy_before
+def realized_entropy_change(policy: Policy, batch: TrainBatch, entropy_before: float) -> float:
+    """``flow/realized``: token-mean entropy of ``batch`` now minus ``entropy_before`` (spec §6),
+    from one statistics pass in the engine's own forward-only layout."""
+    stats = policy.token_stats(batch)
+    total = float((stats.entropy.double() * batch.response_mask).sum())
+    return total / batch.n_response_tokens - entropy_before

@@ -86,6 +86,25 @@ def test_memory_table_for_a_readable_model(capsys, tmp_path):
     )
     assert status == 0, out
     assert "entropy gradient (the update's correction)" in out
+    activations = _row(out, "activations")
+    status, out = _run(
+        capsys,
+        "--world-size=1",
+        "--gpu-memory-gib=0",
+        "model=local",
+        f"model.path={model}",
+        f"run.output_dir={tmp_path / 'run'}",
+        f"engine.max_tokens_per_micro_batch={4 * 2048}",
+    )
+    assert status == 0, out
+    assert "micro-batches of at most 8192 tokens" in out
+    assert _row(out, "activations") != activations
+
+
+def _row(out: str, name: str) -> str:
+    """The memory table's line of ``name``."""
+    (line,) = [line for line in out.splitlines() if line.strip().startswith(name)]
+    return line
 
 
 def test_every_problem_printed_and_exit_status(capsys, tmp_path):

@@ -74,3 +74,19 @@ def test_the_table_shows_every_metric_and_the_weights():
     assert f"{1 + lam:.4g}" in text and f"{1 - lam:.4g}" in text and "paper*" in text
     doc = document(result, ["a=1"], {"method": "opefo"})
     assert doc["estimators"] == result.estimators and doc["verdict"] == verdict(result)
+
+
+def test_the_table_shows_the_batch_layouts_cost():
+    """``perf/*`` of the batch as the update would lay it out (spec §11), in the rollout rows."""
+    result = _result({"paper": (1.0, 3.0)})
+    result.rollout.update(
+        {"perf/pad_fraction": 0.0412, "perf/dp_imbalance": 1.0031, "perf/micro_batches": 16.0}
+    )
+    lines = table(result).splitlines()
+    for name, shown in (
+        ("perf/pad_fraction", "0.0412"),
+        ("perf/dp_imbalance", "1.003"),
+        ("perf/micro_batches", "16"),
+    ):
+        (line,) = [line for line in lines if name in line]
+        assert line.split() == [name, shown]

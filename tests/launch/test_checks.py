@@ -127,6 +127,9 @@ def test_batch_divisibility(plan):
     ]
     assert _topics(dataclasses.replace(plan, updates_per_rollout=3)) == ["batch"]
     assert _topics(dataclasses.replace(plan, updates_per_rollout=8, micro_batch_size=2)) == []
+    # a token budget cuts micro-batches by the lengths: any count of them splits over the ranks
+    budget = dataclasses.replace(plan.memory, max_tokens_per_micro_batch=8192)
+    assert _topics(dataclasses.replace(plan, micro_batch_size=3, memory=budget)) == []
 
 
 def test_unreadable_paths(plan, tmp_path):

@@ -118,3 +118,22 @@ def test_preset_layout_fits_32_a100s_for_every_method(preset, composed, tmp_path
     fused = plan_memory(plan_from_config(fused_config, world_size=32, gpu_memory_bytes=80 * GIB))
     assert fused is not None and fused.fused_output_layer
     assert fused.logits < estimate.logits and fused.training < estimate.training
+
+
+def test_a_token_budget_replaces_the_micro_batch_in_the_plan(composed):
+    """``engine.max_tokens_per_micro_batch`` reaches the estimate: the widest micro-batch holds
+    the budget's tokens (twice the 7B preset's one row of the longest sequence: twice its
+    activations and logits), and any count of micro-batches splits over the ranks."""
+    config = composed("opefo_7b")
+    plan = plan_from_config(config, world_size=32, gpu_memory_bytes=80 * GIB)
+    budget = 2 * plan.memory.micro_batch_size * plan.memory.sequence_length
+    budgeted = {**config, "engine": {**config["engine"], "max_tokens_per_micro_batch": budget}}
+    TrainConfig.from_mapping(budgeted)  # the budget holds the longest row
+    with_budget = plan_from_config(budgeted, world_size=32, gpu_memory_bytes=80 * GIB)
+    assert with_budget.memory.max_tokens_per_micro_batch == budget
+    rows, tokens = plan_memory(plan), plan_memory(with_budget)
+    assert rows is not None and tokens is not None
+    assert abs(tokens.activations - 2 * rows.activations) <= 1  # each rounded up to a byte
+    assert tokens.logits == 2 * rows.logits
+    odd = plan_from_config(budgeted, world_size=30, gpu_memory_bytes=80 * GIB)
+    assert "batch" not in [p.topic for p in plan_problems(odd)]

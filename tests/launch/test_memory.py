@@ -16,6 +16,7 @@ measurement and at most 5 % above it; the whole step within 15 % below to 5 % ab
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
 import pytest
@@ -186,6 +187,23 @@ def test_distributed_optimizer_divides_states_by_data_parallel():
     assert plain.optimizer_distributed == math.ceil(plain.optimizer_plain / 8)
     params = plain.weights // settings.param_bytes
     assert plain.optimizer_plain == params * 12
+
+
+def test_a_token_budget_sizes_the_widest_micro_batch():
+    """``engine.max_tokens_per_micro_batch``: a micro-batch's activations and logits are those of
+    the budget's tokens, whatever ``micro_batch_size`` and the sequence length say."""
+    shape = ModelShape.from_hf_config(_qwen2().to_dict())
+    layout = ParallelLayout(1, 1, 1)
+    rows = estimate_memory(shape, layout, MemorySettings(sequence_length=128, micro_batch_size=4))
+    budget = MemorySettings(sequence_length=128, micro_batch_size=1, max_tokens_per_micro_batch=512)
+    tokens = estimate_memory(shape, layout, budget)
+    assert (tokens.activations, tokens.logits) == (rows.activations, rows.logits)  # 4 × 128
+    half = estimate_memory(
+        shape, layout, dataclasses.replace(budget, max_tokens_per_micro_batch=256)
+    )
+    assert 2 * half.activations == tokens.activations and 2 * half.logits == tokens.logits
+    with pytest.raises(ValueError, match="max_tokens_per_micro_batch must be a positive"):
+        MemorySettings(sequence_length=128, max_tokens_per_micro_batch=0)
 
 
 def test_recomputation_and_sequence_parallel_shrink_activations():

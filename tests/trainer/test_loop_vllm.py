@@ -33,6 +33,9 @@ SPEC6 = (
     "time/rollout_s",
     "time/update_s",
     "time/step_s",
+    "perf/pad_fraction",
+    "perf/dp_imbalance",
+    "perf/micro_batches",
 )
 CLIPPED = ("grpo", "clip_higher", "entropy_reg", "clip_cov", "steer")
 CLIP_METRICS = (

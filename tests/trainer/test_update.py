@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import math
 
 import pytest
@@ -17,6 +18,7 @@ from opefo_nemo.parallel import VOCAB_SUMS, NonFiniteLogitsError
 from opefo_nemo.trainer.nan_guard import NanGuard, NanStreakError
 from opefo_nemo.trainer.stats_pass import stats_pass
 from opefo_nemo.trainer.update import update_rollout_batch
+from opefo_nemo.trainer.update_layout import plan_update
 from tests.docs_blocks import docs_block
 from tests.metric_bounds import assert_grads_close
 from tests.trainer.update_inputs import ENGINE, GRAD_REL, TEMPERATURE, random_rollout
@@ -49,9 +51,9 @@ def captured_gradient(model_dir, method_name, micro_batch_size, shared_forward=F
     outcome = update_rollout_batch(policy, build_objective(method), batch, micro_batch_size, 0)
     assert outcome.skipped_steps == 0 and not outcome.corrections
     micros = len(batch.split(micro_batch_size))
-    # the statistics pass (one forward, no graph: 6 rows, engine.micro_batch_size 16), then the
-    # loss's forwards; shared: the loss reuses the statistics forwards' graphs
-    want = [True] * micros if shared_forward else [False] + [True] * micros
+    # the statistics pass (a forward per micro-batch, no graph), then the loss's forwards;
+    # shared: the loss reuses the statistics forwards' graphs
+    want = [True] * micros if shared_forward else [False] * micros + [True] * micros
     assert forwards == want
     return grads, outcome.metrics
 
@@ -168,22 +170,26 @@ def test_warmup_schedule_is_linear_over_rollout_steps(model_dir):
 
 
 @pytest.mark.parametrize("micro_batch_size", [1, 4])
-def test_stats_pass_is_one_call_split_like_the_micro_batches(model_dir, micro_batch_size):
+def test_stats_pass_is_one_call_returned_like_the_layouts(model_dir, micro_batch_size):
     """Reference: the engine's own stats of each micro-batch, one call each (the old pass), at
-    every response token (prompt and padding positions are masked everywhere downstream)."""
+    every response token (prompt and padding positions are masked everywhere downstream); the
+    pass's micro-batches are two mini-batches' balanced layouts with a token budget (rows not
+    consecutive), the reference's forwards ``engine.micro_batch_size`` rows."""
     engine = dataclasses.replace(ENGINE, micro_batch_size=micro_batch_size)
     policy = HFPolicy(model_dir, engine, lr=1e-3, temperature=TEMPERATURE)
     batch = build_batch(*random_rollout(), pad_id=0)
-    micros = batch.split(3)
-    got = stats_pass(policy, batch, micros, VOCAB_SUMS)
-    assert len(got) == len(micros)
-    for stats, micro in zip(got, micros, strict=True):
+    layouts = plan_update(policy, batch, 2, 2, max_tokens_per_micro_batch=20)
+    assert (0, 2) in layouts[0].rows  # rows 1 and 0, 2 by length
+    pieces = [[batch.select(rows) for rows in layout.rows] for layout in layouts]
+    got = stats_pass(policy, batch, layouts, pieces, VOCAB_SUMS)
+    assert [len(stats) for stats in got] == [len(micros) for micros in pieces]
+    for stats, micro in zip(itertools.chain(*got), itertools.chain(*pieces), strict=True):
         want = policy.token_stats(micro, sums=VOCAB_SUMS)
         real = micro.response_mask
         for field in ("logprob", "entropy", *VOCAB_SUMS):
             torch.testing.assert_close(getattr(stats, field)[real], getattr(want, field)[real])
-    with pytest.raises(ValueError, match="do not tile a batch"):
-        stats_pass(policy, batch, micros[:-1], ())
+    with pytest.raises(ValueError, match="do not cover the batch's 6 rows"):
+        stats_pass(policy, batch, layouts[:1], pieces[:1], ())
 
 
 def test_a_later_mini_batch_reads_the_rollout_policys_logprobs_and_entropies(model_dir):

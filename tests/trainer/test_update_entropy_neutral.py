@@ -97,7 +97,7 @@ def _update(model_dir, batch, method: str, lr: float, *overrides: str, engine=EN
     corrections = [c.metrics() for c in outcome.corrections]
     shown = {k: v for k, v in outcome.metrics.items() if k.startswith("correction/")}
     assert corrections == ([shown] if objective.corrects_update else [])
-    realized = realized_entropy_change(policy, batch, MICRO, outcome.entropy_before)
+    realized = realized_entropy_change(policy, batch, outcome.entropy_before)
     weights = {name: w.clone() for name, w in policy.named_weights()}
     return outcome.metrics, realized, weights
 

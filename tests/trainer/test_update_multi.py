@@ -54,12 +54,12 @@ def test_every_mini_batch_step_uses_the_rollout_policy_as_old(model_dir):
     references, taken = [], []
     train_step, step = policy.train_step, policy.optimizer.step
 
-    def reference_then_train(micro_batches, loss_fn, sum_names):
+    def reference_then_train(micro_batches, loss_fn, sum_names, **layout):
         rows = slice(len(references) * size, (len(references) + 1) * size)
         references.append(
             reference_gradient(policy.model, prompts[rows], responses[rows], adv[rows], old[rows])
         )
-        return train_step(micro_batches, loss_fn, sum_names)
+        return train_step(micro_batches, loss_fn, sum_names, **layout)
 
     def capture_then_step(*args, **kwargs):
         taken.append({n: p.grad.clone() for n, p in policy.model.named_parameters()})

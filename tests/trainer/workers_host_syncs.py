@@ -16,6 +16,7 @@ from opefo_nemo.engines.batch import TrainBatch, build_batch
 from opefo_nemo.models.tiny import TinyModelSpec
 from opefo_nemo.trainer.stats_pass import stats_pass
 from opefo_nemo.trainer.update import optimizer_step
+from opefo_nemo.trainer.update_layout import plan_update
 from tests.host_syncs import count_host_syncs, host_tensors
 
 VOCAB = 70  # the tiny model's per-character vocabulary
@@ -74,10 +75,14 @@ def count_passes(policy, micro_batch_counts: tuple[int, ...]) -> dict:
     result = {}
     for count in micro_batch_counts:
         whole = batch(count * MICRO_BATCH_SIZE)
-        micros = whole.split(MICRO_BATCH_SIZE)
-        optimizer_step(policy, objective, micros, stats_pass(policy, whole, micros, sums), None, 0)
+        layouts = plan_update(policy, whole, 1, MICRO_BATCH_SIZE, "contiguous")
+        micros = [whole.select(rows) for rows in layouts[0].rows]
+        (warm,) = stats_pass(policy, whole, layouts, [micros], sums)
+        optimizer_step(policy, objective, micros, warm, None, 0)
         inputs = [*host_tensors(whole, micros), *step_counts(policy.optimizer)]
-        stats_sites, stats = count_host_syncs(inputs, stats_pass, policy, whole, micros, sums)
+        stats_sites, (stats,) = count_host_syncs(
+            inputs, stats_pass, policy, whole, layouts, [micros], sums
+        )
         loss_sites, _ = count_host_syncs(
             [*inputs, *host_tensors(stats)],
             optimizer_step,
