@@ -50,6 +50,7 @@ from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.trainer.stats_pass import stats_pass
 from opefo_nemo.trainer.update import optimizer_step
+from opefo_nemo.trainer.update_layout import plan_update
 
 VOCAB = 70  # the tiny model's per-character vocabulary
 
@@ -175,17 +176,22 @@ def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
     sums = ESTIMATOR_SUMS[method.entropy_flow.estimator]
     policy = _policy(args, model_dir, method.lr)
     batch = _batch(args)
-    micros = batch.split(args.micro_batch_size)
+    (layout,) = plan_update(policy, batch, 1, args.micro_batch_size)
+    micros = [batch.select(rows) for rows in layout.rows]
     kept = _kept_gradient_bytes()
 
+    def stats_of_batch():
+        return stats_pass(policy, batch, [layout], [micros], sums)[0]
+
     def loss_pass(stats, name="opefo"):
-        return optimizer_step(policy, objectives[name], micros, stats, None, 0)
+        owners = layout.owners
+        return optimizer_step(policy, objectives[name], micros, stats, None, 0, owners=owners)
 
     times = collections.defaultdict(list)
     cpu_times = collections.defaultdict(list)
     peaks = collections.defaultdict(list)
     for _ in range(args.repeats + 1):  # the first step warms up
-        seconds, stats = _timed(stats_pass, policy, batch, micros, sums)
+        seconds, stats = _timed(stats_of_batch)
         times["stats"].append(seconds)
         for name in objectives:
             peak, seconds, cpu, _ = _peak(loss_pass, stats, name)
@@ -194,7 +200,7 @@ def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
             peaks[name].append(peak)
     counted = None
     if args.device == "cuda":
-        stats_syncs, stats_where, stats = _host_syncs(stats_pass, policy, batch, micros, sums)
+        stats_syncs, stats_where, stats = _host_syncs(stats_of_batch)
         loss_syncs, loss_where, _ = _host_syncs(loss_pass, stats)
         counted = (stats_syncs, stats_where, loss_syncs, loss_where)
     if rank != 0:

@@ -121,7 +121,7 @@ class TrainConfig:
 
     def _validate_layout(self) -> None:
         """The token budget holds the longest row the run can make (every row then fits a
-        micro-batch), and a method that takes a statistic per micro-batch keeps today's
+        micro-batch), and a method that takes a statistic per micro-batch keeps the contiguous
         micro-batches (spec §11)."""
         engine, budget = self.engine, self.engine.max_tokens_per_micro_batch
         longest = self.data.max_prompt_tokens + self.rollout.max_new_tokens

@@ -135,8 +135,8 @@ def plan_layouts(
     Micro-batches hold ``micro_batch_size`` rows, or with ``max_tokens`` as many rows as keep
     rows × padded width (:func:`padded_width`, ``multiple``) within it; a row longer than
     ``max_tokens`` runs alone. ``contiguous``: consecutive rows, micro-batch ``i`` of ``M`` run
-    by rank ``⌊i·D/M⌋`` (with ``micro_batch_size``, today's layout). ``balanced``:
-    :func:`balanced_layout`."""
+    by rank ``⌊i·D/M⌋`` (with ``micro_batch_size``, ``TrainBatch.split``'s micro-batches).
+    ``balanced``: :func:`balanced_layout`."""
     rows = len(lengths)
     if mini_batches < 1 or rows % mini_batches:
         raise ValueError(f"{rows} rows do not split into {mini_batches} equal mini-batches")

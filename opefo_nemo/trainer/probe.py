@@ -9,6 +9,8 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+import torch
+
 from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.advantages import group_signal
 from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
@@ -76,6 +78,7 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
     per_layout = stats_pass(trainer.policy, batch, layouts, pieces, ALL_SUMS)
     micros = [m for ms in pieces for m in ms]
     stats = [s for ss in per_layout for s in ss]
+    order = torch.tensor([row for layout in layouts for row in layout.flat_rows])  # of the chunks
     rollout = dict(collected.metrics)
     rollout.update(rollout_fidelity(micros, stats, config.metrics.fidelity_threshold))
     rollout.update(layout_metrics(layouts, row_lengths(batch), trainer.policy.sequence_multiple))
@@ -93,7 +96,9 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
             confident_prob=config.metrics.confident_prob,
         )
         per_estimator[estimator] = dict(prepared.metrics)
-        per_group[estimator] = group_flows(chunks, prepared, collected.group_ids, collected.correct)
+        per_group[estimator] = group_flows(
+            chunks, prepared, collected.group_ids[order], collected.correct[order]
+        )
     return ProbeResult(
         prompts=config.trainer.prompts_per_step,
         responses=config.trainer.responses_per_prompt,

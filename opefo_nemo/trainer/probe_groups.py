@@ -62,9 +62,8 @@ def group_flows(
     chunks: Sequence[TokenChunk], prepared: Prepared, group_ids: Tensor, correct: Tensor
 ) -> list[GroupFlow]:
     """Each group's P and N from ``prepared``'s per-token ΔH (the tensors its P and N are summed
-    from) of ``chunks``, consecutive row blocks of the batch whose rows have groups
-    ``group_ids`` ``[B]`` and verdicts ``correct`` ``[B]`` (bool); in the order of the groups'
-    ids."""
+    from) of ``chunks``, whose rows, one chunk after the other, have groups ``group_ids``
+    ``[B]`` and verdicts ``correct`` ``[B]`` (bool); in the order of the groups' ids."""
     rows = sum(int(c.mask.shape[0]) for c in chunks)
     if tuple(group_ids.shape) != (rows,) or tuple(correct.shape) != (rows,):
         raise ValueError(

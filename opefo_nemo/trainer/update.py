@@ -336,8 +336,8 @@ def update_rollout_batch(
         first = [[s.map(lambda t: t.detach().cpu()) for s in kept]]
     all_micros, all_first = [m for ms in micros for m in ms], [s for ss in first for s in ss]
     entropy_before = mean_entropy(all_micros, all_first)
-    shared = rollout_fidelity(all_micros, all_first, fidelity_threshold)
-    shared.update(layout_metrics(layouts, row_lengths(batch), policy.sequence_multiple))
+    whole = rollout_fidelity(all_micros, all_first, fidelity_threshold)  # of the whole batch
+    whole.update(layout_metrics(layouts, row_lengths(batch), policy.sequence_multiple))
     if k == 1:
         step = optimizer_step(
             policy,
@@ -352,7 +352,7 @@ def update_rollout_batch(
         )
         corrected = () if step.correction is None else (step.correction,)
         return RolloutUpdateSummary(
-            {**step.metrics, **shared}, int(step.skipped), entropy_before, corrected
+            {**step.metrics, **whole}, int(step.skipped), entropy_before, corrected
         )
 
     size = batch.rows // k
@@ -384,7 +384,7 @@ def update_rollout_batch(
     averaged["entropy/mean"] = entropy_before
     skipped_steps = sum(step.skipped for step in steps)
     corrections = tuple(step.correction for step in steps if step.correction is not None)
-    return RolloutUpdateSummary({**averaged, **shared}, skipped_steps, entropy_before, corrections)
+    return RolloutUpdateSummary({**averaged, **whole}, skipped_steps, entropy_before, corrections)
 
 
 @torch.no_grad()

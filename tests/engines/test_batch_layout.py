@@ -212,6 +212,8 @@ def test_concatenated_keeps_each_ranks_micro_batches_in_order():
     assert joined.rows == ((0,), (1,), (3,), (2,), (4,))
     assert joined.owners == (0, 0, 0, 1, 1)
     assert joined.shifted(-1).rows[0] == (-1,) and joined.covers(5) and not first.covers(4)
+    with pytest.raises(ValueError, match="one data-parallel size"):
+        concatenated([first, MicroBatchLayout(((3,),), (0,), 1)])
 
 
 @pytest.mark.parametrize(

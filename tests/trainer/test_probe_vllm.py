@@ -21,6 +21,7 @@ pytestmark = pytest.mark.vllm
 #: fp32 round-off of sums over the batch (a few ε₃₂ of each term's magnitude).
 REL = 64 * 1.2e-7
 ROLLOUT = ("reward/mean", "reward/group_signal_frac", "response/length_mean", "fidelity/kl")
+LAYOUT = ("perf/pad_fraction", "perf/dp_imbalance", "perf/micro_batches")
 
 
 @pytest.mark.parametrize("method", ["opefo", "grpo_strict"])
@@ -37,6 +38,8 @@ def test_probe_equals_the_first_training_step(make_trainer, tmp_path, method):
         assert_metrics_close(ours, {name: logged[name] for name in ours}, REL)
         for name in ROLLOUT:
             assert probed.rollout[name] == pytest.approx(logged[name], rel=REL, abs=1e-12), name
+        for name in LAYOUT:  # the same lengths planned alike
+            assert probed.rollout[name] == logged[name], name
     assert 0 < probed.rollout["reward/group_signal_frac"] <= 1
 
 
