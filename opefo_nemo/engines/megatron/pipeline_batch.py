@@ -25,7 +25,7 @@ STATS_KEYS = ("targets",)
 """What the last stage's token-stats function reads: int64 ``[rows, T]``."""
 
 
-def padded_width(width: int, multiple: int) -> int:
+def _round_up(width: int, multiple: int) -> int:
     """``width`` rounded up to a multiple of ``multiple``."""
     return -(-width // multiple) * multiple
 
@@ -59,7 +59,7 @@ class PipelineMicroBatches:
     def shapes(self) -> tuple[tuple[int, int], ...]:
         """``(rows, padded width)`` of each micro-batch as the schedule runs it."""
         return tuple(
-            (micro.rows, padded_width(int(micro.input_ids.shape[1]), self.seq_multiple))
+            (micro.rows, _round_up(int(micro.input_ids.shape[1]), self.seq_multiple))
             for micro in self.micros
         )
 
