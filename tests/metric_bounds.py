@@ -140,3 +140,28 @@ def assert_grads_close(
             scale = max(scale, float(weight.double().abs().max()))
         error = float((got[name].double() - grad.double()).abs().max())
         assert error <= rel * scale, f"{name}: max |difference| {error:.3g} > {rel:g} × {scale:.3g}"
+
+
+def assert_adam_first_step_close(
+    got: Mapping[str, torch.Tensor],
+    want: Mapping[str, torch.Tensor],
+    got_grads: Mapping[str, torch.Tensor],
+    want_grads: Mapping[str, torch.Tensor],
+    lr: float,
+    eps: float,
+) -> None:
+    """Weights after one AdamW step from the same weights, each within what the step makes of
+    the difference of the gradients it was given. The first step moves a weight by
+    ``lr · f(g)``, ``f(g) = g / (|g| + ε)`` (bias-corrected ``m̂ = g``, ``√v̂ = |g|``; weight
+    decay is the same on both sides), and ``|f′(ξ)| = ε / (|ξ| + ε)²``; between ``g`` and ``g′``
+    ``|ξ| ≥ m`` (the smaller magnitude, 0 when the signs differ), so the weights differ by at
+    most ``lr · |g − g′| · ε / (m + ε)²``, plus the fp32 rounding of each side's update (a few
+    operations, ``8u₃₂·lr``) and of the weight it is added to (``2u₃₂|θ|``)."""
+    assert got.keys() == want.keys() == got_grads.keys() == want_grads.keys()
+    for name, weight in want.items():
+        g, h = got_grads[name].double(), want_grads[name].double()
+        smaller = torch.where(g * h > 0, torch.minimum(g.abs(), h.abs()), torch.zeros_like(g))
+        bound = lr * (g - h).abs() * eps / (smaller + eps) ** 2
+        bound = bound + 8 * U32 * lr + 2 * U32 * weight.double().abs()
+        excess = (got[name].double() - weight.double()).abs() - bound
+        assert float(excess.max()) <= 0, f"{name}: exceeds its bound by {float(excess.max()):.3g}"

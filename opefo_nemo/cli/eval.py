@@ -1,13 +1,14 @@
 """``opefo-eval MODEL``: evaluate a model or a training checkpoint on benchmark files (spec §7).
 
-MODEL is a Hugging Face directory, a checkpoint or a checkpoint's ``policy/`` directory. The
-benchmarks, the paper's sampling, the outputs and the servers: docs/training.md, "Validation and
-``opefo-eval``".
+MODEL is a Hugging Face directory, a checkpoint or a checkpoint's ``policy/`` directory
+(docs/training.md, "Validation and ``opefo-eval``"). ``opefo-eval calibrate`` and ``opefo-eval
+compare`` measure the reasoning boundary (spec §12, docs/boundary.md; :data:`SUBCOMMANDS`).
 """
 
 from __future__ import annotations
 
 import argparse
+import importlib
 import json
 import logging
 import os
@@ -40,6 +41,8 @@ from opefo_nemo.trainer.scoring import score_responses
 from opefo_nemo.trainer.stop_tokens import stop_tokens
 
 log = logging.getLogger("opefo_nemo.eval")
+#: ``opefo-eval SUBCOMMAND ...``: the module whose ``main`` takes the rest of the command line.
+SUBCOMMANDS = {"calibrate": "opefo_nemo.cli.calibrate", "compare": "opefo_nemo.cli.compare"}
 
 
 def resolve_model(path: str | Path) -> Path:
@@ -57,7 +60,12 @@ def resolve_model(path: str | Path) -> Path:
 
 
 def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
-    parser = OneLineParser(prog="opefo-eval", description=__doc__.split("\n\n")[0])
+    parser = OneLineParser(
+        prog="opefo-eval",
+        description=__doc__.split("\n\n")[0],
+        epilog="the reasoning boundary (spec §12): opefo-eval calibrate MODEL --pool ... and "
+        "opefo-eval compare BASE MODEL... --heldout ...; each takes --help",
+    )
     parser.add_argument("model", help="model directory, checkpoint, or checkpoint policy/ dir")
     parser.add_argument("--name", help="row name in the table (default: the model path)")
     parser.add_argument("--data-dir", help="directory with the spec §7 <benchmark>.jsonl files")
@@ -306,6 +314,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     logging.basicConfig(
         level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s: %(message)s"
     )
+    argv = sys.argv[1:] if argv is None else list(argv)
+    if argv and argv[0] in SUBCOMMANDS:
+        return int(importlib.import_module(SUBCOMMANDS[argv[0]]).main(argv[1:]))
     args = parse_args(argv)
     try:
         model, codec, sets = prepare(args)

@@ -94,10 +94,12 @@ def load_jsonl(
 ) -> list[Problem]:
     """Problems from our JSONL schema, one object per line (blank lines ignored):
     `{"problem": str, "answer": str | int | float, "id": str (optional), "source": str
-    (optional)}`. `source` defaults to each line's "source" field, else the file stem. `dedup`
-    drops repeated (problem, answer) pairs. A defective row (not JSON, a missing or empty problem
-    or answer) refuses the whole file with `defective="error"` (the default); with `"skip"` the
-    other rows are read and the defective ones counted and listed in a warning."""
+    (optional), "messages": [{"role": str, "content": str}, ...] (optional: the chat messages of
+    the "messages" template)}`; other fields are ignored. `source` defaults to each line's
+    "source" field, else the file stem. `dedup` drops repeated (problem, answer) pairs. A
+    defective row (not JSON, a missing or empty problem or answer) refuses the whole file with
+    `defective="error"` (the default); with `"skip"` the other rows are read and the defective
+    ones counted and listed in a warning."""
     path = existing_file(path)
     with path.open(encoding="utf-8") as handle:
         lines = [(number, line) for number, line in enumerate(handle, start=1) if line.strip()]
@@ -118,12 +120,23 @@ def load_jsonl(
         answer = answer_text(row["answer"], where)
         row_source = source or str(row.get("source") or path.stem)
         prompt_id = str(row.get("id") or prompt_id_for(row_source, problem, answer))
-        return Problem(prompt_id, problem, answer, row_source)
+        messages = stored_messages(row.get("messages", []), where)
+        return Problem(prompt_id, problem, answer, row_source, messages)
 
     def where(index: int) -> str:
         return f"{path} line {lines[index][0]}"
 
     return _finish(read_rows(lines, parse, where, path, defective), path, dedup)
+
+
+def stored_messages(value: object, where: str) -> tuple[dict[str, str], ...]:
+    """A row's optional chat messages: a list of ``{"role": str, "content": str}``."""
+    if not isinstance(value, list) or not all(
+        isinstance(m, dict) and isinstance(m.get("role"), str) and isinstance(m.get("content"), str)
+        for m in value
+    ):
+        raise DatasetError(f"{where}: field 'messages' must be a list of {{role, content}} strings")
+    return tuple({"role": m["role"], "content": m["content"]} for m in value)
 
 
 def _user_content(messages: object, where: str) -> str:

@@ -105,9 +105,9 @@ def check_layout(plan: LaunchPlan) -> list[LaunchProblem]:
 
 
 def check_batch(plan: LaunchPlan) -> list[LaunchProblem]:
-    """Prompts × responses, split into ``updates_per_rollout`` mini-batches, each divisible by
-    data-parallel size × micro-batch size (every rank runs whole micro-batches; with a token
-    budget the micro-batches follow the lengths and any count splits)."""
+    """Prompts × responses split into ``updates_per_rollout`` equal mini-batches. Nothing is asked
+    of the data-parallel size: the engines run any number of micro-batches on each rank, none
+    included, and scale each rank's loss by its own count (docs/batch_layout.md)."""
     total = plan.responses_per_step
     updates = plan.updates_per_rollout
     if updates <= 0 or plan.micro_batch_size <= 0:
@@ -124,21 +124,6 @@ def check_batch(plan: LaunchPlan) -> list[LaunchProblem]:
                 "batch",
                 f"{plan.prompts_per_step} prompts × {plan.responses_per_prompt} responses = "
                 f"{total} responses do not split into {updates} equal mini-batches",
-            )
-        ]
-    layout = layout_of(plan)
-    if layout is None or plan.memory.max_tokens_per_micro_batch is not None:
-        return []
-    per_update = total // updates
-    step = layout.data * plan.micro_batch_size
-    if per_update % step:
-        return [
-            LaunchProblem(
-                "batch",
-                f"{per_update} responses per optimizer step ({plan.prompts_per_step} prompts × "
-                f"{plan.responses_per_prompt} responses / {updates} updates) are not divisible "
-                f"by data parallel {layout.data} × micro_batch_size {plan.micro_batch_size} = "
-                f"{step}",
             )
         ]
     return []

@@ -102,6 +102,27 @@ def test_chat_template() -> None:
     assert rendered == "<|user|>Solve $2x + 1 = 4$ for $x$.<|end|><|assistant|>"
 
 
+def test_jsonl_rows_may_carry_chat_messages(tmp_path: Path) -> None:
+    # a parquet's problems written as JSONL keep their messages for the "messages" template
+    parquet = tmp_path / "dapo.parquet"
+    write_verl_parquet(parquet, [("What is $2+2$?", "4")])
+    (problem,) = load_dapo_parquet(parquet)
+    row = {
+        "id": problem.prompt_id,
+        "problem": problem.problem,
+        "answer": "4",
+        "source": problem.source,
+        "messages": list(problem.messages),
+        "calibration": {},
+    }
+    path = tmp_path / "rows.jsonl"
+    path.write_text(json.dumps(row) + "\n")
+    assert load_jsonl(path) == [problem]
+    path.write_text(json.dumps({**row, "messages": [{"role": "user"}]}) + "\n")
+    with pytest.raises(DatasetError, match="line 1: field 'messages' must be a list"):
+        load_jsonl(path)
+
+
 def test_error_cases(tmp_path: Path) -> None:
     with pytest.raises(DatasetError, match="not found"):
         load_jsonl(tmp_path / "missing.jsonl")

@@ -116,20 +116,15 @@ def test_colocated_rollout_must_fit_nodes_and_heads(plan):
     assert "rollout" not in _topics(single)  # the hf engine's vLLM is not colocated
 
 
-def test_batch_divisibility(plan):
-    # 256 responses over DP 16 × micro-batch 3 = 48: not whole micro-batches on every rank.
-    problems = plan_problems(dataclasses.replace(plan, micro_batch_size=3))
-    assert _topics(dataclasses.replace(plan, micro_batch_size=3)) == ["batch"]
-    assert "data parallel 16 × micro_batch_size 3 = 48" in problems[0].message
-    # 8 mini-batch updates of 32 responses over DP 16 × 4 = 64 do not divide either.
-    assert _topics(dataclasses.replace(plan, updates_per_rollout=8, micro_batch_size=4)) == [
-        "batch"
-    ]
-    assert _topics(dataclasses.replace(plan, updates_per_rollout=3)) == ["batch"]
-    assert _topics(dataclasses.replace(plan, updates_per_rollout=8, micro_batch_size=2)) == []
-    # a token budget cuts micro-batches by the lengths: any count of them splits over the ranks
-    budget = dataclasses.replace(plan.memory, max_tokens_per_micro_batch=8192)
-    assert _topics(dataclasses.replace(plan, micro_batch_size=3, memory=budget)) == []
+def test_batch_splits_into_mini_batches(plan):
+    assert _topics(dataclasses.replace(plan, updates_per_rollout=3)) == ["batch"]  # 256 / 3
+    problems = plan_problems(dataclasses.replace(plan, updates_per_rollout=0))
+    assert [p.topic for p in problems] == ["batch"]
+    assert "must be positive" in problems[0].message
+    # Any count of micro-batches splits over the ranks: 256 responses over DP 16 × micro-batch 3
+    # leave ranks with 6 and 5 micro-batches (the engines scale each rank's loss by its count).
+    assert _topics(dataclasses.replace(plan, micro_batch_size=3)) == []
+    assert _topics(dataclasses.replace(plan, updates_per_rollout=8, micro_batch_size=4)) == []
 
 
 def test_unreadable_paths(plan, tmp_path):

@@ -87,7 +87,8 @@ def megatron_on_cpu() -> Iterator[None]:
         # ``dist_checkpointing``'s failure flag (``strategies/state_dict_saver.py``); the
         # sequence-parallel gather/scatter buffers (``tensor_parallel/mappings.py``).
         (torch.cuda, "current_device", lambda: "cpu"),
-        # After gloo's ``batch_isend_irecv`` (complete once waited on) and in
+        # After gloo's ``batch_isend_irecv`` (complete once waited on: the activations' and,
+        # with ``variable_seq_lengths``, their shapes' ``_communicate_shapes``) and in
         # ``dist_checkpointing``'s ``preload_tensors``.
         (torch.cuda, "synchronize", lambda *args, **kwargs: None),
         # The RNG tracker (``tensor_parallel/random.py``) saves and restores the CPU RNG state

@@ -21,9 +21,8 @@ from torch import Tensor
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.core.deferred_checks import deferred_checks
 from opefo_nemo.engines.batch import TrainBatch
-from opefo_nemo.engines.batch_layout import MicroBatchLayout
+from opefo_nemo.engines.batch_layout import MicroBatchLayout, plan_layouts
 from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient
-from opefo_nemo.engines.megatron import compat
 from opefo_nemo.engines.megatron.checkpoint import load_megatron, save_megatron
 from opefo_nemo.engines.megatron.fused_output import gpt_model
 from opefo_nemo.engines.megatron.loss_closure import (
@@ -32,18 +31,18 @@ from opefo_nemo.engines.megatron.loss_closure import (
     output_stats,
     stats_function,
 )
+from opefo_nemo.engines.megatron.model_checks import check_model, check_tied_copies
 from opefo_nemo.engines.megatron.optimizer_step import MegatronOptimizerStep
 from opefo_nemo.engines.megatron.pipeline_batch import PipelineMicroBatches
 from opefo_nemo.engines.megatron.schedule_driver import (
-    balanced_rows,
+    contiguous_owners,
     gather_rows,
-    per_rank,
+    owned,
     run_schedule,
 )
 from opefo_nemo.engines.protocols import EngineStepResult, LossFn
 from opefo_nemo.models.megatron_weights.layout import MegatronLayout
 from opefo_nemo.models.megatron_weights.streaming import DistributedFetch, hf_named_weights
-from opefo_nemo.models.megatron_weights.weight_mapping import Sharding, stage_specs
 from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums
 
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
@@ -59,8 +58,9 @@ class MegatronPolicy:
     (:func:`~.megatron_optimizer.build_megatron_optimizer`: bf16 parameters with fp32 main
     weights and gradients, or fp32 ones; with or without the distributed optimizer);
     ``temperature``: the rollout's sampling temperature (spec §1). Tied embeddings at PP > 1
-    must start bit-equal (:meth:`_check_tied_copies`); with sequence parallelism sequences are
-    padded to a multiple of TP (:attr:`_seq_multiple`). Not supported: virtual pipeline stages.
+    must start bit-equal (:func:`~.model_checks.check_tied_copies`); with sequence parallelism
+    sequences are padded to a multiple of TP (:attr:`sequence_multiple`). Not supported: virtual
+    pipeline stages.
     """
 
     def __init__(
@@ -89,67 +89,14 @@ class MegatronPolicy:
         self.pp_group = parallel_state.get_pipeline_model_parallel_group()
         self.dp_group = parallel_state.get_data_parallel_group()
         self.model_parallel_group = parallel_state.get_model_parallel_group()
-        self._check_model()
+        check_model(model, layout, config.dtype)
         if layout.pipeline_parallel > 1 and layout.shape.tie_word_embeddings:
-            self._check_tied_copies()
+            check_tied_copies(model, self.pp_group)
         self.outputs = output_stats(
             model, self.tp_group, layout.shape.vocab_size, temperature, config
         )
         groups = (self.dp_group, self.model_parallel_group)
         self.updates = MegatronOptimizerStep(model, optimizer, config, *groups)
-
-    def _check_model(self) -> None:
-        """The model's names, shard shapes and dtype are what ``layout`` and ``config`` say."""
-        tp = parallel_state.get_tensor_model_parallel_world_size()
-        if tp != self.layout.tensor_parallel:
-            raise ValueError(
-                f"parallel_state has tensor parallel {tp}, the layout {self.layout.tensor_parallel}"
-            )
-        state = {k: v for k, v in self.model.state_dict().items() if "_extra_state" not in k}
-        stage = parallel_state.get_pipeline_model_parallel_rank()
-        expected = {
-            spec.name: _shard_shape(spec.shape, spec.sharding, tp)
-            for spec in stage_specs(self.layout, stage)
-        }
-        missing, unexpected = set(expected) - set(state), set(state) - set(expected)
-        if missing or unexpected:
-            raise ValueError(
-                f"model weights do not match the layout: missing {sorted(missing)}, "
-                f"unexpected {sorted(unexpected)}"
-            )
-        for name, tensor in state.items():
-            if tuple(tensor.shape) != expected[name]:
-                raise ValueError(
-                    f"model weight {name} has shape {tuple(tensor.shape)}, the layout (padded "
-                    f"vocabulary {self.layout.padded_vocab_size}, TP {tp}) expects {expected[name]}"
-                )
-        dtype = _DTYPES[self.config.dtype]
-        wrong = [n for n, p in self.model.named_parameters() if p.dtype != dtype]
-        if wrong:
-            raise ValueError(f"model weight {wrong[0]} is not engine.dtype={self.config.dtype}")
-
-    def _check_tied_copies(self) -> None:
-        """Tied embeddings at PP > 1: the last stage's ``output_layer.weight`` equals the first
-        stage's word embedding bit for bit (their gradients are summed each step by megatron's
-        ``finalize_model_grads``, so they stay equal only if they start equal). One all-reduce of
-        ``E_first − E_last`` over the embedding group, then the verdict over the pipeline so that
-        every stage raises together."""
-        group = compat.embedding_group()
-        unequal = torch.zeros(1, device=self.device)
-        if group is not None:
-            first = parallel_state.is_pipeline_first_stage()
-            model = gpt_model(self.model)
-            weight = model.embedding.word_embeddings.weight if first else model.output_layer.weight
-            difference = weight.detach().clone() if first else -weight.detach()
-            dist.all_reduce(difference, group=group)
-            unequal[0] = float(not bool((difference == 0).all()))
-        dist.all_reduce(unequal, op=dist.ReduceOp.MAX, group=self.pp_group)
-        if bool(unequal[0] > 0):
-            raise ValueError(
-                "tied embeddings at pipeline_parallel > 1: the last stage's output_layer.weight "
-                "differs from the first stage's embedding.word_embeddings.weight (load the same "
-                "weights into both copies)"
-            )
 
     @property
     def device(self) -> torch.device:
@@ -157,20 +104,11 @@ class MegatronPolicy:
         return next(self.model.parameters()).device
 
     @property
-    def _seq_multiple(self) -> int:
-        """Sequence parallelism splits each sequence over the TP ranks: the schedule's sequence
-        length is padded to a multiple of TP (the padding is masked like any other)."""
-        return self.layout.tensor_parallel if self.config.sequence_parallel else 1
-
-    @property
-    def data_parallel_size(self) -> int:
-        """The data-parallel ranks a layout deals micro-batches to."""
-        return self._dp[0]
-
-    @property
     def sequence_multiple(self) -> int:
-        """:attr:`_seq_multiple`: what every micro-batch's width is rounded up to."""
-        return self._seq_multiple
+        """What every micro-batch's width is rounded up to: sequence parallelism splits each
+        sequence over the TP ranks, so a multiple of TP then (the padding is masked like any
+        other), else 1. The trainer's layout planner counts the padding with it."""
+        return self.layout.tensor_parallel if self.config.sequence_parallel else 1
 
     @property
     def lr(self) -> float:
@@ -178,12 +116,14 @@ class MegatronPolicy:
         return self.updates.lr
 
     @property
+    def data_parallel_size(self) -> int:
+        """The data-parallel ranks the micro-batches of a pass are dealt to."""
+        return parallel_state.get_data_parallel_world_size()
+
+    @property
     def _dp(self) -> tuple[int, int]:
         """``(data-parallel size, this rank's data-parallel rank)``."""
-        return (
-            parallel_state.get_data_parallel_world_size(),
-            parallel_state.get_data_parallel_rank(),
-        )
+        return self.data_parallel_size, parallel_state.get_data_parallel_rank()
 
     @torch.no_grad()
     def token_stats(
@@ -194,28 +134,46 @@ class MegatronPolicy:
         layout: MicroBatchLayout | None = None,
     ) -> TokenStats:
         """Phase 1: ``[B, T − 1]`` fp32 statistics of the whole ``batch`` (with the vocabulary
-        ``sums`` asked for) on every rank (CPU). ``layout`` is not followed: every row's
-        statistics are its own whichever micro-batch computes them.
+        ``sums`` asked for) on every rank (CPU), in ``batch``'s row order.
 
-        The rows are split over the DP ranks (:func:`~.schedule_driver.balanced_rows`); each rank
-        runs its rows through the forward-only schedule in micro-batches of
-        ``config.micro_batch_size`` (padded to the schedule's fixed shape,
-        :class:`~.pipeline_batch.PipelineMicroBatches`) with :func:`~.loss_closure.stats_function`
-        (vocab-parallel over TP, padded vocabulary excluded, the rollout temperature) on the last
-        pipeline stage, which broadcasts them to the others (``engine.stats_kernel=fused_linear``:
-        from the final hidden states, :mod:`.fused_output`); the rows are then all-gathered over
-        DP in row order, so the trainer's ``prepare`` is identical on every rank. The checks of
-        every micro-batch are read once after the schedule (:mod:`~opefo_nemo.core.deferred_checks`)
-        and the statistics stay on the device until one copy to the host after the gather."""
+        ``layout`` says which rows form each micro-batch and which DP rank runs it (its rows
+        cover every row of ``batch`` once); ``None``: one planned with the engine's own
+        ``batch_layout``, ``micro_batch_size`` and ``max_tokens_per_micro_batch``
+        (:func:`~opefo_nemo.engines.batch_layout.plan_layouts`, one mini-batch). Each rank runs the
+        micro-batches it owns through the forward-only schedule, each at its own width
+        (:class:`~.pipeline_batch.PipelineMicroBatches`), with
+        :func:`~.loss_closure.stats_function` (vocab-parallel over TP, padded vocabulary
+        excluded, the rollout temperature) on the last pipeline stage, which broadcasts them to
+        the others (``engine.stats_kernel=fused_linear``: from the final hidden states,
+        :mod:`.fused_output`); the rows are then all-gathered over DP and put back by row
+        index (:func:`~.schedule_driver.gather_rows`), so the trainer's ``prepare`` is identical
+        on every rank. The checks of every micro-batch are read once after the schedule
+        (:mod:`~opefo_nemo.core.deferred_checks`) and the statistics stay on the device until one
+        copy to the host after the gather."""
         size, rank = self._dp
-        rows = balanced_rows(batch.rows, size, rank)
+        if layout is None:
+            lengths = batch.attention_mask.sum(dim=1).tolist()
+            (layout,) = plan_layouts(
+                lengths,
+                data_parallel=size,
+                micro_batch_size=self.config.micro_batch_size,
+                max_tokens=self.config.max_tokens_per_micro_batch,
+                multiple=self.sequence_multiple,
+                layout=self.config.batch_layout,
+            )
+        if not layout.covers(batch.rows):
+            raise ValueError(f"the layout's rows do not cover the batch's {batch.rows} rows once")
+        if layout.data_parallel != size:
+            raise ValueError(f"a layout for {layout.data_parallel} data-parallel ranks, not {size}")
+        shares = [[row for i in layout.of_rank(r) for row in layout.rows[i]] for r in range(size)]
         names = ("logprob", "entropy", *requested_sums(sums))
         width = batch.input_ids.shape[1] - 1
         local = torch.zeros((len(names), 0, width), dtype=torch.float32, device=self.device)
         error: Exception | None = None
-        if len(rows):
-            local, error = self._shard_stats(batch.select(rows), names, width)
-        full = gather_rows(local, batch.rows, self.dp_group).cpu()
+        mine = [batch.select(layout.rows[i]) for i in layout.of_rank(rank)]
+        if mine:
+            local, error = self._shard_stats(mine, names, width)
+        full = gather_rows(local, shares, batch.rows, self.dp_group).cpu()
         if error is not None:
             raise error
         if bool(torch.isnan(full).any()):
@@ -225,13 +183,13 @@ class MegatronPolicy:
         return TokenStats(**dict(zip(names, full, strict=True)))
 
     def _shard_stats(
-        self, shard: TrainBatch, names: Sequence[str], width: int
+        self, micro_batches: Sequence[TrainBatch], names: Sequence[str], width: int
     ) -> tuple[Tensor, Exception | None]:
-        """This rank's rows ``shard`` through the forward-only schedule: the statistics
-        ``[len(names), rows, width]`` fp32 on the device, and non-finite logits as an error to
-        raise after the gather (its rows NaN, so the other ranks learn of it); any other failed
-        check is raised at once."""
-        micros = PipelineMicroBatches.split(shard, self.config.micro_batch_size, self._seq_multiple)
+        """This rank's ``micro_batches`` through the forward-only schedule: the statistics
+        ``[len(names), rows, width]`` fp32 on the device (their rows in order), and non-finite
+        logits as an error to raise after the gather (its rows NaN, so the other ranks learn
+        of it); any other failed check is raised at once."""
+        micros = PipelineMicroBatches(tuple(micro_batches), self.sequence_multiple)
         order = iter(range(micros.num_microbatches))
 
         def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
@@ -250,11 +208,12 @@ class MegatronPolicy:
         if error is not None and not isinstance(error, NonFiniteLogitsError):
             raise error
         if error is not None:
-            shape = (micros.micro_batch_size, micros.seq_length)
-            nan = torch.full(shape, math.nan, device=self.device)
-            outputs = [dict.fromkeys(names, nan)] * micros.num_microbatches
-        stats = micros.gather_stats(outputs, self.pp_group, self.device, names[2:])
-        return micros.stack_rows(stats, names, width), error
+            outputs = [
+                dict.fromkeys(names, torch.full(shape, math.nan, device=self.device))
+                for shape in micros.shapes
+            ]
+        stats = micros.gather_stats(outputs, names, width, self.pp_group, self.device)
+        return stats, error
 
     def train_step(
         self,
@@ -265,13 +224,13 @@ class MegatronPolicy:
     ) -> EngineStepResult:
         """Phase 3 (spec §5): one optimizer step over all ``micro_batches`` of the step.
 
-        Micro-batch ``i`` belongs to DP rank ``owners[i]`` (:meth:`_backward`). Then
-        the gradients' DP reduction, the global norm over TP and PP, clipping to
-        ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A non-finite loss or
-        logits on any rank, or a non-finite gradient, skips the step on every rank (gradients
-        dropped, ``EngineStepResult(nan, lr, skipped=True)``), as ``HFPolicy`` does. The loss's
-        finiteness and metric sums accumulate on the device and are read once, after the
-        backward."""
+        ``owners[i]``: the DP rank that runs micro-batch ``i`` (:meth:`_backward`); ``None``:
+        equal contiguous blocks. Then the gradients' DP reduction, the global norm over TP and
+        PP, clipping to ``config.grad_clip`` and the optimizer step (:mod:`.optimizer_step`). A
+        non-finite loss or logits on any rank, or a non-finite gradient, skips the step on every
+        rank (gradients dropped, ``EngineStepResult(nan, lr, skipped=True)``), as ``HFPolicy``
+        does. The loss's finiteness and metric sums accumulate on the device and are read once,
+        after the backward."""
         self.updates.zero_grad()
         failed, sums = self._backward(micro_batches, loss_fn, sum_names, owners)
         if self.updates.reduce(failed):  # the same on every rank
@@ -288,7 +247,8 @@ class MegatronPolicy:
         owners: Sequence[int] | None = None,
     ) -> CapturedEntropyGradient | None:
         """``Policy.capture_entropy_gradient``: :meth:`train_step`'s schedule and reduction with
-        ``entropy_fn``, then the reduced gradient kept in the optimizer's layout
+        ``entropy_fn`` (and the same ``owners``), then the reduced gradient kept in the
+        optimizer's layout
         (:meth:`.optimizer_step.MegatronOptimizerStep.capture_entropy_gradient`)."""
         self.updates.zero_grad()
         failed, _ = self._backward(micro_batches, entropy_fn, (), owners)
@@ -304,28 +264,40 @@ class MegatronPolicy:
         sum_names: Sequence[str],
         owners: Sequence[int] | None,
     ) -> tuple[Tensor, Tensor]:
-        """This rank's micro-batches through the schedule with gradient; returns the device flag
-        of a non-finite loss or logits and the summed ``LossOutput.sums`` (in ``sum_names``
-        order, this rank's micro-batches only, non-zero on the last stage).
+        """This rank's micro-batches through the schedule with gradient, each at its own width;
+        returns the device flag of a non-finite loss or logits and the summed
+        ``LossOutput.sums`` (in ``sum_names`` order, this rank's micro-batches only, non-zero on
+        the last stage).
 
-        Micro-batch ``i`` belongs to DP rank ``owners[i]`` (``None``: ``⌊i·D/M⌋`` of the ``M``,
-        equal contiguous blocks); every rank needs at least one. The last stage's loss is
-        ``loss_fn(i, stats_with_grad)`` × ``MegatronScaling(m, D).factor``, ``m`` this rank's
-        micro-batches, which undoes megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the
-        trainer's closure holds the coefficients, already on the device: only tokens and
-        targets travel with the micro-batches). The checks of ``token_stats`` and of the loss
-        are read once, after the schedule: the first failing one decides, as if it had raised in
-        its micro-batch (non-finite logits fail the step, any other error is raised)."""
+        Micro-batch ``i`` belongs to DP rank ``owners[i]`` (``None``:
+        :func:`~.schedule_driver.contiguous_owners`); ranks may own different numbers of them,
+        or none. The last stage's loss is ``loss_fn(i, stats_with_grad)`` ×
+        ``MegatronScaling(n, D).factor`` with ``n`` this rank's own count, which undoes
+        megatron's ``1/num_microbatches`` and DDP's ``1/D`` (the trainer's closure holds the
+        coefficients, already on the device: only tokens and targets travel with the
+        micro-batches). The checks of ``token_stats`` and of the loss are read once, after the
+        schedule: the first failing one decides, as if it had raised in its micro-batch
+        (non-finite logits fail the step, any other error is raised). A rank that owns nothing
+        runs no schedule (its gradient is 0 in the DP reduction), except with
+        ``engine.overlap_grad_reduce``: megatron's DDP starts each bucket's reduction from the
+        gradient hooks of the last micro-batch's backward (``finish_grad_sync`` asserts it was
+        started), so such a rank runs the step's first micro-batch with its loss × 0, whose
+        backward fires the same hooks in the same order as the other ranks'."""
         size, rank = self._dp
-        if owners is None:
-            mine = list(per_rank(len(micro_batches), size)(rank))
-        else:
-            mine = [i for i, owner in enumerate(owners) if owner == rank]
-        scaling = MegatronScaling(len(mine), size)
+        count = len(micro_batches)
+        if not count:
+            raise ValueError("a step needs at least one micro-batch")
+        given = contiguous_owners(count, size) if owners is None else owners
+        mine = owned(given, count, size, rank)
+        stand_in = not mine and self.config.overlap_grad_reduce
         failed = torch.zeros((), device=self.device)
         names = tuple(sum_names)
         sums = torch.zeros(len(names), dtype=torch.float64, device=self.device)
-        order = iter(mine)
+        if not mine and not stand_in:
+            return failed, sums
+        run = mine or [0]
+        scaling = MegatronScaling(len(run), size)
+        order = iter(run)
 
         def make_fn(item: Mapping[str, Tensor]) -> LossFunction:
             index = next(order)  # the last stage builds the functions in micro-batch order
@@ -335,6 +307,8 @@ class MegatronPolicy:
                 nonlocal failed, sums
                 checks.label = f"micro-batch {index} of the loss pass"
                 stats = self.outputs.stats(output, item["targets"])
+                if stand_in:
+                    return (stats.logprob.sum() + stats.entropy.sum()) * 0.0, {}
                 out = loss_fn(
                     index, TokenStats(stats.logprob[:rows, :width], stats.entropy[:rows, :width])
                 )
@@ -344,12 +318,7 @@ class MegatronPolicy:
 
             return compute
 
-        shard = [micro_batches[i] for i in mine]
-        width = max(int(m.input_ids.shape[1]) for m in shard)
-        multiple = self._seq_multiple
-        micros = PipelineMicroBatches(
-            tuple(shard), max(m.rows for m in shard), -(-width // multiple) * multiple
-        )
+        micros = PipelineMicroBatches(tuple(micro_batches[i] for i in run), self.sequence_multiple)
         with deferred_checks() as checks:
             run_schedule(
                 self.model,
@@ -414,11 +383,3 @@ def _sum_vector(part: Mapping[str, Tensor], names: Sequence[str], like: Tensor) 
     if not names:
         return like.new_zeros((0,))
     return torch.stack([part[k].detach().reshape(()).to(like) for k in names])
-
-
-def _shard_shape(shape: tuple[int, ...], sharding: Sharding, tp: int) -> tuple[int, ...]:
-    """A full Megatron weight's shape on one TP rank (``tensor_parallel.split_for_rank``)."""
-    if sharding is Sharding.REPLICATED:
-        return shape
-    dim = 1 if sharding is Sharding.ROW else 0
-    return tuple(n // tp if d == dim else n for d, n in enumerate(shape))

@@ -1,8 +1,8 @@
-"""The micro-batches megatron-core's pipelined schedule is fed (``PipelineMicroBatches``): every
-micro-batch padded to the schedule's fixed ``[micro_batch_size, seq_length]`` (the sequence
-rounded up to a multiple, as sequence parallelism needs), each stage given only the keys it reads,
-and the token-stats hand-off (stack, broadcast, unpad) inverting the padding exactly. The
-schedule itself at PP 2 and TP 2 × PP 2, against the ``hf`` engine, is ``test_policy.py``'s."""
+"""The micro-batches megatron-core's schedules are fed (``PipelineMicroBatches``): every
+micro-batch at its own shape (its rows, its longest row rounded up to the sequence multiple, as
+sequence parallelism needs), each stage given only the keys it reads, and the token-stats hand-off
+dropping the padding exactly. The schedules themselves (PP 1 and 2, TP 2 × SP, DP 2) against the
+``hf`` engine and across layouts are ``test_policy.py``'s and ``test_policy_layout.py``'s."""
 
 from __future__ import annotations
 
@@ -18,57 +18,73 @@ from opefo_nemo.engines.megatron.pipeline_batch import (
 from .tiny import random_batch
 
 pytest.importorskip("megatron.core")
-ROWS = 5
+ROWS = 7
 VOCAB = 100
+MULTIPLE = 4
 
 
-def _micro_plan(micro_batch_size: int = 2) -> tuple:
+def _plan() -> tuple:
+    """Micro-batches of 3, 1 and 3 rows, not consecutive, each trimmed to its own longest row."""
     batch = random_batch(ROWS, VOCAB)
-    return batch, PipelineMicroBatches.split(batch, micro_batch_size, seq_multiple=4)
+    rows = [(6, 0, 3), (5,), (1, 2, 4)]
+    micros = tuple(batch.select(r) for r in rows)
+    return batch, rows, PipelineMicroBatches(micros, seq_multiple=MULTIPLE)
 
 
-def _corner(rows: int, cols: int, shape: tuple[int, int], inside, outside) -> torch.Tensor:
-    """``inside`` in the top-left ``[rows, cols]`` of a ``shape`` tensor of ``outside``."""
-    out = torch.full(shape, outside)
-    out[:rows, :cols] = inside
+def _right_padded(tensor: torch.Tensor, width: int) -> torch.Tensor:
+    out = torch.zeros((tensor.shape[0], width), dtype=tensor.dtype)
+    out[:, : tensor.shape[1]] = tensor
     return out
 
 
-def test_items_padded_to_the_schedule_shape_with_keys_per_stage():
-    batch, plan = _micro_plan()
-    width = batch.input_ids.shape[1]
-    assert plan.num_microbatches == 3 and plan.padded_rows == 6
-    assert plan.seq_length % 4 == 0 and width <= plan.seq_length < width + 4
-    shape = (2, plan.seq_length)
+def test_items_at_each_micro_batchs_own_shape_with_keys_per_stage():
+    batch, rows, plan = _plan()
+    lengths = batch.attention_mask.sum(dim=1)
+    assert plan.num_microbatches == 3 and plan.rows == ROWS
+    for (count, width), picked in zip(plan.shapes, rows, strict=True):
+        longest = max(int(lengths[r]) for r in picked)
+        assert count == len(picked)
+        assert width % MULTIPLE == 0 and longest <= width < longest + MULTIPLE
+    assert plan.variable_shapes
     assert plan.stats_items(first=False, last=False) == [{}] * 3
     assert all(tuple(i) == FIRST_STAGE_KEYS for i in plan.stats_items(first=True, last=False))
     assert all(tuple(i) == STATS_KEYS for i in plan.stats_items(first=False, last=True))
-    for micro, item in zip(plan.micros, plan.stats_items(first=True, last=True), strict=True):
+    items = plan.stats_items(first=True, last=True)
+    for micro, item, shape in zip(plan.micros, items, plan.shapes, strict=True):
         assert set(item) == set(FIRST_STAGE_KEYS + STATS_KEYS)
-        rows, cols = micro.input_ids.shape
-        assert torch.equal(item["input_ids"], _corner(rows, cols, shape, micro.input_ids, 0))
+        assert torch.equal(item["input_ids"], _right_padded(micro.input_ids, shape[1]))
         assert torch.equal(item["position_ids"], torch.arange(shape[1]).expand(shape))
-        per_token = rows, cols - 1
-        assert torch.equal(item["targets"], _corner(*per_token, shape, micro.targets, 0))
+        assert torch.equal(item["targets"], _right_padded(micro.targets, shape[1]))
 
 
-def test_gather_and_unpad_invert_the_padding():
-    batch, plan = _micro_plan()
-    stacked = torch.randn(plan.padded_rows, plan.seq_length)
-    outputs = [{"logprob": part, "entropy": -part} for part in stacked.split(plan.micro_batch_size)]
-    stats = plan.gather_stats(outputs, None)
-    assert torch.equal(stats["logprob"], stacked) and torch.equal(stats["entropy"], -stacked)
-    first = 0
-    for i, (micro, logprob) in enumerate(
-        zip(plan.micros, plan.unpad(stats["logprob"]), strict=True)
-    ):
-        rows, cols = micro.targets.shape
-        assert torch.equal(logprob, stacked[2 * i : 2 * i + rows, :cols])
-        assert torch.equal(micro.response_mask, batch.response_mask[first : first + rows, :cols])
-        first += rows
-    assert first == batch.rows
+def test_equal_shapes_are_not_variable():
+    batch = random_batch(ROWS, VOCAB)
+    twins = (batch.select([0, 1]), batch.select([0, 1]))
+    assert not PipelineMicroBatches(twins, seq_multiple=MULTIPLE).variable_shapes
+    assert PipelineMicroBatches((twins[0], batch.select([0]))).variable_shapes
+    with pytest.raises(ValueError, match="at least one micro-batch"):
+        PipelineMicroBatches(())
+    with pytest.raises(ValueError, match="seq_multiple must be >= 1"):
+        PipelineMicroBatches(twins, seq_multiple=0)
+
+
+def test_gather_stats_keeps_each_micro_batchs_predicted_columns():
+    batch, _, plan = _plan()
+    names = ("logprob", "entropy")
+    outputs = [
+        {name: torch.randn(shape) for name in names} for shape in plan.shapes
+    ]  # what the last stage's stats functions return: [rows_i, T_i], padding included
+    width = batch.targets.shape[1]
+    stats = plan.gather_stats(outputs, names, width, None)
+    assert stats.shape == (2, ROWS, width)
+    start = 0
+    for micro, output in zip(plan.micros, outputs, strict=True):
+        count, columns = micro.targets.shape
+        for field, name in enumerate(names):
+            block = stats[field, start : start + count]
+            assert torch.equal(block[:, :columns], output[name][:count, :columns])
+            assert not block[:, columns:].any()
+        start += count
 
     with pytest.raises(ValueError, match="2 stats outputs for 3 micro-batches"):
-        plan.gather_stats(outputs[:2], None)
-    with pytest.raises(ValueError, match="unpad expects"):
-        plan.unpad(stacked[:, :-1])
+        plan.gather_stats(outputs[:2], names, width, None)

@@ -115,14 +115,16 @@ def megatron_gpt(
     )
 
 
-def random_batch(rows: int, vocab: int, seed: int = 7, low: int = 0) -> TrainBatch:
-    """``rows`` responses: prompts of 2–4 and responses of 1–6 random ids in ``[low, vocab)``,
-    advantages drawn from N(0, 1), all from one seeded generator."""
+def random_batch(
+    rows: int, vocab: int, seed: int = 7, low: int = 0, longest_response: int = 6
+) -> TrainBatch:
+    """``rows`` responses: prompts of 2–4 and responses of 1–``longest_response`` random ids in
+    ``[low, vocab)``, advantages drawn from N(0, 1), all from one seeded generator."""
     generator = torch.Generator().manual_seed(seed)
     prompts, responses = [], []
     for _ in range(rows):
         p = int(torch.randint(2, 5, (1,), generator=generator))
-        r = int(torch.randint(1, 7, (1,), generator=generator))
+        r = int(torch.randint(1, longest_response + 1, (1,), generator=generator))
         prompts.append(torch.randint(low, vocab, (p,), generator=generator).tolist())
         responses.append(torch.randint(low, vocab, (r,), generator=generator).tolist())
     return build_batch(prompts, responses, torch.randn(rows, generator=generator), pad_id=0)

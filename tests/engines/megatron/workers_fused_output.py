@@ -15,7 +15,7 @@ from opefo_nemo.parallel import VOCAB_SUMS
 from .optimizer_capture import main_grads_at_steps
 from .tiny import release_parallel_state
 from .workers_build import _policy
-from .workers_policy import _hf_names
+from .workers_policy import hf_names
 
 KERNELS = ("torch", "fused_linear")
 #: Weight of the entropy term in the test's loss, so both of ``logprob``'s and ``entropy``'s
@@ -74,4 +74,4 @@ def _gradients(policy, micros, g_l, g_h, micro: int) -> tuple[dict[str, torch.Te
         result = policy.train_step(micros, loss_fn, ())
     assert not result.skipped
     ((grads, _),) = steps
-    return _hf_names(policy.layout, grads), result.grad_norm
+    return hf_names(policy.layout, grads), result.grad_norm

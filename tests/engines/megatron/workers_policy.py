@@ -141,7 +141,7 @@ def _run(case: dict, hf_dir: Path, batch, checkpoint: Path) -> dict:
             policy, build_objective(method), batch, micro_batch_size, seed=0
         )
     captured = [clipped(grads, norm, clip) for grads, norm in steps]
-    grads = [_hf_names(layout, step) for step in captured]
+    grads = [hf_names(layout, step) for step in captured]
     weights = {name: tensor.clone() for name, tensor in policy.named_weights()}
 
     policy.advance_schedule()
@@ -194,7 +194,7 @@ def _skips_everywhere(policy, micros) -> None:
         assert torch.equal(tensor, before[name]), name
 
 
-def _hf_names(layout: MegatronLayout, megatron_grads: dict[str, torch.Tensor]) -> dict:
+def hf_names(layout: MegatronLayout, megatron_grads: dict[str, torch.Tensor]) -> dict:
     """Megatron gradients gathered over TP and converted to Hugging Face names (the same linear
     mapping as the weights: fused rows split, padded vocabulary rows dropped)."""
     from megatron.core import parallel_state

@@ -1,0 +1,260 @@
+"""The options ``opefo-eval calibrate`` and ``opefo-eval compare`` share: the sampling (spec §7's
+by default), the verifier, the generator (``hf`` in this process or in workers, or vLLM) and its
+precision, and the checks on them that stop a bad command line with one line naming the option
+(docs/boundary.md).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+from pathlib import Path
+
+import torch
+
+from opefo_nemo.cli.sample_counts import DrawSettings, sample_seed, server_devices
+from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.config.rollout import RolloutConfig
+from opefo_nemo.data import TEMPLATES
+from opefo_nemo.rewards.function import load_reward_function
+from opefo_nemo.rollout import SamplingConfig
+from opefo_nemo.trainer.prompts import PromptCodec
+from opefo_nemo.trainer.stop_tokens import stop_tokens
+
+GENERATORS = ("auto", "hf", "vllm")
+DTYPES = ("auto", "float32", "bfloat16")
+
+
+def add_draw_options(parser: argparse.ArgumentParser, samples: int, out: str) -> None:
+    """The shared options; ``samples`` and ``out`` are the command's defaults."""
+    parser.add_argument(
+        "--samples", type=int, default=samples, help=f"samples per problem n (default: {samples})"
+    )
+    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
+    parser.add_argument("--temperature", type=float, default=1.0, help="(default: 1.0, spec §7)")
+    parser.add_argument("--top-p", type=float, default=0.7, help="(default: 0.7, spec §7)")
+    parser.add_argument(
+        "--max-new-tokens", type=int, default=3000, help="response length limit (default: 3000)"
+    )
+    parser.add_argument(
+        "--template", default="raw", choices=TEMPLATES, help="prompt template (default: raw)"
+    )
+    parser.add_argument(
+        "--verifier",
+        default="math_verify",
+        choices=VERIFIERS,
+        help="how responses are scored (default: math_verify; the word tasks: last_number)",
+    )
+    parser.add_argument(
+        "--reward-function",
+        metavar="MODULE:CALLABLE",
+        help="a reward of your own in place of --verifier (a score >= 1.0 counts as correct)",
+    )
+    parser.add_argument(
+        "--reward-workers",
+        type=int,
+        default=0,
+        help="processes that score the responses (default: 0, in the drawing process)",
+    )
+    parser.add_argument(
+        "--stop-token-ids",
+        help="comma-separated token ids that end a response (default: derived from the model)",
+    )
+    parser.add_argument(
+        "--generator",
+        default="auto",
+        choices=GENERATORS,
+        help="hf: the training engine's generator in this process (or --workers processes); "
+        "vllm: vLLM servers; auto: vllm with a GPU, else hf (default: auto)",
+    )
+    parser.add_argument(
+        "--dtype",
+        default="auto",
+        choices=DTYPES,
+        help="compute precision; auto: hf in bfloat16 on a GPU or a CPU with bf16 units, else "
+        "float32; vllm in the model's saved dtype (default: auto)",
+    )
+    parser.add_argument(
+        "--batch-rows", type=int, default=64, help="hf: sample rows a forward (default: 64)"
+    )
+    parser.add_argument(
+        "--workers",
+        type=int,
+        default=1,
+        help="hf on a CPU: processes, each drawing whole problems (default: 1)",
+    )
+    parser.add_argument(
+        "--threads",
+        type=int,
+        help="hf: torch threads of each worker (default: the cores divided among the workers)",
+    )
+    parser.add_argument(
+        "--num-servers", type=int, default=1, help="vllm: servers, one GPU each (default: 1)"
+    )
+    parser.add_argument(
+        "--python", help="vllm: interpreter of vLLM's environment (default: $OPEFO_VLLM_PYTHON)"
+    )
+    parser.add_argument(
+        "--startup-timeout-s", type=float, default=300.0, help="vllm: server start-up limit"
+    )
+    parser.add_argument(
+        "--max-model-len",
+        type=int,
+        default=4096,
+        help="vllm: prompt + response tokens (default: 4096)",
+    )
+    parser.add_argument(
+        "--defective-rows",
+        default="error",
+        choices=("error", "skip"),
+        help="a data row with an empty problem or answer: refuse the file or skip it",
+    )
+    parser.add_argument(
+        "--shard",
+        metavar="I/N",
+        help="draw only the I-th of N contiguous blocks of the problems (0 <= I < N) and stop; "
+        'merged count files give the whole draw (docs/boundary.md, "Cost")',
+    )
+    parser.add_argument("--out", default=out, help=f"output directory (default: {out})")
+
+
+def check_draw_options(args: argparse.Namespace) -> None:
+    """Ranges of the shared options; a :class:`ValueError` naming the option."""
+    for option, value, least in (
+        ("--samples", args.samples, 2),
+        ("--max-new-tokens", args.max_new_tokens, 1),
+        ("--batch-rows", args.batch_rows, 1),
+        ("--workers", args.workers, 1),
+        ("--num-servers", args.num_servers, 1),
+        ("--reward-workers", args.reward_workers, 0),
+    ):
+        if value < least:
+            raise ValueError(f"{option} must be >= {least}, got {value}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be >= 1, got {args.threads}")
+    if not 0 < args.top_p <= 1:
+        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
+    if args.temperature < 0:
+        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
+    if args.stop_token_ids is not None:
+        try:
+            args.stop_token_ids = [int(t) for t in args.stop_token_ids.split(",")]
+        except ValueError:
+            raise ValueError(
+                f"--stop-token-ids takes comma-separated integers: {args.stop_token_ids}"
+            ) from None
+    if args.reward_function is not None:
+        load_reward_function(args.reward_function, "--reward-function")
+    if args.shard is not None:
+        index, sep, total = str(args.shard).partition("/")
+        if not (sep and index.isdigit() and total.isdigit() and int(index) < int(total)):
+            raise ValueError(f"--shard {args.shard}: expected I/N with 0 <= I < N")
+        args.shard = (int(index), int(total))
+
+
+def generator_name(args: argparse.Namespace) -> str:
+    """``--generator`` resolved: ``auto`` is vllm where a GPU is visible, else hf."""
+    if args.generator != "auto":
+        return str(args.generator)
+    return "vllm" if torch.cuda.is_available() else "hf"
+
+
+def dtype_name(args: argparse.Namespace, generator: str, model: Path) -> str:
+    """``--dtype`` resolved for ``generator`` (see its help)."""
+    if args.dtype != "auto":
+        return str(args.dtype)
+    if generator == "vllm":
+        config = json.loads((model / "config.json").read_text())
+        return str(config.get("dtype") or config.get("torch_dtype") or "auto")
+    return "bfloat16" if torch.cuda.is_available() or cpu_has_bf16() else "float32"
+
+
+def cpu_has_bf16() -> bool:
+    """Whether this CPU has bf16 arithmetic units (AVX512_BF16 or AMX-BF16 in /proc/cpuinfo);
+    False where that file is missing."""
+    try:
+        flags = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    return "avx512_bf16" in flags or "amx_bf16" in flags
+
+
+def reward_settings(args: argparse.Namespace) -> RewardSettings:
+    """The verifier (or reward function) that scores the samples."""
+    return RewardSettings(
+        verifier=args.verifier, function=args.reward_function, workers=args.reward_workers
+    )
+
+
+def sampling_config(args: argparse.Namespace, codec: PromptCodec) -> SamplingConfig:
+    """The sampling without its seed (the draw sets it per problem)."""
+    stop = stop_tokens(codec, args.stop_token_ids)
+    return SamplingConfig(
+        temperature=args.temperature,
+        top_p=args.top_p,
+        max_new_tokens=args.max_new_tokens,
+        stop_token_ids=stop.ids,
+    )
+
+
+def servers(args: argparse.Namespace) -> RolloutConfig:
+    """The vLLM servers' settings."""
+    return RolloutConfig(
+        num_servers=args.num_servers, python=args.python, startup_timeout_s=args.startup_timeout_s
+    )
+
+
+def draw_settings(
+    args: argparse.Namespace, model: Path, codec: PromptCodec, purpose: str
+) -> DrawSettings:
+    """How ``model``'s samples are drawn for ``purpose`` (``calibrate`` | ``compare``)."""
+    generator = generator_name(args)
+    settings = DrawSettings(
+        generator=generator,
+        dtype=dtype_name(args, generator, model),
+        device="cuda" if torch.cuda.is_available() else "cpu",
+        batch_rows=args.batch_rows,
+        workers=args.workers,
+        threads=threads(args),
+        template=args.template,
+        reward=reward_settings(args),
+        sampling=sampling_config(args, codec),
+        base_seed=sample_seed(purpose, args.seed),
+        servers=servers(args),
+        max_model_len=args.max_model_len,
+    )
+    if generator == "vllm":
+        server_devices(settings)  # more servers than GPUs: refused here, naming both
+    return settings
+
+
+def threads(args: argparse.Namespace) -> int | None:
+    """``--threads``; else, with several ``--workers``, this process's cores divided among them
+    (at least 1); else ``None``: this process keeps its own threads."""
+    if args.threads is not None:
+        return int(args.threads)
+    if args.workers > 1:
+        return max(1, len(os.sched_getaffinity(0)) // args.workers)
+    return None
+
+
+def check_lengths(
+    model: Path, prompts: list[list[int]], args: argparse.Namespace, generator: str
+) -> None:
+    """Every prompt plus ``--max-new-tokens`` fits the model's positions (and, on vLLM,
+    ``--max-model-len``, which must itself fit them)."""
+    positions = json.loads((model / "config.json").read_text()).get("max_position_embeddings")
+    longest = max(len(p) for p in prompts)
+    if generator == "vllm":
+        if positions is not None and args.max_model_len > positions:
+            raise ValueError(
+                f"--max-model-len {args.max_model_len} exceeds {model}'s "
+                f"max_position_embeddings {positions}"
+            )
+        positions = args.max_model_len
+    if positions is not None and longest + args.max_new_tokens > positions:
+        raise ValueError(
+            f"--max-new-tokens {args.max_new_tokens}: with the longest prompt ({longest} tokens) "
+            f"it exceeds {positions} positions"
+        )
