@@ -13,14 +13,17 @@ from opefo_nemo.config.compose import compose
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.engines.hf_generation import HFGenerator
-from opefo_nemo.rollout.types import SamplingConfig
 from opefo_nemo.trainer.metrics_log import read_metrics
 from opefo_nemo.trainer.setup import build_trainer
-from tests.metric_bounds import U32
+from tests.engines.generation_reference import (
+    STOP,
+    logprob_bound,
+    ragged_prompts,
+    sampling,
+)
 from tests.trainer.small_run import run_overrides
 from tests.trainer.update_inputs import ENGINE, TEMPERATURE, tiny_model
 
-STOP = (5, 7)
 #: Two-sided normal quantile per token count: P(|Z| > 5) = 5.7e-7, so over the ≤ 77 tokens of
 #: the tiny vocabulary a correct sampler fails a frequency check with probability < 5e-5.
 Z = 5.0
@@ -34,39 +37,6 @@ def model_dir(tmp_path_factory):
 @pytest.fixture(scope="module")
 def policy(model_dir):
     return HFPolicy(model_dir, ENGINE, lr=1e-3, temperature=TEMPERATURE)
-
-
-def logprob_bound(policy, ids, mask, temperature: float) -> torch.Tensor:
-    """``[B, T]``: how far a logprob of the next token may move when the logits behind it are
-    computed in another fp32 reduction order (KV cache against the whole sequence, left against
-    right padding, another batch size).
-
-    The last reduction of a logit ``z_a`` is a hidden-size dot product, off by at most ``d·u·S``
-    (``S = max_a Σ_i |h_i W_ai|``, its terms); the layers before contribute errors of the same
-    relative size. A logprob ``z_y/T − lse(z/T)`` (over any kept set) moves by at most
-    ``2·max|δz|/T``: the bound is ``2·d·u·S/T``.
-    """
-    with torch.no_grad():
-        out = policy.model(ids, attention_mask=mask.long(), output_hidden_states=True)
-        weight = policy.model.get_output_embeddings().weight.detach()
-        terms = (out.hidden_states[-1].abs() @ weight.abs().T).amax(dim=-1)
-    return 2 * weight.shape[1] * U32 / temperature * terms.double()
-
-
-def ragged_prompts(count: int, seed: int) -> list[list[int]]:
-    gen = torch.Generator().manual_seed(seed)
-    lengths = torch.randint(1, 9, (count,), generator=gen).tolist()
-    return [torch.randint(3, 60, (n,), generator=gen).tolist() for n in lengths]
-
-
-def sampling(**overrides) -> SamplingConfig:
-    settings = {
-        "temperature": TEMPERATURE,
-        "max_new_tokens": 12,
-        "stop_token_ids": STOP,
-        "seed": 3,
-    }
-    return SamplingConfig(**{**settings, **overrides})
 
 
 def test_logprobs_are_the_trainers_and_batching_changes_nothing(policy):
@@ -84,7 +54,7 @@ def test_logprobs_are_the_trainers_and_batching_changes_nothing(policy):
         [c.logprobs for c in completions],
     )
     stats = policy.token_stats(batch)
-    bound = logprob_bound(policy, batch.input_ids, batch.attention_mask, TEMPERATURE)
+    bound = logprob_bound(policy.model, batch.input_ids, batch.attention_mask, TEMPERATURE)
     bound = bound[:, :-1][batch.response_mask]
     diff = (stats.logprob - batch.rollout_logprob)[batch.response_mask].abs()
     assert bool((diff <= bound).all()), float((diff / bound).max())
@@ -98,8 +68,9 @@ def test_logprobs_are_the_trainers_and_batching_changes_nothing(policy):
 
 def test_a_prompts_forward_runs_once_for_all_its_samples(policy):
     """Three distinct prompts (one of them given twice) × 4 samples in one batch: the prompt's
-    forward sees the 3 distinct prompts, and every row samples what it samples alone (one row a
-    forward, nothing shared), its logprobs within the reduction-order bound of the trainer's."""
+    forward sees the 3 distinct prompts, each one-token forward only the rows that go on, and
+    every row samples what it samples alone (one row a forward, nothing shared), its logprobs
+    within the reduction-order bound of the trainer's."""
     prompts = ragged_prompts(3, seed=5)
     prompts.append(list(prompts[1]))
     widths: list[tuple[int, int]] = []
@@ -114,7 +85,11 @@ def test_a_prompts_forward_runs_once_for_all_its_samples(policy):
     finally:
         hook.remove()
     assert widths[0] == (3, max(len(p) for p in prompts))
-    assert {rows for rows, _ in widths[1:]} == {16}
+    lengths = [len(c.token_ids) for c in shared]
+    assert [rows for rows, _ in widths[1:]] == [
+        sum(length > step for length in lengths) for step in range(1, max(lengths))
+    ]
+    assert widths[1][0] < 16  # a row ended after its first token and left
     alone = HFGenerator(policy.model, policy.device, 0, 1).generate(prompts, 4, sampling())
     assert [c.token_ids for c in shared] == [c.token_ids for c in alone]
     both = build_batch(
@@ -124,13 +99,16 @@ def test_a_prompts_forward_runs_once_for_all_its_samples(policy):
         0,
         [c.logprobs for c in alone],
     )
-    bound = logprob_bound(policy, both.input_ids, both.attention_mask, TEMPERATURE)
+    bound = logprob_bound(policy.model, both.input_ids, both.attention_mask, TEMPERATURE)
     got = torch.tensor([lp for c in shared for lp in c.logprobs], dtype=torch.float64)
     want = both.rollout_logprob[both.response_mask].double()
     assert bool(((got - want).abs() <= bound[:, :-1][both.response_mask]).all())
 
 
 def test_stop_tokens_end_a_sample_that_length_caps_otherwise(policy):
+    """With and without stop ids the same seeded samples, the stopped one cut right after its
+    first stop token; its logprobs within the reduction-order bound (the stopped rows leave
+    the batch, so the others decode beside other rows)."""
     prompts = ragged_prompts(8, seed=1)
     generator = HFGenerator(policy.model, policy.device, 0, 64)
     free = generator.generate(prompts, 4, sampling(stop_token_ids=()))
@@ -138,13 +116,24 @@ def test_stop_tokens_end_a_sample_that_length_caps_otherwise(policy):
     assert all(c.finish_reason == "length" and len(c.token_ids) == 12 for c in free)
     reasons = {c.finish_reason for c in stopped}
     assert reasons == {"stop", "length"}  # the settings exercise both
-    for f, s in zip(free, stopped, strict=True):
+    rows = build_batch(
+        [prompts[c.prompt_index] for c in free],
+        [c.token_ids for c in free],
+        torch.zeros(len(free)),
+        0,
+        [c.logprobs for c in free],
+    )
+    bounds = logprob_bound(policy.model, rows.input_ids, rows.attention_mask, TEMPERATURE)
+    for row, (f, s) in enumerate(zip(free, stopped, strict=True)):
         hits = [t for t, token in enumerate(f.token_ids) if token in STOP]
         # the same seeded sample, cut right after its first stop token (kept, like vLLM's)
         end = hits[0] + 1 if hits else 12
         assert s.token_ids == f.token_ids[:end]
         assert s.finish_reason == ("stop" if hits else "length")
-        assert s.logprobs == f.logprobs[:end]
+        start = len(prompts[f.prompt_index]) - 1
+        bound = bounds[row, start : start + end].double()
+        diff = torch.tensor(s.logprobs, dtype=torch.float64) - torch.tensor(f.logprobs[:end])
+        assert bool((diff.abs() <= bound).all())
 
 
 def test_one_token_forwards_attend_eagerly_on_cpu_and_the_models_own_returns(policy):
@@ -186,7 +175,7 @@ def first_token_distribution(policy, prompt: list[int], temperature: float) -> t
 
 def first_token_bound(policy, prompt: list[int], temperature: float) -> float:
     ids = torch.tensor([prompt])
-    return float(logprob_bound(policy, ids, torch.ones_like(ids), temperature)[0, -1])
+    return float(logprob_bound(policy.model, ids, torch.ones_like(ids), temperature)[0, -1])
 
 
 def frequency_bound(probs: torch.Tensor, samples: int) -> torch.Tensor:
@@ -257,7 +246,7 @@ def test_temperature_zero_is_greedy_with_the_unscaled_logprob(policy):
             logits = policy.model(torch.tensor([ids])).logits[0].double()
         steps = logits[len(prompts[c.prompt_index]) - 1 : -1]
         ids_t = torch.tensor([ids])
-        bound = logprob_bound(policy, ids_t, torch.ones_like(ids_t), 1.0)[0, :-1]
+        bound = logprob_bound(policy.model, ids_t, torch.ones_like(ids_t), 1.0)[0, :-1]
         bound = bound[len(prompts[c.prompt_index]) - 1 :]
         top2 = steps.topk(2, dim=-1).values
         clear = top2[:, 0] - top2[:, 1] > bound  # rounding cannot swap the two best there
