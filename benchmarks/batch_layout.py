@@ -262,7 +262,8 @@ def simulate(args: argparse.Namespace) -> None:
 
 def from_run(args: argparse.Namespace) -> None:
     """The layouts of the batches a run trained on (its ``lengths.jsonl``), planned with its
-    engine settings (its ``config.yaml``) on ``--data-parallel`` ranks."""
+    engine settings (its ``config.yaml``; ``--micro-batch-size`` and ``--budget`` replace its
+    own) on ``--data-parallel`` ranks."""
     import yaml
 
     run = Path(args.run_dir)
@@ -276,7 +277,7 @@ def from_run(args: argparse.Namespace) -> None:
     shape = ModelShape.from_hf_config(json.loads(model.read_text()))
     settings = Settings(
         args.data_parallel,
-        engine["micro_batch_size"],
+        args.micro_batch_size or engine["micro_batch_size"],
         multiple,
         args.budget or engine.get("max_tokens_per_micro_batch"),
         method.get("updates_per_rollout", 1),
@@ -313,6 +314,7 @@ def main() -> None:
     parser.add_argument("--run-dir", help="a run directory with lengths.jsonl and config.yaml")
     parser.add_argument("--data-parallel", type=int, default=1, help="ranks (with --run-dir)")
     parser.add_argument("--budget", type=int, help="a token budget (with --run-dir)")
+    parser.add_argument("--micro-batch-size", type=int, help="rows a micro-batch (with --run-dir)")
     parser.add_argument("--model-config", help="the model's config.json (with --run-dir)")
     parser.add_argument("--quick", action="store_true", help="tiny lengths, 2 ranks")
     args = parser.parse_args()
