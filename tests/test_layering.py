@@ -17,6 +17,7 @@ LAYERS = (
     "cli",
     "report",
     "trainer",
+    "orchestration",
     "engines",
     "config",
     "launch",

@@ -24,6 +24,10 @@ from opefo_nemo.engines.batch import TrainBatch, build_batch
 from opefo_nemo.engines.hf_generation import HFGenerator
 from opefo_nemo.engines.protocols import Policy
 from opefo_nemo.eval import sample_metrics
+from opefo_nemo.orchestration.colocated_rollout import ColocatedRollout
+from opefo_nemo.orchestration.ranks import SINGLE_PROCESS, LoopRanks
+from opefo_nemo.orchestration.refit import refit_rollout
+from opefo_nemo.orchestration.rollout_guard import GuardedRollout
 from opefo_nemo.parallel import NonFiniteLogitsError
 from opefo_nemo.rollout import SamplingConfig
 from opefo_nemo.trainer.checkpoint import (
@@ -32,14 +36,10 @@ from opefo_nemo.trainer.checkpoint import (
     resume_point,
     save_checkpoint,
 )
-from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
 from opefo_nemo.trainer.dynamic_sampling import ScoredRound, sample_step
 from opefo_nemo.trainer.metrics_log import MetricsLogger
 from opefo_nemo.trainer.nan_guard import NanGuard
 from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
-from opefo_nemo.trainer.refit import refit_rollout
-from opefo_nemo.trainer.rollout_guard import GuardedRollout
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score_responses
 from opefo_nemo.trainer.seeds import sampling_seed, step_seed
