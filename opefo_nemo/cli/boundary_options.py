@@ -17,10 +17,10 @@ from opefo_nemo.cli.sample_counts import DrawSettings, sample_seed, server_devic
 from opefo_nemo.config.reward import VERIFIERS, RewardSettings
 from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.data import TEMPLATES
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.rewards.function import load_reward_function
 from opefo_nemo.rollout import SamplingConfig
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 
 GENERATORS = ("auto", "hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16")

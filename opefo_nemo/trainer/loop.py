@@ -20,6 +20,8 @@ from opefo_nemo.core.advantages import signal_fraction
 from opefo_nemo.core.metrics import EntropyDrift, RunningCorrelation, rollout_metrics, rollout_sums
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.data import Problem
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.engines.batch import TrainBatch, build_batch
 from opefo_nemo.engines.hf_generation import HFGenerator
 from opefo_nemo.engines.protocols import Policy
@@ -39,11 +41,9 @@ from opefo_nemo.trainer.checkpoint import (
 from opefo_nemo.trainer.dynamic_sampling import ScoredRound, sample_step
 from opefo_nemo.trainer.metrics_log import MetricsLogger
 from opefo_nemo.trainer.nan_guard import NanGuard
-from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score_responses
 from opefo_nemo.trainer.seeds import sampling_seed, step_seed
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 from opefo_nemo.trainer.update import (
     RolloutUpdateSummary,
     predicted_change,

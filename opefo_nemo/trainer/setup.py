@@ -18,6 +18,7 @@ from opefo_nemo.config.data import GENERATED_DATA, DataConfig
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import Problem, load_problems
+from opefo_nemo.data.prompt_codec import PromptCodec, encode_problems
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.engines.hf_generation import HFGenerator
 from opefo_nemo.engines.protocols import Policy
@@ -41,7 +42,6 @@ from opefo_nemo.trainer.inputs import (
     warm_start_recipe,
 )
 from opefo_nemo.trainer.loop import Dataset, Trainer
-from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
 
 log = logging.getLogger(__name__)
 
