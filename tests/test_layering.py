@@ -16,6 +16,7 @@ PACKAGE = Path(opefo_nemo.__file__).parent
 LAYERS = (
     "cli",
     "report",
+    "probe",
     "trainer",
     "orchestration",
     "engines",
