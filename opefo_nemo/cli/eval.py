@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.cli.usage import OneLineParser
-from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.config.reward import VERIFIERS, RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.data import (
     BENCHMARK_NAMES,
@@ -242,7 +242,7 @@ def evaluate(
     sets: dict[str, tuple[list[Problem], list[list[int]], int]],
 ) -> tuple[Path, Path]:
     """Generate, score and write the table for the sets :func:`prepare` returned."""
-    reward = RewardSettings(verifier=args.verifier, function=args.reward_function)
+    reward = RewardConfig(verifier=args.verifier, function=args.reward_function)
     scored_by = args.reward_function or args.verifier
     stop = stop_tokens(codec, args.stop_token_ids)
     log.info("generation stops at token ids %s", stop.describe(codec))

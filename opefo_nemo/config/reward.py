@@ -26,7 +26,11 @@ class AdvantageConfig:
 
 
 @dataclass(frozen=True)
-class RewardSettings:
+class RewardConfig:
+    """The ``reward`` section: what scores a response in training, validation and the commands
+    (a built-in task's verifier, one of the rewards package's, or a function of the user's own),
+    its time limit and workers, and the overlong shaping added to the score."""
+
     verifier: str = "arithmetic"
     """``arithmetic`` (the embedded task: a worked solution's final answer) | ``last_number``
     (the last integer of the response) | ``dapo`` (the DAPO rule exactly, the paper's) |

@@ -1,6 +1,6 @@
-"""Reward configuration and the per-response result record.
+"""How a response is scored (`ScoringConfig`) and the per-response result record.
 
-A verifier decides one of five outcomes for a response; `RewardConfig` maps the outcome to the
+A verifier decides one of five outcomes for a response; `ScoringConfig` maps the outcome to the
 scalar reward the trainer uses (spec §4 turns these into advantages).
 """
 
@@ -29,9 +29,10 @@ REASONS = (CORRECT, WRONG, NO_ANSWER, TIMEOUT, ERROR)
 
 
 @dataclass(frozen=True)
-class RewardConfig:
-    """How responses are verified and scored; the trainer makes one from its `reward` section
-    (`trainer/scoring.py`), whose keys are documented where they are defined
+class ScoringConfig:
+    """How the rewards package verifies and scores one response: the verifier (or a function of
+    the user's own), what it reads and the score of each outcome. The trainer makes one from its
+    `reward` section (`trainer/scoring.py`), whose keys are documented where they are defined
     (`config/reward.py`)."""
 
     verifier: Verifier = "dapo"
@@ -62,27 +63,27 @@ class RewardConfig:
     def __post_init__(self) -> None:
         if self.function is not None and split_name(self.function) is None:
             raise ValueError(
-                "RewardConfig.function must be of the form package.module:callable, "
+                "ScoringConfig.function must be of the form package.module:callable, "
                 f"got {self.function!r}"
             )
         if self.verifier not in VERIFIERS:
             raise ValueError(
-                f"RewardConfig.verifier must be one of {VERIFIERS}, got {self.verifier!r}"
+                f"ScoringConfig.verifier must be one of {VERIFIERS}, got {self.verifier!r}"
             )
         if self.strict_box and self.verifier != "answer":
             raise ValueError(
-                "RewardConfig.strict_box applies to verifier 'answer' only, "
+                "ScoringConfig.strict_box applies to verifier 'answer' only, "
                 f"got verifier {self.verifier!r}"
             )
         if not self.timeout_s > 0:
-            raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s!r}")
+            raise ValueError(f"ScoringConfig.timeout_s must be > 0, got {self.timeout_s!r}")
         if self.tail_chars is not None and self.tail_chars <= 0:
             raise ValueError(
-                f"RewardConfig.tail_chars must be > 0 or None, got {self.tail_chars!r}"
+                f"ScoringConfig.tail_chars must be > 0 or None, got {self.tail_chars!r}"
             )
         if self.strict_box_chars <= 0:
             raise ValueError(
-                f"RewardConfig.strict_box_chars must be > 0, got {self.strict_box_chars!r}"
+                f"ScoringConfig.strict_box_chars must be > 0, got {self.strict_box_chars!r}"
             )
 
     def score_for(self, reason: str) -> float:
@@ -103,7 +104,7 @@ class RewardConfig:
 class RewardResult:
     """The verdict on one response.
 
-    score: the scalar reward (see `RewardConfig`).
+    score: the scalar reward (see `ScoringConfig`).
     answer: the answer extracted from the response, normalised (dapo, answer) or as extracted
         (math_verify); None when no answer was found or the time limit was hit.
     reason: one of `REASONS`.
