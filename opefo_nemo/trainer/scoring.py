@@ -6,11 +6,10 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import cast
 
 from opefo_nemo.config.reward import RewardConfig
-from opefo_nemo.rewards import RewardResult, ScoringConfig, overlong_penalty, score_batch
-from opefo_nemo.rewards.result import ERROR, Verifier
+from opefo_nemo.rewards import RewardResult, overlong_penalty, score_batch
+from opefo_nemo.rewards.result import ERROR
 from opefo_nemo.tasks.verifiers import TASK_VERIFIERS
 
 
@@ -21,22 +20,9 @@ def score_responses(
     ``reward.verifier``. :mod:`opefo_nemo.rewards` turns a crashing or slow item into an
     ``error`` or ``timeout`` reason scored like a wrong answer; a built-in task's verifier that
     raises is scored as an ``error`` here."""
-    if settings.function is not None:
-        config = ScoringConfig(
-            function=settings.function,
-            timeout_s=settings.timeout_s,
-            incorrect_score=settings.incorrect_score,
-        )
+    config = settings.scoring()
+    if settings.function is not None or settings.verifier not in TASK_VERIFIERS:
         return score_batch(responses, ground_truths, config=config, workers=settings.workers)
-    if settings.verifier not in TASK_VERIFIERS:
-        config = ScoringConfig(
-            verifier=cast(Verifier, settings.verifier),  # validated by RewardConfig
-            timeout_s=settings.timeout_s,
-            incorrect_score=settings.incorrect_score,
-        )
-        return score_batch(responses, ground_truths, config=config, workers=settings.workers)
-    incorrect = 0.0 if settings.incorrect_score is None else settings.incorrect_score
-    config = ScoringConfig(incorrect_score=incorrect)
     verify = TASK_VERIFIERS[settings.verifier]
     results = []
     for response, truth in zip(responses, ground_truths, strict=True):

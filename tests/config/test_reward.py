@@ -70,6 +70,14 @@ def test_the_paper_settings_compose():
             "reward.overlong_penalty_factor",
         ),
         (["+reward.wrong_score=0"], "reward.wrong_score"),
+        (["reward.workers=-1"], "reward.workers"),
+        # The keys ScoringConfig checks, reported under the key for every kind of scoring.
+        (["reward.timeout_s=0"], "reward.timeout_s"),
+        (["reward.verifier=math_verify", "reward.timeout_s=-1"], "reward.timeout_s"),
+        (["reward.function=pkg.mod:fn", "reward.timeout_s=0"], "reward.timeout_s"),
+        (["reward.verifier=dapo", "reward.incorrect_score=2.0"], "reward.incorrect_score"),
+        (["reward.function=pkg.mod:fn", "reward.incorrect_score=1"], "reward.incorrect_score"),
+        (["reward.function=module.only"], "reward.function"),
     ],
 )
 def test_bad_reward_settings_name_the_key(overrides, key):

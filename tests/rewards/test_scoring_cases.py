@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from opefo_nemo.rewards import ScoringConfig, score
+from opefo_nemo.rewards.result import WRONG, ScoringConfigError
 from tests.rewards.cases import CASES, LONG_TAIL, QUIRKS, C, N, W
 
 T = "timeout"
@@ -137,3 +138,7 @@ def test_bad_ground_truth_and_config_are_refused() -> None:
         ScoringConfig(timeout_s=0)
     with pytest.raises(ValueError, match="strict_box"):
         ScoringConfig(verifier="dapo", strict_box=True)
+    with pytest.raises(ScoringConfigError, match="incorrect_score") as refused:
+        ScoringConfig(correct_score=0.5, incorrect_score=0.5)
+    assert refused.value.field == "incorrect_score"
+    assert ScoringConfig(correct_score=0.5, incorrect_score=0.25).score_for(WRONG) == 0.25
