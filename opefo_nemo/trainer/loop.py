@@ -263,12 +263,7 @@ class Trainer:
         dynamic sampling round continues the step's seeds where the previous round's end."""
         r, responses = self.config.rollout, self.config.rollout_batch_size
         seed = sampling_seed(self.config.run.seed, step, round_index * responses)
-        return SamplingConfig(
-            temperature=r.temperature,
-            max_new_tokens=r.max_new_tokens,
-            stop_token_ids=self.stop.ids,
-            seed=seed,
-        )
+        return r.sampling(self.stop.ids, seed)
 
     # ----------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
