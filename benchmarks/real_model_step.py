@@ -209,7 +209,7 @@ def trl_row(args: argparse.Namespace, precision: str, prompts: int) -> dict:
     from transformers import AutoModelForCausalLM, AutoTokenizer, TrainerCallback
 
     from opefo_nemo.config.compose import compose
-    from opefo_nemo.trainer.prompts import PromptCodec
+    from opefo_nemo.data.prompt_codec import PromptCodec
     from opefo_nemo.trainer.scoring import score_responses
     from opefo_nemo.trainer.setup import load_datasets
 

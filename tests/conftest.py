@@ -1,5 +1,6 @@
 """Suite-wide pytest hooks, and the models that tests of several areas share (each built once per
-session, and only when a test asks for it).
+session, and only when a test asks for it); the trainer on one vLLM rollout engine per session
+(``make_trainer``: tests/trainer and tests/probe run it).
 
 The Triton kernels' logic runs on CPU tensors in Triton's interpreter on every machine, so
 ``TRITON_INTERPRET=1`` is set here, before any test module loads: ``import triton`` decides then
@@ -19,13 +20,18 @@ import importlib.util
 import os
 import shutil
 import sys
+from collections.abc import Sequence
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import pytest
 
 from opefo_nemo.rollout.environment import VLLM_PYTHON_ENV
 from tests.coverage_scope import install_unmeasured_servers, measures_servers, servers_unmeasured
 from tests.suite_order import RECORD_ENV, DurationRecorder, longest_first, recorded_seconds
+
+if TYPE_CHECKING:
+    from opefo_nemo.trainer.loop import Trainer
 
 os.environ["TRITON_INTERPRET"] = "1"
 
@@ -129,3 +135,32 @@ def demo_model(tmp_path_factory) -> Path:
     with pytest.MonkeyPatch.context() as env:
         env.setenv("OPEFO_CACHE", str(tmp_path_factory.mktemp("cache")))
         return embedded_model(compose([])[0])
+
+
+@pytest.fixture(scope="session")
+def shared_rollout(warm_model):
+    """One vLLM rollout engine on the first task's model for the whole session."""
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.setup import start_rollout
+
+    config, _ = compose(["model=tiny_arithmetic", f"model.path={warm_model}"])
+    rollout = start_rollout(config, warm_model, lambda: iter(()))
+    yield rollout
+    rollout.close()
+
+
+@pytest.fixture
+def make_trainer(warm_model, shared_rollout, tmp_path):
+    """``make(extra, output_dir)``: a trainer of the small run (tests/trainer/small_run.py) with
+    ``extra`` overrides on the session's rollout engine (its policy's weights are loaded into it
+    first), so the vLLM servers start once per session."""
+    from opefo_nemo.config.compose import compose
+    from opefo_nemo.trainer.setup import build_trainer
+    from tests.trainer.small_run import run_overrides
+
+    def make(extra: Sequence[str] = (), output_dir: Path | None = None) -> Trainer:
+        out = output_dir if output_dir is not None else tmp_path / "run"
+        config, config_dict = compose(run_overrides(warm_model, out, extra))
+        return build_trainer(config, config_dict, out, shared_rollout)
+
+    return make

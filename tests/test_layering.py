@@ -16,7 +16,9 @@ PACKAGE = Path(opefo_nemo.__file__).parent
 LAYERS = (
     "cli",
     "report",
+    "probe",
     "trainer",
+    "orchestration",
     "engines",
     "config",
     "launch",

@@ -14,13 +14,13 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.cli.sample_counts import DrawSettings, sample_seed, server_devices
-from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.config.reward import VERIFIERS, RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.data import TEMPLATES
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.rewards.function import load_reward_function
 from opefo_nemo.rollout import SamplingConfig
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 
 GENERATORS = ("auto", "hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16")
@@ -180,9 +180,9 @@ def cpu_has_bf16() -> bool:
     return "avx512_bf16" in flags or "amx_bf16" in flags
 
 
-def reward_settings(args: argparse.Namespace) -> RewardSettings:
+def reward_settings(args: argparse.Namespace) -> RewardConfig:
     """The verifier (or reward function) that scores the samples."""
-    return RewardSettings(
+    return RewardConfig(
         verifier=args.verifier, function=args.reward_function, workers=args.reward_workers
     )
 

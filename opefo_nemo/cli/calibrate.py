@@ -110,7 +110,7 @@ def task_pool(pool: str, split: str, overrides: Sequence[str], defective: str) -
 def prepare(args: argparse.Namespace):
     """Every input check, before any sample is drawn: the model, the pool, the options."""
     from opefo_nemo.cli.eval import resolve_model
-    from opefo_nemo.trainer.prompts import PromptCodec
+    from opefo_nemo.data.prompt_codec import PromptCodec
 
     check_draw_options(args)
     band_text = args.band if args.band is not None else f"1-{max(1, args.samples // 8)}"

@@ -31,13 +31,13 @@ from opefo_nemo.cli.sample_counts import (
 )
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.data import Problem, load_problems
+from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.eval.boundary import boundary_ks
 from opefo_nemo.eval.boundary_report import boundary_report, write_boundary_report
 from opefo_nemo.eval.calibration import read_calibration
 from opefo_nemo.eval.counts import CountsFile
 from opefo_nemo.report.boundary_figure import write_boundary_figure
 from opefo_nemo.trainer.checkpoint import CHECKPOINTS_SUBDIR, list_checkpoints
-from opefo_nemo.trainer.prompts import PromptCodec
 
 log = logging.getLogger("opefo_nemo.eval")
 PROG = "opefo-eval compare"

@@ -19,7 +19,7 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.cli.usage import OneLineParser
-from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.config.reward import VERIFIERS, RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.data import (
     BENCHMARK_NAMES,
@@ -31,14 +31,14 @@ from opefo_nemo.data import (
     load_problems,
 )
 from opefo_nemo.data.benchmarks import PASS_AT_K_VALUES
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.eval import score_benchmark, write_report
 from opefo_nemo.launch.placement import device_slices
 from opefo_nemo.rewards.function import load_reward_function
 from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
 from opefo_nemo.trainer.checkpoint import POLICY_SUBDIR
-from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.scoring import score_responses
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 
 log = logging.getLogger("opefo_nemo.eval")
 #: ``opefo-eval SUBCOMMAND ...``: the module whose ``main`` takes the rest of the command line.
@@ -242,7 +242,7 @@ def evaluate(
     sets: dict[str, tuple[list[Problem], list[list[int]], int]],
 ) -> tuple[Path, Path]:
     """Generate, score and write the table for the sets :func:`prepare` returned."""
-    reward = RewardSettings(verifier=args.verifier, function=args.reward_function)
+    reward = RewardConfig(verifier=args.verifier, function=args.reward_function)
     scored_by = args.reward_function or args.verifier
     stop = stop_tokens(codec, args.stop_token_ids)
     log.info("generation stops at token ids %s", stop.describe(codec))

@@ -2,7 +2,7 @@
 
 Samples one rollout batch of the configuration ``opefo-train`` would compose, runs one token-stats
 pass and reports what ``prepare`` computes at step 1 for every ΔH estimator, with a verdict
-(docs/training.md, "Which regime is my run in?"; the figures: trainer/probe.py).
+(docs/training.md, "Which regime is my run in?"; the figures: probe/step.py).
 """
 
 from __future__ import annotations
@@ -16,14 +16,14 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from opefo_nemo.cli.probe_report import document, table, verdict
 from opefo_nemo.cli.train import START_UP_ERRORS
 from opefo_nemo.cli.usage import OneLineParser, config_choices
 from opefo_nemo.config.compose import compose
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.core.entropy_flow import ESTIMATORS
+from opefo_nemo.probe.output import document, table, verdict
+from opefo_nemo.probe.step import NothingToProbeError, ProbeResult, probe
 from opefo_nemo.trainer.inputs import check_inputs
-from opefo_nemo.trainer.probe import NothingToProbeError, ProbeResult, probe
 from opefo_nemo.trainer.setup import build_trainer
 
 STAGES = 3 + len(ESTIMATORS)  # start-up, generation, token statistics, one prepare per estimator

@@ -19,12 +19,12 @@ from typing import Any, Protocol
 
 import torch
 
-from opefo_nemo.config.reward import RewardSettings
+from opefo_nemo.config.reward import RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
+from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.eval.counts import CountsFile, ProblemCount
 from opefo_nemo.rollout import SamplingConfig
 from opefo_nemo.rollout.types import Completion
-from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.scoring import score_responses
 
 log = logging.getLogger("opefo_nemo.eval")
@@ -70,7 +70,7 @@ class DrawSettings:
     workers: int
     threads: int | None
     template: str
-    reward: RewardSettings
+    reward: RewardConfig
     sampling: SamplingConfig
     base_seed: int
     servers: RolloutConfig

@@ -19,11 +19,11 @@ from opefo_nemo.config.compose import compose
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.engines.aligner import AlignerUnavailableError
 from opefo_nemo.engines.startup import DeviceUnavailableError
+from opefo_nemo.orchestration.ranks import RankLayoutError
+from opefo_nemo.orchestration.rollout_guard import GuardedRollout
 from opefo_nemo.report import write_report
 from opefo_nemo.trainer.checkpoint import list_checkpoints
 from opefo_nemo.trainer.inputs import INPUT_ERRORS, check_inputs
-from opefo_nemo.trainer.ranks import RankLayoutError
-from opefo_nemo.trainer.rollout_guard import GuardedRollout
 from opefo_nemo.trainer.setup import build_trainer, model_dir, start_rollout
 
 USAGE = """``opefo-train [override ...]``: train with NeMo-style Hydra overrides.

@@ -4,10 +4,12 @@ docs/rewards_data_eval.md). Each field's default is the key's default; its docst
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import cast
 
 from opefo_nemo.core.schema import one_of, require
 from opefo_nemo.rewards import VERIFIERS as REWARD_VERIFIERS
-from opefo_nemo.rewards.function import split_name
+from opefo_nemo.rewards import ScoringConfig
+from opefo_nemo.rewards.result import ScoringConfigError, Verifier
 from opefo_nemo.tasks.verifiers import TASK_VERIFIERS
 
 VERIFIERS = (*TASK_VERIFIERS, *REWARD_VERIFIERS)
@@ -26,7 +28,11 @@ class AdvantageConfig:
 
 
 @dataclass(frozen=True)
-class RewardSettings:
+class RewardConfig:
+    """The ``reward`` section: what scores a response in training, validation and the commands
+    (a built-in task's verifier, one of the rewards package's, or a function of the user's own),
+    its time limit and workers, and the overlong shaping added to the score."""
+
     verifier: str = "arithmetic"
     """``arithmetic`` (the embedded task: a worked solution's final answer) | ``last_number``
     (the last integer of the response) | ``dapo`` (the DAPO rule exactly, the paper's) |
@@ -52,21 +58,35 @@ class RewardSettings:
     overlong_penalty_factor: float = 1.0
     """The penalty at l = L is -factor; only with ``overlong_buffer`` > 0."""
 
+    def scoring(self) -> ScoringConfig:
+        """How the rewards package scores a response under these keys: by ``function`` when set,
+        else by ``verifier``; a built-in task's verifier reads only the scores from it (its
+        ``incorrect_score`` defaults to 0.0)."""
+        if self.function is not None:
+            return ScoringConfig(
+                function=self.function,
+                timeout_s=self.timeout_s,
+                incorrect_score=self.incorrect_score,
+            )
+        if self.verifier in REWARD_VERIFIERS:
+            return ScoringConfig(
+                verifier=cast(Verifier, self.verifier),  # one of the rewards package's
+                timeout_s=self.timeout_s,
+                incorrect_score=self.incorrect_score,
+            )
+        incorrect = 0.0 if self.incorrect_score is None else self.incorrect_score
+        return ScoringConfig(timeout_s=self.timeout_s, incorrect_score=incorrect)
+
     def validate(self) -> None:
-        """Ranges and contradictions of the ``reward`` keys; errors name the key."""
+        """Ranges and contradictions of the ``reward`` keys; errors name the key. The keys the
+        scoring takes (``function``, ``timeout_s``, ``incorrect_score``) are checked by
+        :class:`ScoringConfig` itself, its error reported under the key."""
         one_of(self.verifier, VERIFIERS, "reward.verifier")
-        require(
-            self.function is None or split_name(self.function) is not None,
-            "reward.function",
-            f"is {self.function!r}; expected package.module:callable (or null)",
-        )
-        require(self.timeout_s > 0, "reward.timeout_s", "must be > 0")
         require(self.workers >= 0, "reward.workers", "must be >= 0")
-        require(
-            self.incorrect_score is None or self.incorrect_score < 1.0,
-            "reward.incorrect_score",
-            f"({self.incorrect_score}) must be below the correct score 1.0, or null",
-        )
+        try:
+            self.scoring()
+        except ScoringConfigError as error:
+            raise ValueError(f"reward.{error.field} {error.problem}") from None
         require(self.overlong_buffer >= 0, "reward.overlong_buffer", "must be >= 0 (0 = off)")
         require(self.overlong_penalty_factor >= 0, "reward.overlong_penalty_factor", "must be >= 0")
         require(

@@ -6,6 +6,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from opefo_nemo.core.schema import one_of, require
+from opefo_nemo.rollout.types import SamplingConfig, SamplingConfigError
 
 ROLLOUT_BACKENDS = ("vllm", "engine")
 """``rollout.name``: vLLM servers, or the training engine sampling with its own weights."""
@@ -51,8 +52,18 @@ class RolloutConfig:
     ``generation_config.json``'s eos ids and the chat template's end-of-turn token, listed in the
     log at start-up)."""
 
+    def sampling(self, stop_token_ids: tuple[int, ...], seed: int | None) -> SamplingConfig:
+        """A training step's sampling under these keys, ending at ``stop_token_ids`` (the model's
+        when the key is null) and seeded with ``seed``."""
+        return SamplingConfig(
+            self.temperature, self.top_p, self.top_k, self.max_new_tokens, stop_token_ids, seed
+        )
+
     def validate(self) -> None:
-        """Ranges of the ``rollout`` keys; errors name the key."""
+        """Ranges of the ``rollout`` keys; errors name the key. What every sampling needs
+        (a finite temperature, a length limit of at least 1, token ids >= 0) is checked by
+        :class:`SamplingConfig` itself, its error reported under the key; here only what training
+        asks beyond it."""
         one_of(self.name, ROLLOUT_BACKENDS, "rollout.name")
         require(
             self.temperature > 0,
@@ -65,7 +76,15 @@ class RolloutConfig:
             "and rollout.top_k must stay 1.0 and 0 for training: the token statistics are of the "
             "full temperature-scaled softmax (spec §1), truncated sampling would be off-policy",
         )
-        require(self.max_new_tokens >= 1, "rollout.max_new_tokens", "must be >= 1")
+        require(
+            self.stop_token_ids is None or len(self.stop_token_ids) > 0,
+            "rollout.stop_token_ids",
+            "is empty: give null (derived from the model) or the token ids that end a response",
+        )
+        try:
+            self.sampling(self.stop_token_ids or (), seed=None)
+        except SamplingConfigError as error:
+            raise ValueError(f"rollout.{error.field} {error.problem}") from None
         require(self.num_servers >= 1, "rollout.num_servers", "must be >= 1")
         require(self.max_restarts >= 0, "rollout.max_restarts", "must be >= 0")
         require(
@@ -76,9 +95,3 @@ class RolloutConfig:
         require(self.python != "", "rollout.python", "is empty: give an interpreter or null")
         require(self.startup_timeout_s > 0, "rollout.startup_timeout_s", "must be > 0")
         require(self.request_timeout_s > 0, "rollout.request_timeout_s", "must be > 0")
-        require(
-            self.stop_token_ids is None
-            or bool(self.stop_token_ids and min(self.stop_token_ids) >= 0),
-            "rollout.stop_token_ids",
-            "must be null (derived from the model) or a non-empty list of token ids >= 0",
-        )

@@ -18,7 +18,7 @@ from opefo_nemo.config.engines import (
 )
 from opefo_nemo.config.metrics import MetricsConfig, ValidationConfig
 from opefo_nemo.config.model import ModelConfig
-from opefo_nemo.config.reward import AdvantageConfig, RewardSettings
+from opefo_nemo.config.reward import AdvantageConfig, RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.config.run import CheckpointConfig, RunConfig, TrainerConfig
 from opefo_nemo.core.objectives import MethodConfig, method_config
@@ -50,7 +50,7 @@ class TrainConfig:
     """How many steps, and what each samples."""
     advantage: AdvantageConfig = field(default_factory=AdvantageConfig)
     """Group-relative advantages (spec §4)."""
-    reward: RewardSettings = field(default_factory=RewardSettings)
+    reward: RewardConfig = field(default_factory=RewardConfig)
     """How responses are scored (docs/rewards_data_eval.md)."""
     checkpoint: CheckpointConfig = field(default_factory=CheckpointConfig)
     """When checkpoints are written, and where a run starts."""

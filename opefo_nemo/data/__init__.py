@@ -1,5 +1,7 @@
 """Math problems from local files: DAPO-Math-17k, our JSONL schema, the spec §7 eval sets,
-prompt templates and stable prompt ids. See docs/rewards_data_eval.md."""
+prompt templates and stable prompt ids. See docs/rewards_data_eval.md. The model directory's
+tokenizer turns problems into token ids and back (``prompt_codec``) and names the ids that end a
+response (``stop_tokens``)."""
 
 from opefo_nemo.data.benchmarks import BENCHMARK_NAMES, BENCHMARKS, Benchmark, benchmark
 from opefo_nemo.data.loaders import (

@@ -21,7 +21,7 @@ from opefo_nemo.rollout.types import Completion, FinishReason, SamplingConfig
 
 class HFGenerator:
     """Generates with ``model`` (a Hugging Face causal LM on ``device``) in the caller's process: a
-    rollout engine (``trainer.protocols.RolloutEngine``) over the model an
+    rollout engine (``orchestration.protocols.RolloutEngine``) over the model an
     :class:`~.hf.HFPolicy` trains. At most ``batch_rows`` rows decode together, one forward per
     new token over the KV cache: a row leaves the batch as soon as it ends, and waiting rows join
     it (their prompts' forward, left-padded, positions counted from each prompt's first token as

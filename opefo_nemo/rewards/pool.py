@@ -14,7 +14,7 @@ from multiprocessing.connection import Connection, wait
 from typing import Any, cast
 
 from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function
-from opefo_nemo.rewards.result import ERROR, TIMEOUT, RewardConfig, RewardResult
+from opefo_nemo.rewards.result import ERROR, TIMEOUT, RewardResult, ScoringConfig
 from opefo_nemo.rewards.scoring import score_with_config
 
 _PRELOAD = ["opefo_nemo.rewards.scoring", "opefo_nemo.rewards.symbolic"]
@@ -25,7 +25,7 @@ START_TIMEOUT_S = 300.0
 function) before the pool gives up on it."""
 
 
-def _worker_main(conn: Connection, config: RewardConfig, import_path: list[str]) -> None:
+def _worker_main(conn: Connection, config: ScoringConfig, import_path: list[str]) -> None:
     """Score (index, response, ground_truth) messages until a None message or a closed pipe.
 
     A reward function is imported first, with the parent's ``sys.path`` (``import_path``: the
@@ -49,7 +49,7 @@ def _worker_main(conn: Connection, config: RewardConfig, import_path: list[str])
 
 
 class _Worker:
-    def __init__(self, context: Any, config: RewardConfig):  # a multiprocessing context
+    def __init__(self, context: Any, config: ScoringConfig):  # a multiprocessing context
         self.conn, child_conn = context.Pipe(duplex=True)
         self.process = context.Process(
             target=_worker_main,
@@ -91,7 +91,7 @@ class _Worker:
 
 
 class RewardPool:
-    """`workers` scoring processes sharing one `RewardConfig`; use as a context manager or call
+    """`workers` scoring processes sharing one `ScoringConfig`; use as a context manager or call
     `close()`. Keep one alive across training steps to pay the start-up cost once.
 
     Each worker holds one item at a time. Inside it the soft limit (`time_limit.py`) interrupts
@@ -105,7 +105,7 @@ class RewardPool:
     def __init__(
         self,
         workers: int,
-        config: RewardConfig | None = None,
+        config: ScoringConfig | None = None,
         *,
         hard_grace_s: float = 1.0,
         start_method: str = "forkserver",
@@ -114,7 +114,7 @@ class RewardPool:
             raise ValueError(f"RewardPool needs workers >= 1, got {workers}")
         if hard_grace_s < 0:
             raise ValueError(f"RewardPool hard_grace_s must be >= 0, got {hard_grace_s}")
-        self.config = config if config is not None else RewardConfig()
+        self.config = config if config is not None else ScoringConfig()
         self.hard_limit_s = self.config.timeout_s + hard_grace_s
         self._context = multiprocessing.get_context(start_method)
         if start_method == "forkserver":

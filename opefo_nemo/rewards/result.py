@@ -1,6 +1,6 @@
-"""Reward configuration and the per-response result record.
+"""How a response is scored (`ScoringConfig`) and the per-response result record.
 
-A verifier decides one of five outcomes for a response; `RewardConfig` maps the outcome to the
+A verifier decides one of five outcomes for a response; `ScoringConfig` maps the outcome to the
 scalar reward the trainer uses (spec §4 turns these into advantages).
 """
 
@@ -28,11 +28,20 @@ ERROR = "error"
 REASONS = (CORRECT, WRONG, NO_ANSWER, TIMEOUT, ERROR)
 
 
+class ScoringConfigError(ValueError):
+    """A `ScoringConfig` field out of range: `field` names it, `problem` says what is wrong (the
+    `reward` section reports it under its own key, `config/reward.py`)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"ScoringConfig.{field} {problem}")
+        self.field, self.problem = field, problem
+
+
 @dataclass(frozen=True)
-class RewardConfig:
-    """How responses are verified and scored; the trainer makes one from its `reward` section
-    (`trainer/scoring.py`), whose keys are documented where they are defined
-    (`config/reward.py`)."""
+class ScoringConfig:
+    """How the rewards package verifies and scores one response: the verifier (or a function of
+    the user's own), what it reads and the score of each outcome. The `reward` section makes
+    one (`config/reward.py`, `RewardConfig.scoring`), where its keys are documented."""
 
     verifier: Verifier = "dapo"
     """One of `VERIFIERS`; what each checks is said by its module: `dapo.py` (the DAPO
@@ -61,28 +70,29 @@ class RewardConfig:
 
     def __post_init__(self) -> None:
         if self.function is not None and split_name(self.function) is None:
-            raise ValueError(
-                "RewardConfig.function must be of the form package.module:callable, "
-                f"got {self.function!r}"
+            raise ScoringConfigError(
+                "function", f"is {self.function!r}; expected package.module:callable"
             )
         if self.verifier not in VERIFIERS:
-            raise ValueError(
-                f"RewardConfig.verifier must be one of {VERIFIERS}, got {self.verifier!r}"
+            raise ScoringConfigError(
+                "verifier", f"is {self.verifier!r}; expected one of {VERIFIERS}"
             )
         if self.strict_box and self.verifier != "answer":
-            raise ValueError(
-                "RewardConfig.strict_box applies to verifier 'answer' only, "
-                f"got verifier {self.verifier!r}"
+            raise ScoringConfigError(
+                "strict_box", f"applies to verifier 'answer' only, not {self.verifier!r}"
             )
         if not self.timeout_s > 0:
-            raise ValueError(f"RewardConfig.timeout_s must be > 0, got {self.timeout_s!r}")
-        if self.tail_chars is not None and self.tail_chars <= 0:
-            raise ValueError(
-                f"RewardConfig.tail_chars must be > 0 or None, got {self.tail_chars!r}"
+            raise ScoringConfigError("timeout_s", f"must be > 0, got {self.timeout_s!r}")
+        if self.incorrect_score is not None and not self.incorrect_score < self.correct_score:
+            raise ScoringConfigError(
+                "incorrect_score",
+                f"({self.incorrect_score}) must be below the correct score {self.correct_score}",
             )
+        if self.tail_chars is not None and self.tail_chars <= 0:
+            raise ScoringConfigError("tail_chars", f"must be > 0 or None, got {self.tail_chars!r}")
         if self.strict_box_chars <= 0:
-            raise ValueError(
-                f"RewardConfig.strict_box_chars must be > 0, got {self.strict_box_chars!r}"
+            raise ScoringConfigError(
+                "strict_box_chars", f"must be > 0, got {self.strict_box_chars!r}"
             )
 
     def score_for(self, reason: str) -> float:
@@ -103,7 +113,7 @@ class RewardConfig:
 class RewardResult:
     """The verdict on one response.
 
-    score: the scalar reward (see `RewardConfig`).
+    score: the scalar reward (see `ScoringConfig`).
     answer: the answer extracted from the response, normalised (dapo, answer) or as extracted
         (math_verify); None when no answer was found or the time limit was hit.
     reason: one of `REASONS`.

@@ -18,8 +18,8 @@ from opefo_nemo.rewards.result import (
     NO_ANSWER,
     TIMEOUT,
     WRONG,
-    RewardConfig,
     RewardResult,
+    ScoringConfig,
 )
 from opefo_nemo.rewards.time_limit import VerificationTimeout, time_limit
 
@@ -28,10 +28,10 @@ if TYPE_CHECKING:
 
 
 def resolve_config(
-    verifier: str | None, config: RewardConfig | None, timeout_s: float | None = None
-) -> RewardConfig:
-    """`config` (default `RewardConfig()`) with `verifier` and `timeout_s` applied when given."""
-    config = config if config is not None else RewardConfig()
+    verifier: str | None, config: ScoringConfig | None, timeout_s: float | None = None
+) -> ScoringConfig:
+    """`config` (default `ScoringConfig()`) with `verifier` and `timeout_s` applied when given."""
+    config = config if config is not None else ScoringConfig()
     changes: dict[str, Any] = {}
     if verifier is not None:
         changes["verifier"] = verifier
@@ -45,7 +45,7 @@ def _check_ground_truth(ground_truth: object, where: str = "ground_truth") -> No
         raise TypeError(f"{where} must be a str, got {type(ground_truth).__name__}")
 
 
-def _verify(response: str, ground_truth: str, config: RewardConfig) -> tuple[str, str | None]:
+def _verify(response: str, ground_truth: str, config: ScoringConfig) -> tuple[str, str | None]:
     """(reason, answer) for one response; may raise on internal failure or time out."""
     if config.verifier == "dapo":
         answer = dapo_answer(response, config.tail_chars)
@@ -70,7 +70,7 @@ def _verify(response: str, ground_truth: str, config: RewardConfig) -> tuple[str
     return (CORRECT if verdict else WRONG), answer
 
 
-def _call_function(response: str, ground_truth: str, config: RewardConfig) -> RewardResult:
+def _call_function(response: str, ground_truth: str, config: ScoringConfig) -> RewardResult:
     """The user's reward function on one response; may raise (its own error, a bad return)."""
     assert config.function is not None
     function = load_reward_function(config.function)
@@ -79,7 +79,7 @@ def _call_function(response: str, ground_truth: str, config: RewardConfig) -> Re
     return RewardResult(value, None, reason, metrics)
 
 
-def score_with_config(response: object, ground_truth: str, config: RewardConfig) -> RewardResult:
+def score_with_config(response: object, ground_truth: str, config: ScoringConfig) -> RewardResult:
     """Verify one response in this process under `config`'s soft time limit; never raises on
     the response (a non-str response, an internal error, a reward function that raises or
     returns no number, or a timeout become reasons)."""
@@ -108,13 +108,13 @@ def score(
     ground_truth: str,
     verifier: str | None = None,
     *,
-    config: RewardConfig | None = None,
+    config: ScoringConfig | None = None,
 ) -> RewardResult:
     """Score one response against its ground-truth answer.
 
     verifier: "dapo", "answer" or "math_verify"; None keeps `config.verifier` ("dapo" by
     default). `config` sets the scores for each outcome, the time limit and the extraction
-    options (default `RewardConfig()`: the DAPO rule, +1 / −1).
+    options (default `ScoringConfig()`: the DAPO rule, +1 / −1).
     Returns a `RewardResult` with `score`, `answer` and `reason`.
     """
     _check_ground_truth(ground_truth)
@@ -126,7 +126,7 @@ def score_batch(
     ground_truths: Sequence[str],
     verifier: str | None = None,
     *,
-    config: RewardConfig | None = None,
+    config: ScoringConfig | None = None,
     workers: int = 0,
     timeout_s: float | None = None,
     pool: RewardPool | None = None,

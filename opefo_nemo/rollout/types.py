@@ -13,6 +13,15 @@ from typing import Literal
 FinishReason = Literal["stop", "length"]
 
 
+class SamplingConfigError(ValueError):
+    """A :class:`SamplingConfig` field out of range: ``field`` names it, ``problem`` says what is
+    wrong (the ``rollout`` section reports it under its own key, ``config/rollout.py``)."""
+
+    def __init__(self, field: str, problem: str):
+        super().__init__(f"SamplingConfig.{field} {problem}")
+        self.field, self.problem = field, problem
+
+
 @dataclasses.dataclass(frozen=True)
 class SamplingConfig:
     """How to sample completions.
@@ -39,20 +48,24 @@ class SamplingConfig:
     def __post_init__(self) -> None:
         object.__setattr__(self, "stop_token_ids", tuple(self.stop_token_ids))
         if not (math.isfinite(self.temperature) and self.temperature >= 0):
-            raise ValueError(f"SamplingConfig.temperature must be >= 0, got {self.temperature!r}")
+            raise SamplingConfigError(
+                "temperature", f"must be a finite number >= 0, got {self.temperature!r}"
+            )
         if not 0 < self.top_p <= 1:
-            raise ValueError(f"SamplingConfig.top_p must be in (0, 1], got {self.top_p!r}")
+            raise SamplingConfigError("top_p", f"must be in (0, 1], got {self.top_p!r}")
         if not isinstance(self.top_k, int) or self.top_k < 0:
-            raise ValueError(f"SamplingConfig.top_k must be an int >= 0, got {self.top_k!r}")
+            raise SamplingConfigError("top_k", f"must be an int >= 0, got {self.top_k!r}")
         if not isinstance(self.max_new_tokens, int) or self.max_new_tokens < 1:
-            raise ValueError(
-                f"SamplingConfig.max_new_tokens must be an int >= 1, got {self.max_new_tokens!r}"
+            raise SamplingConfigError(
+                "max_new_tokens", f"must be an int >= 1, got {self.max_new_tokens!r}"
             )
         for token in self.stop_token_ids:
             if not isinstance(token, int) or token < 0:
-                raise ValueError(f"SamplingConfig.stop_token_ids holds a bad id: {token!r}")
+                raise SamplingConfigError(
+                    "stop_token_ids", f"holds {token!r}; token ids are ints >= 0"
+                )
         if self.seed is not None and not isinstance(self.seed, int):
-            raise ValueError(f"SamplingConfig.seed must be an int or None, got {self.seed!r}")
+            raise SamplingConfigError("seed", f"must be an int or None, got {self.seed!r}")
 
     def to_json(self) -> dict:
         return {**dataclasses.asdict(self), "stop_token_ids": list(self.stop_token_ids)}

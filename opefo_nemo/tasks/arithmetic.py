@@ -9,7 +9,7 @@ import random
 import re
 
 from opefo_nemo.data.problem import Problem, prompt_id_for
-from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
+from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardResult, ScoringConfig
 
 SOURCE = "arithmetic"
 _PROMPT = re.compile(r"^(\d+)\+(\d+)=$")
@@ -132,7 +132,7 @@ def make_problems(
 
 
 def score_final_answer(
-    response: str, ground_truth: str, config: RewardConfig | None = None
+    response: str, ground_truth: str, config: ScoringConfig | None = None
 ) -> RewardResult:
     """Score the final answer of a worked solution, scored by ``config`` (default: 1 for correct,
     0 otherwise).
@@ -141,7 +141,7 @@ def score_final_answer(
     by digits; a response without one (cut off, or malformed) is ``no_answer``; another integer
     than ``ground_truth`` is ``wrong``. The steps before it are not checked.
     """
-    config = config if config is not None else RewardConfig(incorrect_score=0.0)
+    config = config if config is not None else ScoringConfig(incorrect_score=0.0)
     fields = response.split()
     match = _FINAL.match(fields[-1]) if fields else None
     if match is None:

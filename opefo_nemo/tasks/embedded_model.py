@@ -32,7 +32,7 @@ SHIPPED = Path(__file__).parent / "shipped_warm_starts"
 
 
 class PromptEncoder(Protocol):
-    """What the warm start needs of a prompt codec (``trainer/prompts.py`` ``PromptCodec``)."""
+    """What the warm start needs of a prompt codec (``data/prompt_codec.py`` ``PromptCodec``)."""
 
     tokenizer: Any
 

@@ -8,7 +8,7 @@ from __future__ import annotations
 import re
 
 from opefo_nemo.data.problem import Problem, prompt_id_for
-from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardConfig, RewardResult
+from opefo_nemo.rewards.result import CORRECT, NO_ANSWER, WRONG, RewardResult, ScoringConfig
 from opefo_nemo.tasks.arithmetic import operand_pairs
 
 SOURCE = "word_arithmetic"
@@ -42,12 +42,12 @@ def make_word_problems(
 
 
 def score_last_number(
-    response: str, ground_truth: str, config: RewardConfig | None = None
+    response: str, ground_truth: str, config: ScoringConfig | None = None
 ) -> RewardResult:
     """Score the last integer of ``response`` against ``ground_truth`` (1 / 0 by default): "3 + 5 =
     8." and "The sum is 8" are right, "8 + 1 = 9" is wrong, a response without a number has no
     answer."""
-    config = config if config is not None else RewardConfig(incorrect_score=0.0)
+    config = config if config is not None else ScoringConfig(incorrect_score=0.0)
     numbers = _INTEGER.findall(response)
     if not numbers:
         return RewardResult(config.score_for(NO_ANSWER), None, NO_ANSWER)

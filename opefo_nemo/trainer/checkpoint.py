@@ -17,7 +17,7 @@ import torch
 import yaml
 
 from opefo_nemo.engines.protocols import Policy
-from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
+from opefo_nemo.orchestration.ranks import SINGLE_PROCESS, LoopRanks
 
 _NAME = re.compile(r"^step_(\d{6,})$")
 POLICY_SUBDIR = "policy"

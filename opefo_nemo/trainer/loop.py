@@ -20,10 +20,16 @@ from opefo_nemo.core.advantages import signal_fraction
 from opefo_nemo.core.metrics import EntropyDrift, RunningCorrelation, rollout_metrics, rollout_sums
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.data import Problem
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.engines.batch import TrainBatch, build_batch
 from opefo_nemo.engines.hf_generation import HFGenerator
 from opefo_nemo.engines.protocols import Policy
 from opefo_nemo.eval import sample_metrics
+from opefo_nemo.orchestration.colocated_rollout import ColocatedRollout
+from opefo_nemo.orchestration.ranks import SINGLE_PROCESS, LoopRanks
+from opefo_nemo.orchestration.refit import refit_rollout
+from opefo_nemo.orchestration.rollout_guard import GuardedRollout
 from opefo_nemo.parallel import NonFiniteLogitsError
 from opefo_nemo.rollout import SamplingConfig
 from opefo_nemo.trainer.checkpoint import (
@@ -32,18 +38,12 @@ from opefo_nemo.trainer.checkpoint import (
     resume_point,
     save_checkpoint,
 )
-from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
 from opefo_nemo.trainer.dynamic_sampling import ScoredRound, sample_step
 from opefo_nemo.trainer.metrics_log import MetricsLogger
 from opefo_nemo.trainer.nan_guard import NanGuard
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.ranks import SINGLE_PROCESS, LoopRanks
-from opefo_nemo.trainer.refit import refit_rollout
-from opefo_nemo.trainer.rollout_guard import GuardedRollout
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import overlong_penalties, reason_metrics, score_responses
 from opefo_nemo.trainer.seeds import sampling_seed, step_seed
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 from opefo_nemo.trainer.update import (
     RolloutUpdateSummary,
     predicted_change,
@@ -270,12 +270,7 @@ class Trainer:
         dynamic sampling round continues the step's seeds where the previous round's end."""
         r, responses = self.config.rollout, self.config.rollout_batch_size
         seed = sampling_seed(self.config.run.seed, step, round_index * responses)
-        return SamplingConfig(
-            temperature=r.temperature,
-            max_new_tokens=r.max_new_tokens,
-            stop_token_ids=self.stop.ids,
-            seed=seed,
-        )
+        return r.sampling(self.stop.ids, seed)
 
     # ----------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:

@@ -6,37 +6,23 @@ from __future__ import annotations
 
 from collections import Counter, defaultdict
 from collections.abc import Sequence
-from typing import cast
 
-from opefo_nemo.config.reward import RewardSettings
-from opefo_nemo.rewards import RewardConfig, RewardResult, overlong_penalty, score_batch
-from opefo_nemo.rewards.result import ERROR, Verifier
+from opefo_nemo.config.reward import RewardConfig
+from opefo_nemo.rewards import RewardResult, overlong_penalty, score_batch
+from opefo_nemo.rewards.result import ERROR
 from opefo_nemo.tasks.verifiers import TASK_VERIFIERS
 
 
 def score_responses(
-    responses: Sequence[str], ground_truths: Sequence[str], settings: RewardSettings
+    responses: Sequence[str], ground_truths: Sequence[str], settings: RewardConfig
 ) -> list[RewardResult]:
     """One result per response, in order: by ``reward.function`` when set, else by
     ``reward.verifier``. :mod:`opefo_nemo.rewards` turns a crashing or slow item into an
     ``error`` or ``timeout`` reason scored like a wrong answer; a built-in task's verifier that
     raises is scored as an ``error`` here."""
-    if settings.function is not None:
-        config = RewardConfig(
-            function=settings.function,
-            timeout_s=settings.timeout_s,
-            incorrect_score=settings.incorrect_score,
-        )
+    config = settings.scoring()
+    if settings.function is not None or settings.verifier not in TASK_VERIFIERS:
         return score_batch(responses, ground_truths, config=config, workers=settings.workers)
-    if settings.verifier not in TASK_VERIFIERS:
-        config = RewardConfig(
-            verifier=cast(Verifier, settings.verifier),  # validated by RewardSettings
-            timeout_s=settings.timeout_s,
-            incorrect_score=settings.incorrect_score,
-        )
-        return score_batch(responses, ground_truths, config=config, workers=settings.workers)
-    incorrect = 0.0 if settings.incorrect_score is None else settings.incorrect_score
-    config = RewardConfig(incorrect_score=incorrect)
     verify = TASK_VERIFIERS[settings.verifier]
     results = []
     for response, truth in zip(responses, ground_truths, strict=True):
@@ -48,7 +34,7 @@ def score_responses(
 
 
 def overlong_penalties(
-    lengths: Sequence[int], settings: RewardSettings, max_new_tokens: int
+    lengths: Sequence[int], settings: RewardConfig, max_new_tokens: int
 ) -> list[float]:
     """The overlong penalty of each response (its token count), all 0.0 when the shaping is off
     (``reward.overlong_buffer=0``); the maximum length is ``rollout.max_new_tokens``."""

@@ -18,6 +18,7 @@ from opefo_nemo.config.data import GENERATED_DATA, DataConfig
 from opefo_nemo.config.engines import MegatronEngineConfig
 from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.data import Problem, load_problems
+from opefo_nemo.data.prompt_codec import PromptCodec, encode_problems
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.engines.hf_generation import HFGenerator
 from opefo_nemo.engines.protocols import Policy
@@ -25,11 +26,14 @@ from opefo_nemo.engines.startup import startup_problems
 from opefo_nemo.launch.placement import ColocatedPlacement, device_slices
 from opefo_nemo.models.packaged import converted_model
 from opefo_nemo.models.shape import ModelShape
+from opefo_nemo.orchestration.colocated_rollout import ColocatedRollout
+from opefo_nemo.orchestration.protocols import RolloutEngine
+from opefo_nemo.orchestration.ranks import LoopRanks, RankLayoutError
+from opefo_nemo.orchestration.rollout_guard import GuardedRollout
 from opefo_nemo.rollout import VLLMRolloutEngine
 from opefo_nemo.tasks.arithmetic import make_problems
 from opefo_nemo.tasks.embedded_model import embedded_model as build_embedded_model
 from opefo_nemo.tasks.word_arithmetic import make_word_problems
-from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
 from opefo_nemo.trainer.inputs import (
     ARITHMETIC,
     check_embedded_model,
@@ -38,10 +42,6 @@ from opefo_nemo.trainer.inputs import (
     warm_start_recipe,
 )
 from opefo_nemo.trainer.loop import Dataset, Trainer
-from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
-from opefo_nemo.trainer.protocols import RolloutEngine
-from opefo_nemo.trainer.ranks import LoopRanks, RankLayoutError
-from opefo_nemo.trainer.rollout_guard import GuardedRollout
 
 log = logging.getLogger(__name__)
 

@@ -21,15 +21,15 @@ import torch
 from opefo_nemo.cli import eval as eval_cli
 from opefo_nemo.cli.sample_counts import sample_seed
 from opefo_nemo.config.compose import compose
-from opefo_nemo.config.reward import RewardSettings
+from opefo_nemo.config.reward import RewardConfig
 from opefo_nemo.data import load_jsonl
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.engines.hf_generation import HFGenerator
 from opefo_nemo.models.transformers_compat import load_causal_lm
 from opefo_nemo.rollout import SamplingConfig
-from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.scoring import score_responses
 from opefo_nemo.trainer.setup import build_trainer, generated_split
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 
 N, PROBLEMS, ROWS, NEW_TOKENS = 8, 4, 16, 24
 POOL = ["--pool", "data=arithmetic", "--set", f"data.arithmetic.num_validation={PROBLEMS}"]
@@ -59,7 +59,7 @@ def reference_counts(model) -> list[int]:
     results = score_responses(
         [codec.decode(c.token_ids) for c in completions],
         [problems[c.prompt_index].ground_truth for c in completions],
-        RewardSettings(verifier="arithmetic"),
+        RewardConfig(verifier="arithmetic"),
     )
     return [sum(results[i * N + j].correct for j in range(N)) for i in range(len(problems))]
 

@@ -57,8 +57,8 @@ def logprob_bound(model, ids, mask, temperature: float) -> torch.Tensor:
 
 
 def row_uniforms(seed: int, steps: int) -> torch.Tensor:
-    """A row's uniforms as docs/rollout.md ("Seeds") states them: ``steps`` float64 draws of a
-    CPU generator seeded ``seed``."""
+    """A row's uniforms as docs/rollout.md, "Generation by the training engine", states them
+    (its seeds): ``steps`` float64 draws of a CPU generator seeded ``seed``."""
     generator = torch.Generator().manual_seed(seed)
     return torch.rand(steps, dtype=torch.float64, generator=generator)
 
@@ -66,11 +66,11 @@ def row_uniforms(seed: int, steps: int) -> torch.Tensor:
 def check_completions(
     model, prompts: list[list[int]], n: int, settings: SamplingConfig, got: list[Completion]
 ) -> tuple[int, int]:
-    """Every token of ``got`` is the one its row's own uniform picks (docs/rollout.md, "Seeds")
-    from the distribution of the whole sequence before it, up to rounding; its logprob is that
-    distribution's within the bound; each completion ends at its first stop token or at
-    ``max_new_tokens``. Returns ``(tokens, decisive)``: how many tokens were checked, and at
-    how many no rounding within the bound could have picked another token.
+    """Every token of ``got`` is the one its row's own uniform picks (docs/rollout.md, "Generation
+    by the training engine", its seeds) from the distribution of the whole sequence before it, up to
+    rounding; its logprob is that distribution's within the bound; each completion ends at its first
+    stop token or at ``max_new_tokens``. Returns ``(tokens, decisive)``: how many tokens were
+    checked, and at how many no rounding within the bound could have picked another token.
 
     With every logprob within ``ε``, each partial sum of the cumulative distribution moves by at
     most ``(e^ε − 1)`` of the total, and so does the uniform's point: the token is admissible

@@ -9,9 +9,9 @@ import pytest
 import torch
 
 from opefo_nemo.data import Problem
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 from tests.real.chat_reference import QUESTIONS, rollout_python
 from tests.rollout.reference import hf_sampled_logprobs, load_hf_model
 

@@ -20,12 +20,12 @@ from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.config.method import load_method
 from opefo_nemo.core.objectives import build_objective
 from opefo_nemo.data import Problem
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.packaged import QWEN2_5_CODER_0_5B_INSTRUCT as QWEN2
 from opefo_nemo.models.packaged import converted_model, join_parts
 from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.stop_tokens import stop_tokens
 from opefo_nemo.trainer.update import update_rollout_batch
 from tests.parallel.world import run_world
 from tests.real.chat_reference import (

@@ -12,8 +12,8 @@ from pathlib import Path
 
 import pytest
 
-from opefo_nemo.config.reward import RewardSettings
-from opefo_nemo.rewards import RewardConfig, score_batch
+from opefo_nemo.config.reward import RewardConfig
+from opefo_nemo.rewards import ScoringConfig, score_batch
 from opefo_nemo.rewards.function import RewardFunctionError, load_reward_function, read_reward
 from opefo_nemo.trainer.scoring import reason_metrics, score_responses
 
@@ -76,7 +76,7 @@ EXPECTED = [
 @pytest.mark.parametrize("workers", [0, 2])
 def test_the_function_scores_in_process_and_in_the_pool(tmp_path, monkeypatch, workers):
     module = user_module(tmp_path, monkeypatch)
-    config = RewardConfig(function=f"{module}:count", incorrect_score=-0.5, timeout_s=5.0)
+    config = ScoringConfig(function=f"{module}:count", incorrect_score=-0.5, timeout_s=5.0)
     results = score_batch(RESPONSES, TRUTHS, config=config, workers=workers)
     assert [(r.score, r.reason) for r in results] == EXPECTED
     assert results[0].metrics["length"] == len(RESPONSES[0])
@@ -92,7 +92,7 @@ def test_a_slow_call_times_out_like_a_verifier(tmp_path, monkeypatch, workers):
     """The soft limit in process, the soft then hard limit in a worker: ``timeout``, the
     incorrect score, and the items after it still scored."""
     module = user_module(tmp_path, monkeypatch)
-    config = RewardConfig(function=f"{module}:count", timeout_s=0.5)
+    config = ScoringConfig(function=f"{module}:count", timeout_s=0.5)
     results = score_batch(["sleep", "7"], ["7", "7"], config=config, workers=workers)
     assert [(r.score, r.reason) for r in results] == [(0.0, "timeout"), (1.0, "correct")]
 
@@ -101,7 +101,7 @@ def test_the_import_is_not_charged_to_the_first_response(tmp_path, monkeypatch):
     """A module that takes longer to import than the time limit (a heavy dependency) still
     scores its first response: the limit runs from the call, not from the import."""
     slow = user_module(tmp_path, monkeypatch, "import time\ntime.sleep(1.0)\n" + SOURCE)
-    config = RewardConfig(function=f"{slow}:count", timeout_s=0.5)
+    config = ScoringConfig(function=f"{slow}:count", timeout_s=0.5)
     results = score_batch(["7", "7 7"], ["7", "7"], config=config, workers=0)
     assert [(r.score, r.reason) for r in results] == [(1.0, "correct"), (2.0, "correct")]
 
@@ -110,7 +110,7 @@ def test_the_trainer_scores_with_the_function_and_logs_its_metrics(tmp_path, mon
     """``reward.function`` replaces ``reward.verifier``; each extra metric is logged as its mean
     over the responses that reported it, and failures count in ``reward/failed``."""
     module = user_module(tmp_path, monkeypatch)
-    settings = RewardSettings(verifier="dapo", function=f"{module}:count", incorrect_score=-1.0)
+    settings = RewardConfig(verifier="dapo", function=f"{module}:count", incorrect_score=-1.0)
     results = score_responses(RESPONSES, TRUTHS, settings)
     assert [r.score for r in results] == [-1.0 if s == -0.5 else s for s, _ in EXPECTED]
     metrics = reason_metrics(results)
@@ -164,15 +164,15 @@ def test_a_missing_module_or_a_failing_import_is_one_line(tmp_path, monkeypatch)
 
 def test_the_key_is_checked_for_its_form_by_the_config():
     with pytest.raises(ValueError, match=re.escape("reward.function is 'module.only'")):
-        RewardSettings(function="module.only").validate()
-    RewardSettings(function="package.module:callable").validate()
+        RewardConfig(function="module.only").validate()
+    RewardConfig(function="package.module:callable").validate()
 
 
 def test_a_worker_that_cannot_import_the_function_scores_errors(tmp_path, monkeypatch):
     """A module the workers cannot import (here: deleted before the pool starts): every item is
     scored ``error`` with the incorrect score, and nothing raises."""
     module = user_module(tmp_path, monkeypatch)
-    config = RewardConfig(function=f"{module}:count")
+    config = ScoringConfig(function=f"{module}:count")
     (tmp_path / f"{module}.py").unlink()
     results = score_batch(["7", "7 7"], ["7", "7"], config=config, workers=1)
     assert [(r.score, r.reason) for r in results] == [(0.0, "error"), (0.0, "error")]

@@ -10,13 +10,13 @@ from collections.abc import Iterator
 
 import pytest
 
-from opefo_nemo.rewards import RewardConfig, RewardPool, score_batch
+from opefo_nemo.rewards import RewardPool, ScoringConfig, score_batch
 from tests.rewards.cases import CASES
 
 PATHOLOGICAL = "$\\boxed{10^{10^{10}}}$"
 #: The time limit: the pathological item never finishes; 3 s leaves an ordinary one (milliseconds
 #: alone) room on a loaded machine, where 1 s timed one out on a rerun.
-CONFIG = RewardConfig(verifier="math_verify", timeout_s=3.0)
+CONFIG = ScoringConfig(verifier="math_verify", timeout_s=3.0)
 
 
 @pytest.fixture(scope="module")
@@ -40,7 +40,7 @@ def _stuck_pool(hard_grace_s: float) -> RewardPool:
     try:
         return RewardPool(
             1,
-            RewardConfig(verifier="math_verify", timeout_s=0.5),
+            ScoringConfig(verifier="math_verify", timeout_s=0.5),
             hard_grace_s=hard_grace_s,
             start_method="fork",
         )
@@ -89,7 +89,7 @@ def _kill(pool: RewardPool) -> None:
 
 
 def test_a_worker_found_dead_is_replaced_and_its_item_scored_as_an_error() -> None:
-    with RewardPool(1, RewardConfig(verifier="dapo"), start_method="fork") as running:
+    with RewardPool(1, ScoringConfig(verifier="dapo"), start_method="fork") as running:
         _kill(running)  # the pipe's other end is gone: sending the first item fails
         results = running.score(["Answer: 3", "Answer: 4"], ["3", "3"])
         assert [r.reason for r in results] == ["error", "wrong"]

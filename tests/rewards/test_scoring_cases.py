@@ -5,7 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from opefo_nemo.rewards import RewardConfig, score
+from opefo_nemo.rewards import ScoringConfig, score
+from opefo_nemo.rewards.result import WRONG, ScoringConfigError
 from tests.rewards.cases import CASES, LONG_TAIL, QUIRKS, C, N, W
 
 T = "timeout"
@@ -75,19 +76,19 @@ STRICT_BOX_CASES = [
     [pytest.param(r, g, e, id=i) for i, r, g, e in STRICT_BOX_CASES],
 )
 def test_answer_strict_box(response: str, truth: str, expected: str) -> None:
-    result = score(response, truth, config=RewardConfig(verifier="answer", strict_box=True))
+    result = score(response, truth, config=ScoringConfig(verifier="answer", strict_box=True))
     assert result.reason == expected, result
 
 
 @pytest.mark.parametrize("verifier", ["dapo", "answer"])
 def test_whole_response_is_read_without_tail_limit(verifier: str) -> None:
-    config = RewardConfig(verifier=verifier, tail_chars=None)
+    config = ScoringConfig(verifier=verifier, tail_chars=None)
     result = score("Answer: 42" + LONG_TAIL, "42", config=config)
     assert result.reason == C and result.answer == "42"
 
 
 def test_pathological_expression_hits_the_time_limit_in_process() -> None:
-    config = RewardConfig(verifier="math_verify", timeout_s=0.5)
+    config = ScoringConfig(verifier="math_verify", timeout_s=0.5)
     result = score("$\\boxed{10^{10^{10}}}$", "5", config=config)
     assert (result.reason, result.score, result.answer) == (T, 0.0, None)
 
@@ -113,17 +114,17 @@ def test_default_scale_per_verifier() -> None:
         assert score("Answer: 3", "3", verifier=verifier).score == 1.0
         assert score("Answer: 4", "3", verifier=verifier).score == wrong
         assert score("no answer here", "3", verifier=verifier).score == wrong
-    assert RewardConfig().verifier == "dapo" and RewardConfig().score_for("wrong") == -1.0
+    assert ScoringConfig().verifier == "dapo" and ScoringConfig().score_for("wrong") == -1.0
 
 
 def test_scores_are_configurable() -> None:
-    config = RewardConfig(correct_score=1.0, incorrect_score=-1.0, no_answer_score=-0.5)
+    config = ScoringConfig(correct_score=1.0, incorrect_score=-1.0, no_answer_score=-0.5)
     assert score("Answer: 3", "3", config=config).score == 1.0
     assert score("Answer: 4", "3", config=config).score == -1.0
     assert score("no answer here", "3", config=config).score == -0.5
-    timeout = RewardConfig(verifier="math_verify", timeout_s=0.3, incorrect_score=-1.0)
+    timeout = ScoringConfig(verifier="math_verify", timeout_s=0.3, incorrect_score=-1.0)
     assert score("$\\boxed{10^{10^{10}}}$", "5", config=timeout).score == -1.0
-    zero = RewardConfig(verifier="dapo", incorrect_score=0.0)
+    zero = ScoringConfig(verifier="dapo", incorrect_score=0.0)
     assert score("Answer: 4", "3", config=zero).score == 0.0
     assert score("no answer here", "3", config=zero).score == 0.0
 
@@ -134,6 +135,10 @@ def test_bad_ground_truth_and_config_are_refused() -> None:
     with pytest.raises(ValueError, match="verifier"):
         score("Answer: 3", "3", verifier="sympy")
     with pytest.raises(ValueError, match="timeout_s"):
-        RewardConfig(timeout_s=0)
+        ScoringConfig(timeout_s=0)
     with pytest.raises(ValueError, match="strict_box"):
-        RewardConfig(verifier="dapo", strict_box=True)
+        ScoringConfig(verifier="dapo", strict_box=True)
+    with pytest.raises(ScoringConfigError, match="incorrect_score") as refused:
+        ScoringConfig(correct_score=0.5, incorrect_score=0.5)
+    assert refused.value.field == "incorrect_score"
+    assert ScoringConfig(correct_score=0.5, incorrect_score=0.25).score_for(WRONG) == 0.25

@@ -14,14 +14,14 @@ import pytest
 PROBE = """
 import sys
 from opefo_nemo.rewards import scoring
-from opefo_nemo.rewards.result import RewardConfig
+from opefo_nemo.rewards.result import ScoringConfig
 armed_after_import = []
 limit = scoring.time_limit
 def recording_limit(seconds):
     armed_after_import.append("opefo_nemo.rewards.symbolic" in sys.modules)
     return limit(seconds)
 scoring.time_limit = recording_limit
-result = scoring.score_with_config("Answer: 3", "3", RewardConfig(verifier="math_verify"))
+result = scoring.score_with_config("Answer: 3", "3", ScoringConfig(verifier="math_verify"))
 print(armed_after_import, result.reason)
 """
 

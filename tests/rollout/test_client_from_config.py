@@ -12,8 +12,8 @@ import pytest
 from opefo_nemo.cli import eval as eval_cli
 from opefo_nemo.config.compose import compose
 from opefo_nemo.config.rollout import RolloutConfig
+from opefo_nemo.orchestration.ranks import SINGLE_PROCESS
 from opefo_nemo.rollout import VLLMRolloutEngine, client
-from opefo_nemo.trainer.ranks import SINGLE_PROCESS
 from opefo_nemo.trainer.setup import start_colocated_rollout, start_rollout
 
 ENVIRONMENT = dict.fromkeys(

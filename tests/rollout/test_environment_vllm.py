@@ -3,7 +3,7 @@ runs from this environment, the servers from the rollout environment
 (``scripts/setup_rollout_env.sh``: its own torch and vLLM, opefo-nemo installed non-editable).
 
 References: the directories each interpreter really imports from (its ``sys.prefix`` and this
-process's site-packages), and the refit order of ``trainer/refit.py``.
+process's site-packages), and the refit order of ``orchestration/refit.py``.
 """
 
 from __future__ import annotations

@@ -17,12 +17,12 @@ from opefo_nemo.config.compose import compose
 from opefo_nemo.config.run import SEEDS_PER_STEP, TrainerConfig
 from opefo_nemo.core import group_advantages
 from opefo_nemo.engines.batch import build_batch
+from opefo_nemo.probe.step import NothingToProbeError, probe
 from opefo_nemo.rewards import RewardResult
 from opefo_nemo.rollout import Completion
 from opefo_nemo.trainer.dynamic_sampling import ScoredRound, sample_step
 from opefo_nemo.trainer.loop import Trainer
 from opefo_nemo.trainer.metrics_log import read_metrics
-from opefo_nemo.trainer.probe import NothingToProbeError, probe
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import score_responses
 from opefo_nemo.trainer.setup import build_trainer

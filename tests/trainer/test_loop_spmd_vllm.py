@@ -13,9 +13,9 @@ import json
 import pytest
 
 from opefo_nemo.config.compose import compose
+from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.rollout import SamplingConfig
 from opefo_nemo.trainer.metrics_log import read_metrics
-from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.setup import build_trainer
 from tests.metric_bounds import assert_metrics_close
 from tests.parallel.world import run_world

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from opefo_nemo.config.reward import VERIFIERS, RewardSettings
+from opefo_nemo.config.reward import VERIFIERS, RewardConfig
 from opefo_nemo.trainer.scoring import reason_metrics, score_responses
 
 GUIDE = Path(__file__).resolve().parents[2] / "docs" / "training.md"
@@ -47,7 +47,7 @@ def failing_function(tmp_path, monkeypatch) -> str:
     return "errors_table_reward:score"
 
 
-def failed_score(settings: RewardSettings) -> float:
+def failed_score(settings: RewardConfig) -> float:
     """The score of one item the reward fails on (a response that is not text), which must be
     counted as failed."""
     results = score_responses([None], ["3"], settings)  # type: ignore[list-item]
@@ -65,10 +65,10 @@ def test_a_failed_item_scores_what_the_row_states(failing_function):
     named, others = stated_defaults(errors_table()[ROW])
     assert set(named) <= set(VERIFIERS)
     for verifier in VERIFIERS:
-        assert failed_score(RewardSettings(verifier=verifier)) == named.get(verifier, others)
-        assert failed_score(RewardSettings(verifier=verifier, incorrect_score=-0.5)) == -0.5
-    assert failed_score(RewardSettings(function=failing_function)) == others
-    assert failed_score(RewardSettings(function=failing_function, incorrect_score=-0.5)) == -0.5
+        assert failed_score(RewardConfig(verifier=verifier)) == named.get(verifier, others)
+        assert failed_score(RewardConfig(verifier=verifier, incorrect_score=-0.5)) == -0.5
+    assert failed_score(RewardConfig(function=failing_function)) == others
+    assert failed_score(RewardConfig(function=failing_function, incorrect_score=-0.5)) == -0.5
 
 
 def test_the_row_is_read_as_written():

@@ -13,13 +13,13 @@ import torch
 
 from opefo_nemo.config.compose import compose
 from opefo_nemo.data import DatasetError
+from opefo_nemo.data.prompt_codec import PromptCodec, encode_problems
 from opefo_nemo.engines.aligner import AlignerUnavailableError
 from opefo_nemo.engines.startup import DeviceUnavailableError
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 from opefo_nemo.tasks.arithmetic import make_problems
 from opefo_nemo.tasks.warm_start import read_recipe
 from opefo_nemo.trainer.inputs import warm_start_recipe
-from opefo_nemo.trainer.prompts import PromptCodec, encode_problems
 from opefo_nemo.trainer.sampler import PromptSampler
 from opefo_nemo.trainer.scoring import reason_metrics, score_responses
 from opefo_nemo.trainer.setup import build_trainer, embedded_model, load_datasets

@@ -30,6 +30,7 @@ from opefo_nemo.config.engines import EngineConfig
 from opefo_nemo.core import group_advantages
 from opefo_nemo.core.objectives import LossOutput, build_objective
 from opefo_nemo.core.update_correction import CorrectionResult
+from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.engines.batch import build_batch
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.models.tiny import EOS_ID, PAD_ID, encode
@@ -40,7 +41,6 @@ from opefo_nemo.tasks.arithmetic import (
     score_final_answer,
     worked_solution,
 )
-from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.update import (
     EntropyCorrectionRequest,
     RolloutUpdateSummary,

@@ -10,10 +10,10 @@ from pathlib import Path
 from typing import Any
 
 from opefo_nemo.config.compose import compose
+from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.engines.hf import HFPolicy
+from opefo_nemo.orchestration.ranks import LoopRanks
 from opefo_nemo.trainer.loop import Trainer
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.ranks import LoopRanks
 from opefo_nemo.trainer.setup import load_datasets, start_engine_rollout
 
 

@@ -14,11 +14,11 @@ import warnings
 from pathlib import Path
 
 from opefo_nemo.config.compose import compose
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.orchestration.colocated_rollout import ColocatedRollout
+from opefo_nemo.orchestration.ranks import LoopRanks
 from opefo_nemo.rollout import Completion, SamplingConfig
-from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
 from opefo_nemo.trainer.loop import Trainer
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.ranks import LoopRanks
 from opefo_nemo.trainer.setup import build_policy, load_datasets
 from tests.trainer.workers_spmd import one_server_per_group
 

@@ -13,13 +13,13 @@ import signal
 from pathlib import Path
 
 from opefo_nemo.config.compose import compose
+from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.engines.hf import HFPolicy
 from opefo_nemo.launch.placement import ColocatedPlacement
+from opefo_nemo.orchestration.colocated_rollout import ColocatedRollout
+from opefo_nemo.orchestration.ranks import LoopRanks
 from opefo_nemo.rollout import SamplingConfig, VLLMRolloutEngine
-from opefo_nemo.trainer.colocated_rollout import ColocatedRollout
 from opefo_nemo.trainer.loop import Trainer
-from opefo_nemo.trainer.prompts import PromptCodec
-from opefo_nemo.trainer.ranks import LoopRanks
 from opefo_nemo.trainer.setup import load_datasets, start_colocated_rollout
 
 

@@ -93,7 +93,7 @@ def build_megatron_policy(
     model_dir: str | Path, engine: MegatronEngineConfig, *, lr: float, temperature: float
 ) -> MegatronPolicy:
     """The trainer's ``Policy`` for the Hugging Face model at ``model_dir``, run by every rank
-    after the default process group is joined (:class:`~opefo_nemo.trainer.ranks.LoopRanks`):
+    after the default process group is joined (:class:`~opefo_nemo.orchestration.ranks.LoopRanks`):
     :func:`initialize_parallel_state`, this rank's pipeline stage of the ``GPTModel``
     (:func:`~.model_builder.build_gpt_model`) with its TP shard of the safetensors streamed in
     (:func:`~opefo_nemo.models.megatron_weights.hf_loading.load_stage_weights`), then

@@ -15,7 +15,7 @@ import pytest
 from opefo_nemo.cli.preflight import main as preflight_main
 from opefo_nemo.config.compose import compose
 from opefo_nemo.engines.megatron import compat
-from opefo_nemo.trainer.ranks import RankLayoutError
+from opefo_nemo.orchestration.ranks import RankLayoutError
 from opefo_nemo.trainer.setup import build_policy
 from tests.parallel.world import run_world
 

@@ -12,10 +12,10 @@ from typing import cast
 from torch import Tensor
 
 from opefo_nemo.launch.placement import ColocatedPlacement
+from opefo_nemo.orchestration.protocols import RolloutEngine
+from opefo_nemo.orchestration.ranks import LoopRanks
+from opefo_nemo.orchestration.rollout_guard import TRANSPORT_FAILURES
 from opefo_nemo.rollout import Completion, SamplingConfig
-from opefo_nemo.trainer.protocols import RolloutEngine
-from opefo_nemo.trainer.ranks import LoopRanks
-from opefo_nemo.trainer.rollout_guard import TRANSPORT_FAILURES
 
 StartServer = Callable[[ColocatedPlacement, int], RolloutEngine]
 """``start(placement, server_index) -> engine``: starts one server on this leader's GPUs."""

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from opefo_nemo.cli.probe_report import NEAR_GRPO, STRONG, document, table, verdict
-from opefo_nemo.trainer.probe import ProbeResult
+from opefo_nemo.probe.output import NEAR_GRPO, STRONG, document, table, verdict
+from opefo_nemo.probe.step import ProbeResult
 
 
 def _result(flows: dict[str, tuple[float, float]], signal: float = 0.75) -> ProbeResult:

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import cast
 
-from opefo_nemo.trainer.prompts import PromptCodec
+from opefo_nemo.data.prompt_codec import PromptCodec
 
 log = logging.getLogger(__name__)
 _ANSWER = "Final answer 42"

@@ -9,12 +9,12 @@ import math
 import pytest
 import torch
 
-from opefo_nemo.cli.probe_report import document, success_rate_table, table
 from opefo_nemo.core import SingleProcessReducer, group_advantages
 from opefo_nemo.core.entropy_flow import ESTIMATORS
 from opefo_nemo.core.objectives import TokenChunk, build_objective, method_config, prepare
-from opefo_nemo.trainer.probe import ProbeResult
-from opefo_nemo.trainer.probe_groups import GroupFlow, by_success_rate, group_flows
+from opefo_nemo.probe.group_flows import GroupFlow, by_success_rate, group_flows
+from opefo_nemo.probe.output import document, success_rate_table, table
+from opefo_nemo.probe.step import ProbeResult
 
 #: Unit round-off of float64, in which ΔH (fp32 values) is summed.
 U64 = 2.0**-53

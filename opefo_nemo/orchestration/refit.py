@@ -9,7 +9,7 @@ import gc
 import torch
 
 from opefo_nemo.engines.protocols import Policy
-from opefo_nemo.trainer.protocols import RolloutEngine
+from opefo_nemo.orchestration.protocols import RolloutEngine
 
 WEIGHTS = ("weights",)
 KV_CACHE = ("kv_cache",)

@@ -7,8 +7,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from opefo_nemo.trainer.probe import ProbeResult
-from opefo_nemo.trainer.probe_groups import by_success_rate
+from opefo_nemo.probe.group_flows import by_success_rate
+from opefo_nemo.probe.step import ProbeResult
 
 #: ``|λ*|`` below this: OPEFO's update is strict GRPO's within a few percent per token.
 NEAR_GRPO = 0.05

@@ -11,7 +11,7 @@ import pytest
 
 from opefo_nemo.cli.probe import main
 from opefo_nemo.core.entropy_flow import ESTIMATORS
-from opefo_nemo.trainer.probe import probe
+from opefo_nemo.probe.step import probe
 from tests.metric_bounds import assert_metrics_close
 from tests.trainer.small_run import run_overrides
 

@@ -1,5 +1,5 @@
 """Stop ids: the tokenizer's eos, ``generation_config.json``'s eos ids and the chat template's
-end of turn (``trainer/stop_tokens.py``), on a tiny model shaped like Qwen2.5-Math's base
+end of turn (``data/stop_tokens.py``), on a tiny model shaped like Qwen2.5-Math's base
 tokenizer (``chat_model.py``); then completions end at ``<|im_end|>`` in training and in
 ``opefo-eval`` with real vLLM servers."""
 
@@ -13,12 +13,12 @@ import pytest
 
 from opefo_nemo.cli import eval as eval_cli
 from opefo_nemo.config.compose import compose
+from opefo_nemo.data.prompt_codec import PromptCodec
+from opefo_nemo.data.stop_tokens import stop_tokens
 from opefo_nemo.models.tiny import build_tiny_model
 from opefo_nemo.trainer.metrics_log import read_metrics
-from opefo_nemo.trainer.prompts import PromptCodec
 from opefo_nemo.trainer.setup import build_trainer
-from opefo_nemo.trainer.stop_tokens import stop_tokens
-from tests.trainer.chat_model import ENDOFTEXT, IM_END, build_chat_model, token_ids
+from tests.data.chat_model import ENDOFTEXT, IM_END, build_chat_model, token_ids
 from tests.trainer.recording import RecordingRollout
 
 MAX_NEW_TOKENS = 8

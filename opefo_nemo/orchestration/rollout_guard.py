@@ -9,9 +9,9 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 
 from torch import Tensor
 
+from opefo_nemo.orchestration.protocols import RolloutEngine
 from opefo_nemo.rollout import Completion, RolloutServerError, SamplingConfig
 from opefo_nemo.rollout.protocol import ProtocolError
-from opefo_nemo.trainer.protocols import RolloutEngine
 
 log = logging.getLogger(__name__)
 TRANSPORT_FAILURES = (RolloutServerError, ProtocolError, TimeoutError, ConnectionError)

@@ -15,8 +15,8 @@ from opefo_nemo.core import SingleProcessReducer
 from opefo_nemo.core.advantages import group_signal
 from opefo_nemo.core.entropy_flow import ESTIMATOR_SUMS, ESTIMATORS
 from opefo_nemo.core.objectives import build_objective, prepare
+from opefo_nemo.probe.group_flows import GroupFlow, group_flows
 from opefo_nemo.trainer.loop import Trainer
-from opefo_nemo.trainer.probe_groups import GroupFlow, group_flows
 from opefo_nemo.trainer.stats_pass import stats_pass
 from opefo_nemo.trainer.update import rollout_fidelity, token_chunks
 from opefo_nemo.trainer.update_layout import layout_metrics, plan_update, row_lengths
