@@ -37,7 +37,6 @@ from pathlib import Path
 import torch
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-import engine_passes  # a sibling benchmark: its model and engine start-up
 import real_model_step  # a sibling benchmark: its trainer and phase clock
 
 COMPARISONS = ("update", "generation", "megatron")
@@ -218,6 +217,7 @@ def compare_generation(args: argparse.Namespace) -> None:
 
 def megatron_rank(rank: int, world: int, args: argparse.Namespace, init: str) -> None:
     """One gloo rank: the update of one batch with each layout in turn, rank 0 printing."""
+    import engine_passes  # a sibling benchmark: its model and engine start-up
     import torch.distributed as dist
 
     from opefo_nemo.config.method import load_method
@@ -352,6 +352,9 @@ def main() -> None:
         print(json.dumps(generation_row(args)), flush=True)
         return
     if args.row == "megatron":
+        # imported here, not at the top: an earlier checkout's generation row runs this file
+        # against its own package, which may lack what engine_passes imports
+        import engine_passes
         import torch.multiprocessing as mp
 
         args.engine_args = _engine_args(args)
