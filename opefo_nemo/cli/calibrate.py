@@ -15,12 +15,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from opefo_nemo.cli.boundary_options import (
-    add_draw_options,
-    check_draw_options,
-    check_lengths,
-    draw_settings,
-)
+from opefo_nemo.cli import boundary_options as options
 from opefo_nemo.cli.sample_counts import describe_generator, draw_counts, shard_done, shard_range
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.data import Problem, load_jsonl, load_problems
@@ -65,7 +60,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "1 to n/8, e.g. 1-16 of 128)",
     )
     parser.add_argument("--max-problems", type=int, help="only the first N problems of the pool")
-    add_draw_options(parser, samples=128, out="outputs/calibration")
+    options.add_draw_options(parser, samples=128, out="outputs/calibration")
     return parser.parse_args(argv)
 
 
@@ -112,15 +107,15 @@ def prepare(args: argparse.Namespace):
     from opefo_nemo.cli.eval import resolve_model
     from opefo_nemo.data.prompt_codec import PromptCodec
 
-    check_draw_options(args)
+    options.check_draw_options(args)
     band_text = args.band if args.band is not None else f"1-{max(1, args.samples // 8)}"
     band = Band.parse(band_text, args.samples)
     model = resolve_model(args.model)
     problems = load_pool(args)
     codec = PromptCodec(model, args.template)
     prompts = [codec.encode(p) for p in problems]
-    settings = draw_settings(args, model, codec, "calibrate")
-    check_lengths(model, prompts, args, settings.generator)
+    settings = options.draw_settings(args, model, codec, "calibrate")
+    options.check_lengths(model, prompts, args, settings.generator)
     ids = [p.prompt_id for p in problems]
     described = settings.describe(model, args.samples, "calibrate")
     counts = CountsFile(Path(args.out) / "counts.jsonl", described, ids)

@@ -16,12 +16,7 @@ from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from opefo_nemo.cli.boundary_options import (
-    add_draw_options,
-    check_draw_options,
-    check_lengths,
-    draw_settings,
-)
+from opefo_nemo.cli import boundary_options as options
 from opefo_nemo.cli.sample_counts import (
     DrawSettings,
     describe_generator,
@@ -68,7 +63,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--bootstrap-seed", type=int, default=0, help="seed of the resamples (default: 0)"
     )
-    add_draw_options(parser, samples=256, out="outputs/boundary")
+    options.add_draw_options(parser, samples=256, out="outputs/boundary")
     return parser.parse_args(argv)
 
 
@@ -125,7 +120,7 @@ def check_same_tokenizer(
 
 def prepare(args: argparse.Namespace):
     """Every input check, before any sample is drawn."""
-    check_draw_options(args)
+    options.check_draw_options(args)
     if args.resamples < 1:
         raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
     try:
@@ -144,8 +139,8 @@ def prepare(args: argparse.Namespace):
     prompts = [base.encode(p) for p in problems]
     for name in names[1:]:
         check_same_tokenizer(base, PromptCodec(models[name], args.template), prompts, problems)
-    settings = draw_settings(args, models[names[0]], base, "compare")
-    check_lengths(models[names[0]], prompts, args, settings.generator)
+    settings = options.draw_settings(args, models[names[0]], base, "compare")
+    options.check_lengths(models[names[0]], prompts, args, settings.generator)
     ids = [p.prompt_id for p in problems]
     counts = {
         name: CountsFile(
