@@ -9,20 +9,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from opefo_nemo.cli.sample_counts import DrawSettings, sample_seed, server_devices
+from opefo_nemo.cli.sample_counts import (
+    DrawCost,
+    DrawSettings,
+    draw_counts,
+    sample_seed,
+    server_devices,
+    shard_done,
+    shard_range,
+)
 from opefo_nemo.cli.sampling_options import (
+    add_defective_rows_option,
     add_sampling_options,
     add_server_options,
     check_sampling_options,
 )
 from opefo_nemo.config.reward import RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
+from opefo_nemo.data import Problem
 from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.data.stop_tokens import stop_tokens
+from opefo_nemo.eval.counts import CountsFile
 from opefo_nemo.rewards.function import load_reward_function
 from opefo_nemo.rollout import SamplingConfig
 
@@ -63,12 +77,7 @@ def add_draw_options(parser: argparse.ArgumentParser, samples: int, out: str) ->
         "float32; vllm in the model's saved dtype (default: auto)",
     )
     add_server_options(parser)
-    parser.add_argument(
-        "--defective-rows",
-        default="error",
-        choices=("error", "skip"),
-        help="a data row with an empty problem or answer: refuse the file or skip it",
-    )
+    add_defective_rows_option(parser)
     parser.add_argument(
         "--shard",
         metavar="I/N",
@@ -201,3 +210,46 @@ def check_lengths(
             f"--max-new-tokens {args.max_new_tokens}: with the longest prompt ({longest} tokens) "
             f"it exceeds {positions} positions"
         )
+
+
+def refuse(prog: str, error: Exception) -> int:
+    """One line on stderr naming what is wrong with the input; exit status 2."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return 2
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What drawing every model's samples left."""
+
+    costs: dict[str, DrawCost]
+    """What each model's draw cost, by its label."""
+    exit_status: int | None
+    """``None``: every problem is counted, go on to the report; 130: interrupted (the counts so
+    far are kept); 0: a ``--shard``'s block is counted, nothing else is written."""
+
+
+def draw_models(
+    args: argparse.Namespace,
+    problems: Sequence[Problem],
+    prompts: Sequence[list[int]],
+    settings: DrawSettings,
+    models: Mapping[str, tuple[Path, CountsFile]],
+) -> Drawn:
+    """Draw ``--samples`` samples of this process's share of ``problems`` (all, or the
+    ``--shard``'s block) with each model, label → ``(model, its counts file)``."""
+    ids = [p.prompt_id for p in problems]
+    truths = [p.ground_truth for p in problems]
+    share = shard_range(len(problems), args.shard)
+    try:
+        costs = {
+            label: draw_counts(
+                model, ids, prompts, truths, args.samples, settings, counts, label, share
+            )
+            for label, (model, counts) in models.items()
+        }
+    except KeyboardInterrupt:  # the counts so far are kept (logged)
+        return Drawn({}, 130)
+    if args.shard is not None:
+        return Drawn(costs, shard_done(Path(args.out), share))
+    return Drawn(costs, None)

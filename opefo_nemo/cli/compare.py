@@ -11,7 +11,6 @@ import datetime
 import logging
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
@@ -20,9 +19,6 @@ from opefo_nemo.cli import boundary_options as options
 from opefo_nemo.cli.sample_counts import (
     DrawSettings,
     describe_generator,
-    draw_counts,
-    shard_done,
-    shard_range,
 )
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.data import Problem, load_problems
@@ -200,22 +196,12 @@ def main(argv: Sequence[str]) -> int:
     try:
         ks, models, problems, prompts, settings, counts = prepare(args)
     except (ValueError, FileNotFoundError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    ids = [p.prompt_id for p in problems]
-    truths = [p.ground_truth for p in problems]
-    share = shard_range(len(problems), args.shard)
-    try:
-        costs = {
-            name: draw_counts(
-                path, ids, prompts, truths, args.samples, settings, counts[name], name, share
-            )
-            for name, path in models.items()
-        }
-    except KeyboardInterrupt:  # the counts so far are kept (logged)
-        return 130
-    if args.shard is not None:
-        return shard_done(Path(args.out) / "counts", share)
+        return options.refuse(PROG, error)
+    each = {name: (path, counts[name]) for name, path in models.items()}
+    drawn = options.draw_models(args, problems, prompts, settings, each)
+    if drawn.exit_status is not None:
+        return drawn.exit_status
+    costs = drawn.costs
     report = boundary_report(
         {name: counts[name].ordered(len(problems)) for name in models},
         ks,
@@ -231,7 +217,7 @@ def main(argv: Sequence[str]) -> int:
     caption = f"{Path(args.heldout).name}, seed {args.seed}; {today}, {machine()}"
     figure = write_boundary_figure(report, out, caption)
     log.info("wrote %s, %s, %s", out / "boundary.md", out / "boundary.json", figure)
-    drawn = sum(cost.samples for cost in costs.values())
+    samples = sum(cost.samples for cost in costs.values())
     seconds = sum(cost.seconds + cost.startup_seconds for cost in costs.values())
-    log.info("this run drew %d samples in %.1f s", drawn, seconds)
+    log.info("this run drew %d samples in %.1f s", samples, seconds)
     return 0

@@ -19,6 +19,7 @@ from pathlib import Path
 import torch
 
 from opefo_nemo.cli.sampling_options import (
+    add_defective_rows_option,
     add_sampling_options,
     add_server_options,
     check_sampling_options,
@@ -93,13 +94,7 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     )
     add_sampling_options(parser)
     add_server_options(parser)
-    parser.add_argument(
-        "--defective-rows",
-        default="error",
-        choices=("error", "skip"),
-        help="a benchmark row with an empty problem or answer: refuse the file naming every such "
-        "row, or skip them with a warning that counts and lists them (default: error)",
-    )
+    add_defective_rows_option(parser)
     parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
     args = parser.parse_args(argv)
     try:

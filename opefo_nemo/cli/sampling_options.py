@@ -1,6 +1,6 @@
 """The options every ``opefo-eval`` command shares, defined once: how responses are sampled and
-scored (spec §7's sampling by default) and the vLLM servers that draw them, with the checks that
-stop a bad value with one line naming the option."""
+scored (spec §7's sampling by default), the vLLM servers that draw them and what a defective data
+row does, with the checks that stop a bad value with one line naming the option."""
 
 from __future__ import annotations
 
@@ -65,6 +65,17 @@ def add_server_options(parser: argparse.ArgumentParser) -> None:
         default=4096,
         help="vLLM context: prompt + response tokens; at most the model's "
         "max_position_embeddings (default: 4096)",
+    )
+
+
+def add_defective_rows_option(parser: argparse.ArgumentParser) -> None:
+    """``--defective-rows``: what a data row with an empty problem or answer does."""
+    parser.add_argument(
+        "--defective-rows",
+        default="error",
+        choices=("error", "skip"),
+        help="a data row with an empty problem or answer: refuse the file naming every such "
+        "row, or skip them with a warning that counts and lists them (default: error)",
     )
 
 
