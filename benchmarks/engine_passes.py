@@ -118,7 +118,8 @@ def _host_syncs(function, *args):
     return len(syncs), where, result
 
 
-def _policy(args: argparse.Namespace, model_dir: str, lr: float):
+def build_policy(args: argparse.Namespace, model_dir: str, lr: float):
+    """The policy of ``--engine`` on the benchmark model, through the engine's own start-up."""
     if args.engine == "hf":
         from opefo_nemo.engines.hf import HFPolicy
 
@@ -174,7 +175,7 @@ def _measure(args: argparse.Namespace, model_dir: str, rank: int) -> None:
         for name in ("opefo", "grpo_strict", "entropy_neutral")
     }
     sums = ESTIMATOR_SUMS[method.entropy_flow.estimator]
-    policy = _policy(args, model_dir, method.lr)
+    policy = build_policy(args, model_dir, method.lr)
     batch = _batch(args)
     (layout,) = plan_update(policy, batch, 1, args.micro_batch_size)
     micros = [batch.select(rows) for rows in layout.rows]
@@ -263,8 +264,8 @@ def _rank(rank: int, world: int, args: argparse.Namespace, model_dir: str, init:
         dist.destroy_process_group()
 
 
-def main() -> None:
-    args = _parse_args()
+def build_model(args: argparse.Namespace) -> Path:
+    """The benchmark model of ``--hidden`` × ``--layers`` (random weights, cached)."""
     spec = TinyModelSpec(
         hidden_size=args.hidden,
         num_hidden_layers=args.layers,
@@ -276,7 +277,12 @@ def main() -> None:
     )
     positions = spec.max_position_embeddings
     model_dir = Path(args.model_root) / f"engine-passes-h{args.hidden}-l{args.layers}-p{positions}"
-    build_tiny_model(model_dir, spec, seed=0)
+    return build_tiny_model(model_dir, spec, seed=0)
+
+
+def main() -> None:
+    args = _parse_args()
+    model_dir = build_model(args)
     if args.engine == "hf":
         _measure(args, str(model_dir), rank=0)
         return

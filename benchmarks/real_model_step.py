@@ -12,8 +12,11 @@ limit). opefo-nemo's rows run both ways of ``--forwards``: the statistics and th
 separate forwards, and in one (``engine.shared_forward``: the statistics pass is the update's
 forward, so its time counts in the update's GEMM share). TRL's row (when ``trl`` imports:
 ``pip install .[bench]``) trains the same weights on the same prompt texts and reward with
-β = 0, one iteration per generation batch, no vLLM, in fp32 and in its default bf16; both
-decode until every row of a generation batch has ended or is cut.
+β = 0, one iteration per generation batch, no vLLM, in fp32 and in its default bf16. TRL
+decodes until every row of a generation batch has ended or is cut; opefo-nemo's rows leave the
+decode batch as they end and waiting rows join it (docs/rollout.md, "Generation by the training
+engine"; ``benchmarks/layout_steps.py --only generation`` times that against an earlier
+checkout's).
 
     .venv/bin/python benchmarks/real_model_step.py                       # 4 × 8, both dtypes, TRL
     .venv/bin/python benchmarks/real_model_step.py --forwards shared --precisions bfloat16

@@ -85,34 +85,72 @@ def padded_width(lengths: Sequence[int], rows: Sequence[int], multiple: int = 1)
     return -(-max(lengths[row] for row in rows) // multiple) * multiple
 
 
-def rank_work(layout: MicroBatchLayout, lengths: Sequence[int], multiple: int = 1) -> list[int]:
-    """Each rank's work in ``layout``: Σ over its micro-batches of rows × padded width, the
-    positions its passes compute (spec §11)."""
+def sequence_work(width: int, attention_width: int | None = None) -> int:
+    """The work of one sequence of ``width`` positions (spec §11): ``width`` (its positions, the
+    linear layers' work), or with ``attention_width`` ``A`` (the width at which a position's
+    causal attention costs what its linear layers do:
+    :meth:`~opefo_nemo.models.shape.ModelShape.attention_width`) ``width·(A + width)``:
+    the linear layers' ``A·width`` plus attention's ``width²``, in units of ``1 / A`` position."""
+    return width if attention_width is None else width * (attention_width + width)
+
+
+def micro_batch_work(
+    lengths: Sequence[int],
+    rows: Sequence[int],
+    multiple: int = 1,
+    attention_width: int | None = None,
+) -> int:
+    """The work of a micro-batch of ``rows``: rows × the work of a sequence at its padded
+    width (:func:`padded_width`, :func:`sequence_work`)."""
+    return len(rows) * sequence_work(padded_width(lengths, rows, multiple), attention_width)
+
+
+def rank_work(
+    layout: MicroBatchLayout,
+    lengths: Sequence[int],
+    multiple: int = 1,
+    attention_width: int | None = None,
+) -> list[int]:
+    """Each rank's work in ``layout``: Σ over its micro-batches of :func:`micro_batch_work`
+    (without ``attention_width``: rows × padded width, the positions its passes compute;
+    spec §11)."""
     work = [0] * layout.data_parallel
     for rows, owner in zip(layout.rows, layout.owners, strict=True):
-        work[owner] += len(rows) * padded_width(lengths, rows, multiple)
+        work[owner] += micro_batch_work(lengths, rows, multiple, attention_width)
     return work
 
 
 def pad_fraction(
-    passes: Sequence[MicroBatchLayout], lengths: Sequence[int], multiple: int = 1
+    passes: Sequence[MicroBatchLayout],
+    lengths: Sequence[int],
+    multiple: int = 1,
+    attention_width: int | None = None,
 ) -> float:
-    """``perf/pad_fraction`` (spec §11): padded positions over all positions of the micro-batches
-    of every pass, on every rank; ``lengths[row]``: the row's tokens."""
-    total = sum(sum(rank_work(layout, lengths, multiple)) for layout in passes)
-    real = sum(lengths[row] for layout in passes for row in layout.flat_rows)
+    """``perf/pad_fraction`` (spec §11): the share of the work of the micro-batches of every
+    pass, on every rank, spent on padding: 1 − Σ of each row's work at its own length
+    (``lengths[row]`` tokens) over Σ of :func:`rank_work`. Without ``attention_width``: padded
+    positions over all positions."""
+    total = sum(sum(rank_work(layout, lengths, multiple, attention_width)) for layout in passes)
+    real = sum(
+        sequence_work(lengths[row], attention_width)
+        for layout in passes
+        for row in layout.flat_rows
+    )
     return (total - real) / total if total else 0.0
 
 
 def dp_imbalance(
-    passes: Sequence[MicroBatchLayout], lengths: Sequence[int], multiple: int = 1
+    passes: Sequence[MicroBatchLayout],
+    lengths: Sequence[int],
+    multiple: int = 1,
+    attention_width: int | None = None,
 ) -> float:
     """``perf/dp_imbalance`` (spec §11): each pass waits for its slowest rank, so Σ over the
-    passes of the largest rank's work over Σ of the mean rank's work (1 on one rank, and when
-    every rank of every pass has the same work)."""
+    passes of the largest rank's work (:func:`rank_work`) over Σ of the mean rank's work (1 on
+    one rank, and when every rank of every pass has the same work)."""
     slowest = mean = Fraction(0)
     for layout in passes:
-        work = rank_work(layout, lengths, multiple)
+        work = rank_work(layout, lengths, multiple, attention_width)
         slowest += max(work)
         mean += Fraction(sum(work), len(work))
     return float(slowest / mean) if mean else 1.0
@@ -127,6 +165,7 @@ def plan_layouts(
     max_tokens: int | None = None,
     multiple: int = 1,
     layout: str = BALANCED,
+    attention_width: int | None = None,
 ) -> list[MicroBatchLayout]:
     """One :class:`MicroBatchLayout` per mini-batch of the rows whose tokens are ``lengths``
     (prompt and response; row indices into the whole batch): mini-batch ``j`` holds the rows
@@ -136,7 +175,8 @@ def plan_layouts(
     rows × padded width (:func:`padded_width`, ``multiple``) within it; a row longer than
     ``max_tokens`` runs alone. ``contiguous``: consecutive rows, micro-batch ``i`` of ``M`` run
     by rank ``⌊i·D/M⌋`` (with ``micro_batch_size``, ``TrainBatch.split``'s micro-batches).
-    ``balanced``: :func:`balanced_layout`."""
+    ``balanced``: :func:`balanced_layout`, ranks balanced by their work (:func:`rank_work` with
+    ``attention_width``: attention's share counted, ``None``: positions only)."""
     rows = len(lengths)
     if mini_batches < 1 or rows % mini_batches:
         raise ValueError(f"{rows} rows do not split into {mini_batches} equal mini-batches")
@@ -147,9 +187,11 @@ def plan_layouts(
         raise ValueError(f"max_tokens must be >= 1 or None, got {max_tokens}")
     if layout not in BATCH_LAYOUTS:
         raise ValueError(f"layout {layout!r} is not one of {', '.join(BATCH_LAYOUTS)}")
+    if attention_width is not None and attention_width < 1:
+        raise ValueError(f"attention_width must be >= 1 or None, got {attention_width}")
     if any(length < 1 for length in lengths):
         raise ValueError("every row needs at least one token")
-    cut = MicroBatchCut(lengths, micro_batch_size, max_tokens, multiple)
+    cut = MicroBatchCut(lengths, micro_batch_size, max_tokens, multiple, attention_width)
     size = rows // mini_batches
     plan = balanced_layout if layout == BALANCED else contiguous_layout
     return [plan(range(j * size, (j + 1) * size), cut, data_parallel) for j in range(mini_batches)]
@@ -158,12 +200,15 @@ def plan_layouts(
 @dataclass(frozen=True)
 class MicroBatchCut:
     """How rows in a given order are cut into consecutive micro-batches: ``size`` rows each, or
-    (with ``max_tokens``) as many as keep rows × padded width within it."""
+    (with ``max_tokens``) as many as keep rows × padded width within it; and what a
+    micro-batch's work is (:func:`micro_batch_work`)."""
 
     lengths: Sequence[int]
     size: int
     max_tokens: int | None
     multiple: int
+    attention_width: int | None = None
+    """``A`` of :func:`sequence_work` (``None``: a micro-batch's work is its positions)."""
 
     def __call__(self, order: Sequence[int]) -> list[tuple[int, ...]]:
         if self.max_tokens is None:
@@ -202,7 +247,8 @@ class MicroBatchCut:
         return self.fill(order, high)
 
     def work(self, rows: Sequence[int]) -> int:
-        return len(rows) * padded_width(self.lengths, rows, self.multiple)
+        """:func:`micro_batch_work` of ``rows``."""
+        return micro_batch_work(self.lengths, rows, self.multiple, self.attention_width)
 
 
 def contiguous_layout(
@@ -226,7 +272,7 @@ def balanced_layout(
     where ``D`` does not divide them); with ``max_tokens`` the counts follow the work."""
 
     def cost(layout: MicroBatchLayout) -> tuple[int, Fraction]:
-        work = rank_work(layout, cut.lengths, cut.multiple)
+        work = rank_work(layout, cut.lengths, cut.multiple, cut.attention_width)
         return max(work), Fraction(max(work) * len(work), sum(work))
 
     return min(candidate_layouts(rows, cut, data_parallel), key=cost)  # the first of ties
@@ -242,7 +288,7 @@ def candidate_layouts(
        ``D``, the heaviest as light as it can be, :meth:`MicroBatchCut.even`), dealt to the ranks by
        :func:`~.rank_balance.karmarkar_karp` on their work and improved by
        :func:`~.rank_balance.improve`;
-    2. the rows dealt to the ranks first (Karmarkar–Karp on their padded lengths), each rank's
+    2. the rows dealt to the ranks first (Karmarkar–Karp on each row's work alone), each rank's
        sorted and cut (with ``micro_batch_size`` only where ``D × micro_batch_size`` divides the
        rows, so that the count of micro-batches stays the contiguous one's);
     3. :func:`contiguous_layout`."""

@@ -108,6 +108,16 @@ class ModelShape:
         parallel."""
         return 3 * self.hidden_size * self.intermediate_size
 
+    def attention_width(self) -> int:
+        """``A``: the sequence width at which a position's causal attention costs as many FLOPs
+        as its linear layers: a position's forward takes ``2·W`` FLOPs through a layer's
+        weights ``W`` (attention and MLP) and ``2·H·d·w`` through its attention at width ``w``
+        (``q·kᵀ`` and the sum of ``v`` over the ``w / 2`` earlier positions it sees on
+        average), so ``A = W / (H·d)``, rounded. Qwen2.5-Math-7B: 65,025; Qwen3-4B-Base: 24,640.
+        The batch-layout planner weighs a sequence of width ``w`` by ``w·(A + w)`` (spec §11)."""
+        weights = self.attention_parameters() + self.mlp_parameters()
+        return max(1, round(weights / self.query_width))
+
     def replicated_layer_parameters(self) -> int:
         """Parameters of one layer that every tensor-parallel rank holds whole (the norms):
         ``2·h``, plus ``2·d`` for per-head Q/K RMSNorm (Qwen3)."""

@@ -73,6 +73,7 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
         engine.micro_batch_size,
         engine.batch_layout,
         engine.max_tokens_per_micro_batch,
+        trainer.attention_width,
     )
     pieces = [[batch.select(rows) for rows in layout.rows] for layout in layouts]
     per_layout = stats_pass(trainer.policy, batch, layouts, pieces, ALL_SUMS)
@@ -81,7 +82,8 @@ def probe(trainer: Trainer, stage: Callable[[str], None] = lambda _: None) -> Pr
     order = torch.tensor([row for layout in layouts for row in layout.flat_rows])  # of the chunks
     rollout = dict(collected.metrics)
     rollout.update(rollout_fidelity(micros, stats, config.metrics.fidelity_threshold))
-    rollout.update(layout_metrics(layouts, row_lengths(batch), trainer.policy.sequence_multiple))
+    multiple, attention = trainer.policy.sequence_multiple, trainer.attention_width
+    rollout.update(layout_metrics(layouts, row_lengths(batch), multiple, attention))
     chunks = token_chunks(micros, stats)
     per_estimator, per_group = {}, {}
     for estimator in ESTIMATORS:

@@ -50,6 +50,7 @@ from opefo_nemo.trainer.update import (
     realized_entropy_change,
     update_rollout_batch,
 )
+from opefo_nemo.trainer.update_layout import prompt_and_response_tokens
 
 log = logging.getLogger(__name__)
 PREEMPTION_SIGNALS = (signal.SIGTERM, signal.SIGUSR1)
@@ -92,8 +93,10 @@ class Trainer:
         validation: Dataset | None,
         output_dir: Path,
         ranks: LoopRanks = SINGLE_PROCESS,
+        attention_width: int | None = None,
     ):
         self.config = config
+        self.attention_width = attention_width  # ModelShape.attention_width (spec §11)
         self.ranks = ranks
         self.config_dict = config_dict
         self.policy = policy
@@ -104,6 +107,7 @@ class Trainer:
         self.output_dir = output_dir
         self.checkpoint_dir = output_dir / CHECKPOINTS_SUBDIR
         self.step = 0
+        self.trained_rows: tuple[list[int], list[int]] | None = None  # for lengths.jsonl
         self.objective = build_objective(config.method)
         self.flow_predictor = RunningCorrelation()
         self.entropy_drift = EntropyDrift()
@@ -193,7 +197,9 @@ class Trainer:
         mark = time.perf_counter()
         metrics: dict[str, float] = {}
         outcome = RolloutUpdateSummary({}, 0, float("nan"))
+        self.trained_rows = None
         if collected.batch is not None:
+            self.trained_rows = prompt_and_response_tokens(collected.batch)
             self.rollout.sleep()  # its GPU memory goes to the update (no-op on CPU servers)
             outcome, metrics = self._update(collected.batch)
             self.policy.advance_schedule()
@@ -228,6 +234,7 @@ class Trainer:
                 seed=self.update_seed(),
                 batch_layout=engine.batch_layout,
                 max_tokens_per_micro_batch=engine.max_tokens_per_micro_batch,
+                attention_width=self.attention_width,
                 fidelity_threshold=cfg.metrics.fidelity_threshold,
                 confident_prob=cfg.metrics.confident_prob,
             )
@@ -368,6 +375,8 @@ class Trainer:
                     metrics.update(self.validate())
                 if logger is not None:
                     logger.log(self.step, metrics)
+                    if self.trained_rows is not None:
+                        logger.log_lengths(self.step, *self.trained_rows)
                 every = cfg.checkpoint.every
                 if every and self.step % every == 0:
                     self.save()

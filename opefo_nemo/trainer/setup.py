@@ -187,11 +187,15 @@ def start_engine_rollout(config: TrainConfig, policy: Policy, pad_id: int) -> HF
     return HFGenerator(policy.model, policy.device, pad_id, config.engine.micro_batch_size)
 
 
+def model_shape(path: Path) -> ModelShape | None:
+    """The shape of the model at ``path`` from its ``config.json`` (``None`` without one)."""
+    return ModelShape.from_model_dir(path) if (path / "config.json").is_file() else None
+
+
 def build_policy(config: TrainConfig, path: Path) -> Policy:
     """The training engine ``engine.name`` selects, on the model at ``path``, after the start-up
     rules preflight reports too (:func:`~opefo_nemo.engines.startup.startup_problems`)."""
-    shape = ModelShape.from_model_dir(path) if (path / "config.json").is_file() else None
-    problems = startup_problems(config.engine, shape)
+    problems = startup_problems(config.engine, model_shape(path))
     if problems:
         raise RankLayoutError("; ".join(problems))
     engine, lr, temperature = config.engine, config.method.lr, config.rollout.temperature
@@ -247,8 +251,18 @@ def build_trainer(
         engine = rollout
         engine.weights = policy.named_weights
         engine.update_weights(policy.named_weights())
+    shape = model_shape(path)
     trainer = Trainer(
-        config, config_dict, policy, engine, codec, train, validation, output_dir, ranks
+        config,
+        config_dict,
+        policy,
+        engine,
+        codec,
+        train,
+        validation,
+        output_dir,
+        ranks,
+        attention_width=None if shape is None else shape.attention_width(),
     )
     if resume:
         trainer.resume(config.checkpoint.resume)

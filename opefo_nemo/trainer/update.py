@@ -296,6 +296,7 @@ def update_rollout_batch(
     *,
     batch_layout: str = BALANCED,
     max_tokens_per_micro_batch: int | None = None,
+    attention_width: int | None = None,
     fidelity_threshold: float = DEFAULT_THRESHOLD,
     confident_prob: float = DEFAULT_CONFIDENT_PROB,
 ) -> RolloutUpdateSummary:
@@ -304,8 +305,8 @@ def update_rollout_batch(
 
     The micro-batches of each mini-batch and the rank that runs each are
     :func:`plan_update`'s (``engine.micro_batch_size``, ``engine.batch_layout``,
-    ``engine.max_tokens_per_micro_batch``); which rows share one changes nothing beyond
-    rounding (spec §11).
+    ``engine.max_tokens_per_micro_batch``, the model's ``attention_width``); which rows share
+    one changes nothing beyond rounding (spec §11).
 
     Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the
     whole batch (one engine call), phase 2 ``prepare`` turns the stats of *all* micro-batches
@@ -326,7 +327,13 @@ def update_rollout_batch(
     if batch.rows % k:
         raise ValueError(f"{batch.rows} responses cannot be cut into {k} equal mini-batches")
     layouts = plan_update(
-        policy, batch, k, micro_batch_size, batch_layout, max_tokens_per_micro_batch
+        policy,
+        batch,
+        k,
+        micro_batch_size,
+        batch_layout,
+        max_tokens_per_micro_batch,
+        attention_width,
     )
     micros = [[batch.select(rows) for rows in layout.rows] for layout in layouts]
     kept = kept_forward(policy, micros[0], sums) if k == 1 else None
@@ -337,7 +344,8 @@ def update_rollout_batch(
     all_micros, all_first = [m for ms in micros for m in ms], [s for ss in first for s in ss]
     entropy_before = mean_entropy(all_micros, all_first)
     whole = rollout_fidelity(all_micros, all_first, fidelity_threshold)  # of the whole batch
-    whole.update(layout_metrics(layouts, row_lengths(batch), policy.sequence_multiple))
+    lengths = row_lengths(batch)
+    whole.update(layout_metrics(layouts, lengths, policy.sequence_multiple, attention_width))
     if k == 1:
         step = optimizer_step(
             policy,

@@ -23,6 +23,12 @@ def row_lengths(batch: TrainBatch) -> list[int]:
     return [int(n) for n in batch.attention_mask.sum(dim=1).tolist()]
 
 
+def prompt_and_response_tokens(batch: TrainBatch) -> tuple[list[int], list[int]]:
+    """Each row's prompt tokens and response tokens (what ``lengths.jsonl`` records)."""
+    response = [int(n) for n in batch.response_mask.sum(dim=1).tolist()]
+    return [n - r for n, r in zip(row_lengths(batch), response, strict=True)], response
+
+
 def plan_update(
     policy: Policy,
     batch: TrainBatch,
@@ -30,10 +36,12 @@ def plan_update(
     micro_batch_size: int,
     batch_layout: str = BALANCED,
     max_tokens_per_micro_batch: int | None = None,
+    attention_width: int | None = None,
 ) -> list[MicroBatchLayout]:
     """The micro-batches of each of the ``mini_batches`` optimizer steps of ``batch`` and the
     rank that runs each (:func:`~opefo_nemo.engines.batch_layout.plan_layouts` with the policy's
-    data-parallel size and sequence multiple)."""
+    data-parallel size and sequence multiple, ranks balanced by their work with the model's
+    ``attention_width``)."""
     return plan_layouts(
         row_lengths(batch),
         mini_batches=mini_batches,
@@ -42,19 +50,24 @@ def plan_update(
         max_tokens=max_tokens_per_micro_batch,
         multiple=policy.sequence_multiple,
         layout=batch_layout,
+        attention_width=attention_width,
     )
 
 
 def layout_metrics(
-    layouts: Sequence[MicroBatchLayout], lengths: Sequence[int], multiple: int
+    layouts: Sequence[MicroBatchLayout],
+    lengths: Sequence[int],
+    multiple: int,
+    attention_width: int | None = None,
 ) -> dict[str, float]:
     """``perf/pad_fraction``, ``perf/dp_imbalance`` and ``perf/micro_batches`` of an update over
-    ``layouts`` (spec §11). Its passes: the statistics pass over the whole batch, a fresh one
-    of each later mini-batch, and each mini-batch's optimizer step; ``perf/micro_batches`` counts
-    the micro-batches of one pass over the batch (every mini-batch, every rank)."""
+    ``layouts`` (spec §11; the work with the model's ``attention_width``). Its passes: the
+    statistics pass over the whole batch, a fresh one of each later mini-batch, and each
+    mini-batch's optimizer step; ``perf/micro_batches`` counts the micro-batches of one pass over
+    the batch (every mini-batch, every rank)."""
     passes = [concatenated(layouts), *layouts[1:], *layouts]
     return {
-        "perf/pad_fraction": pad_fraction(passes, lengths, multiple),
-        "perf/dp_imbalance": dp_imbalance(passes, lengths, multiple),
+        "perf/pad_fraction": pad_fraction(passes, lengths, multiple, attention_width),
+        "perf/dp_imbalance": dp_imbalance(passes, lengths, multiple, attention_width),
         "perf/micro_batches": float(sum(len(layout.rows) for layout in layouts)),
     }

@@ -1,6 +1,9 @@
-"""The run directory's files: ``metrics.jsonl`` across a resume, ``config.yaml``, W&B offline."""
+"""The run directory's files: ``metrics.jsonl`` and ``lengths.jsonl`` across a resume,
+``config.yaml``, W&B offline."""
 
 from __future__ import annotations
+
+import json
 
 import yaml
 
@@ -40,6 +43,30 @@ def test_metrics_logger_sets_aside_steps_after_the_resumed_checkpoint(tmp_path, 
     again.close()
     assert read_metrics(tmp_path / "metrics.jsonl") == [{"step": 0, "val/pass@1": 0.25}]
     assert (tmp_path / SUPERSEDED).read_text().splitlines() == first[6:] + kept
+
+
+def test_lengths_are_set_aside_after_the_resumed_checkpoint_like_the_metrics(tmp_path):
+    """``lengths.jsonl``: one compact line a step with each row's prompt and response tokens;
+    a resumed run moves the later steps' lines to ``lengths.superseded.jsonl``."""
+    config = MetricsConfig(tensorboard=False, progress=False)
+    logger = MetricsLogger(tmp_path, config, "run", 10, 0, {})
+    for step in range(1, 5):
+        logger.log_lengths(step, [7, 7, 9], [step, 120, 3000])
+    logger.close()
+    first = (tmp_path / "lengths.jsonl").read_text().splitlines()
+    assert json.loads(first[0]) == {
+        "step": 1,
+        "prompt_tokens": [7, 7, 9],
+        "response_tokens": [1, 120, 3000],
+    }
+    assert len(first[0]) == len('{"step":1,"prompt_tokens":[7,7,9],"response_tokens":[1,120,3000]}')
+    resumed = MetricsLogger(tmp_path, config, "run", 10, 2, {})
+    resumed.log_lengths(3, [5], [6])
+    resumed.close()
+    lines = (tmp_path / "lengths.jsonl").read_text().splitlines()
+    assert [json.loads(line)["step"] for line in lines] == [1, 2, 3]
+    assert (tmp_path / "lengths.superseded.jsonl").read_text().splitlines() == first[2:]
+    assert not (tmp_path / SUPERSEDED).exists()
 
 
 def test_metrics_logger_logs_to_wandb_in_offline_mode(tmp_path):

@@ -169,14 +169,19 @@ def test_the_layouts_under_test_regroup_the_rows(model_dir):
 
 def test_the_update_logs_the_layouts_padding_imbalance_and_micro_batches(model_dir):
     """``perf/*`` of an update with two mini-batches are those of its passes: the statistics
-    pass over the batch, mini-batch 1's own, and the two optimizer steps (spec §11)."""
+    pass over the batch, mini-batch 1's own, and the two optimizer steps (spec §11), with the
+    attention width the update is given (the model's, from the trainer)."""
     batch = build_batch(*random_rollout(ROWS, seed=11), pad_id=0)
     policy = HFPolicy(model_dir, LIPSCHITZ_ENGINE, lr=LR, temperature=TEMPERATURE)
-    layouts = plan_update(policy, batch, 2, MICRO)
+    attention = 30
+    layouts = plan_update(policy, batch, 2, MICRO, attention_width=attention)
     objective = build_objective(load_method("grpo", ["updates_per_rollout=2"]))
-    metrics = update_rollout_batch(policy, objective, batch, MICRO, 0).metrics
+    metrics = update_rollout_batch(
+        policy, objective, batch, MICRO, 0, attention_width=attention
+    ).metrics
     passes = [concatenated(layouts), layouts[1], *layouts]
     lengths = row_lengths(batch)
-    assert metrics["perf/pad_fraction"] == pad_fraction(passes, lengths)
-    assert metrics["perf/dp_imbalance"] == dp_imbalance(passes, lengths) == 1.0
+    assert metrics["perf/pad_fraction"] == pad_fraction(passes, lengths, 1, attention)
+    assert metrics["perf/pad_fraction"] != pad_fraction(passes, lengths)  # attention counted
+    assert metrics["perf/dp_imbalance"] == dp_imbalance(passes, lengths, 1, attention) == 1.0
     assert metrics["perf/micro_batches"] == len(layouts[0].rows) + len(layouts[1].rows)
