@@ -9,16 +9,34 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import sys
+from collections.abc import Mapping, Sequence
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 
-from opefo_nemo.cli.sample_counts import DrawSettings, sample_seed, server_devices
-from opefo_nemo.config.reward import VERIFIERS, RewardConfig
+from opefo_nemo.cli.sample_counts import (
+    DrawCost,
+    DrawSettings,
+    draw_counts,
+    sample_seed,
+    server_devices,
+    shard_done,
+    shard_range,
+)
+from opefo_nemo.cli.sampling_options import (
+    add_defective_rows_option,
+    add_sampling_options,
+    add_server_options,
+    check_sampling_options,
+)
+from opefo_nemo.config.reward import RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
-from opefo_nemo.data import TEMPLATES
+from opefo_nemo.data import Problem
 from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.data.stop_tokens import stop_tokens
+from opefo_nemo.eval.counts import CountsFile
 from opefo_nemo.rewards.function import load_reward_function
 from opefo_nemo.rollout import SamplingConfig
 
@@ -26,41 +44,24 @@ GENERATORS = ("auto", "hf", "vllm")
 DTYPES = ("auto", "float32", "bfloat16")
 
 
+#: The integer options of the draw: ``(option, default, least value, help)``; ``None`` as the
+#: default: unset (``--threads``: the cores divided among the workers).
+COUNT_OPTIONS = (
+    ("--reward-workers", 0, 0, "processes that score the responses (default: 0, in the drawer)"),
+    ("--batch-rows", 64, 1, "hf: sample rows a forward (default: 64)"),
+    ("--workers", 1, 1, "hf on a CPU: processes, each drawing whole problems (default: 1)"),
+    ("--threads", None, 1, "hf: torch threads of each worker (default: cores / workers)"),
+)
+
+
 def add_draw_options(parser: argparse.ArgumentParser, samples: int, out: str) -> None:
     """The shared options; ``samples`` and ``out`` are the command's defaults."""
     parser.add_argument(
         "--samples", type=int, default=samples, help=f"samples per problem n (default: {samples})"
     )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    parser.add_argument("--temperature", type=float, default=1.0, help="(default: 1.0, spec §7)")
-    parser.add_argument("--top-p", type=float, default=0.7, help="(default: 0.7, spec §7)")
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=3000, help="response length limit (default: 3000)"
-    )
-    parser.add_argument(
-        "--template", default="raw", choices=TEMPLATES, help="prompt template (default: raw)"
-    )
-    parser.add_argument(
-        "--verifier",
-        default="math_verify",
-        choices=VERIFIERS,
-        help="how responses are scored (default: math_verify; the word tasks: last_number)",
-    )
-    parser.add_argument(
-        "--reward-function",
-        metavar="MODULE:CALLABLE",
-        help="a reward of your own in place of --verifier (a score >= 1.0 counts as correct)",
-    )
-    parser.add_argument(
-        "--reward-workers",
-        type=int,
-        default=0,
-        help="processes that score the responses (default: 0, in the drawing process)",
-    )
-    parser.add_argument(
-        "--stop-token-ids",
-        help="comma-separated token ids that end a response (default: derived from the model)",
-    )
+    add_sampling_options(parser)
+    for option, default, _, text in COUNT_OPTIONS:
+        parser.add_argument(option, type=int, default=default, help=text)
     parser.add_argument(
         "--generator",
         default="auto",
@@ -75,41 +76,8 @@ def add_draw_options(parser: argparse.ArgumentParser, samples: int, out: str) ->
         help="compute precision; auto: hf in bfloat16 on a GPU or a CPU with bf16 units, else "
         "float32; vllm in the model's saved dtype (default: auto)",
     )
-    parser.add_argument(
-        "--batch-rows", type=int, default=64, help="hf: sample rows a forward (default: 64)"
-    )
-    parser.add_argument(
-        "--workers",
-        type=int,
-        default=1,
-        help="hf on a CPU: processes, each drawing whole problems (default: 1)",
-    )
-    parser.add_argument(
-        "--threads",
-        type=int,
-        help="hf: torch threads of each worker (default: the cores divided among the workers)",
-    )
-    parser.add_argument(
-        "--num-servers", type=int, default=1, help="vllm: servers, one GPU each (default: 1)"
-    )
-    parser.add_argument(
-        "--python", help="vllm: interpreter of vLLM's environment (default: $OPEFO_VLLM_PYTHON)"
-    )
-    parser.add_argument(
-        "--startup-timeout-s", type=float, default=300.0, help="vllm: server start-up limit"
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int,
-        default=4096,
-        help="vllm: prompt + response tokens (default: 4096)",
-    )
-    parser.add_argument(
-        "--defective-rows",
-        default="error",
-        choices=("error", "skip"),
-        help="a data row with an empty problem or answer: refuse the file or skip it",
-    )
+    add_server_options(parser)
+    add_defective_rows_option(parser)
     parser.add_argument(
         "--shard",
         metavar="I/N",
@@ -121,29 +89,13 @@ def add_draw_options(parser: argparse.ArgumentParser, samples: int, out: str) ->
 
 def check_draw_options(args: argparse.Namespace) -> None:
     """Ranges of the shared options; a :class:`ValueError` naming the option."""
-    for option, value, least in (
-        ("--samples", args.samples, 2),
-        ("--max-new-tokens", args.max_new_tokens, 1),
-        ("--batch-rows", args.batch_rows, 1),
-        ("--workers", args.workers, 1),
-        ("--num-servers", args.num_servers, 1),
-        ("--reward-workers", args.reward_workers, 0),
-    ):
-        if value < least:
+    if args.samples < 2:
+        raise ValueError(f"--samples must be >= 2, got {args.samples}")
+    for option, _, least, _ in COUNT_OPTIONS:
+        value = getattr(args, option[2:].replace("-", "_"))
+        if value is not None and value < least:
             raise ValueError(f"{option} must be >= {least}, got {value}")
-    if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be >= 1, got {args.threads}")
-    if not 0 < args.top_p <= 1:
-        raise ValueError(f"--top-p must be in (0, 1], got {args.top_p}")
-    if args.temperature < 0:
-        raise ValueError(f"--temperature must be >= 0, got {args.temperature}")
-    if args.stop_token_ids is not None:
-        try:
-            args.stop_token_ids = [int(t) for t in args.stop_token_ids.split(",")]
-        except ValueError:
-            raise ValueError(
-                f"--stop-token-ids takes comma-separated integers: {args.stop_token_ids}"
-            ) from None
+    check_sampling_options(args)
     if args.reward_function is not None:
         load_reward_function(args.reward_function, "--reward-function")
     if args.shard is not None:
@@ -258,3 +210,46 @@ def check_lengths(
             f"--max-new-tokens {args.max_new_tokens}: with the longest prompt ({longest} tokens) "
             f"it exceeds {positions} positions"
         )
+
+
+def refuse(prog: str, error: Exception) -> int:
+    """One line on stderr naming what is wrong with the input; exit status 2."""
+    print(f"{prog}: error: {error}", file=sys.stderr)
+    return 2
+
+
+@dataclass(frozen=True)
+class Drawn:
+    """What drawing every model's samples left."""
+
+    costs: dict[str, DrawCost]
+    """What each model's draw cost, by its label."""
+    exit_status: int | None
+    """``None``: every problem is counted, go on to the report; 130: interrupted (the counts so
+    far are kept); 0: a ``--shard``'s block is counted, nothing else is written."""
+
+
+def draw_models(
+    args: argparse.Namespace,
+    problems: Sequence[Problem],
+    prompts: Sequence[list[int]],
+    settings: DrawSettings,
+    models: Mapping[str, tuple[Path, CountsFile]],
+) -> Drawn:
+    """Draw ``--samples`` samples of this process's share of ``problems`` (all, or the
+    ``--shard``'s block) with each model, label → ``(model, its counts file)``."""
+    ids = [p.prompt_id for p in problems]
+    truths = [p.ground_truth for p in problems]
+    share = shard_range(len(problems), args.shard)
+    try:
+        costs = {
+            label: draw_counts(
+                model, ids, prompts, truths, args.samples, settings, counts, label, share
+            )
+            for label, (model, counts) in models.items()
+        }
+    except KeyboardInterrupt:  # the counts so far are kept (logged)
+        return Drawn({}, 130)
+    if args.shard is not None:
+        return Drawn(costs, shard_done(Path(args.out), share))
+    return Drawn(costs, None)

@@ -9,19 +9,13 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import sys
 from collections import Counter
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from opefo_nemo.cli.boundary_options import (
-    add_draw_options,
-    check_draw_options,
-    check_lengths,
-    draw_settings,
-)
-from opefo_nemo.cli.sample_counts import describe_generator, draw_counts, shard_done, shard_range
+from opefo_nemo.cli import boundary_options as options
+from opefo_nemo.cli.sample_counts import describe_generator
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.data import Problem, load_jsonl, load_problems
 from opefo_nemo.eval.calibration import Band, count_histogram, select, write_heldout
@@ -65,7 +59,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
         "1 to n/8, e.g. 1-16 of 128)",
     )
     parser.add_argument("--max-problems", type=int, help="only the first N problems of the pool")
-    add_draw_options(parser, samples=128, out="outputs/calibration")
+    options.add_draw_options(parser, samples=128, out="outputs/calibration")
     return parser.parse_args(argv)
 
 
@@ -112,15 +106,15 @@ def prepare(args: argparse.Namespace):
     from opefo_nemo.cli.eval import resolve_model
     from opefo_nemo.data.prompt_codec import PromptCodec
 
-    check_draw_options(args)
+    options.check_draw_options(args)
     band_text = args.band if args.band is not None else f"1-{max(1, args.samples // 8)}"
     band = Band.parse(band_text, args.samples)
     model = resolve_model(args.model)
     problems = load_pool(args)
     codec = PromptCodec(model, args.template)
     prompts = [codec.encode(p) for p in problems]
-    settings = draw_settings(args, model, codec, "calibrate")
-    check_lengths(model, prompts, args, settings.generator)
+    settings = options.draw_settings(args, model, codec, "calibrate")
+    options.check_lengths(model, prompts, args, settings.generator)
     ids = [p.prompt_id for p in problems]
     described = settings.describe(model, args.samples, "calibrate")
     counts = CountsFile(Path(args.out) / "counts.jsonl", described, ids)
@@ -178,28 +172,20 @@ def main(argv: Sequence[str]) -> int:
     try:
         model, problems, prompts, band, settings, counts = prepare(args)
     except (ValueError, FileNotFoundError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    ids = [p.prompt_id for p in problems]
-    truths = [p.ground_truth for p in problems]
-    share = shard_range(len(problems), args.shard)
-    try:
-        cost = draw_counts(
-            model, ids, prompts, truths, args.samples, settings, counts, "calibrate", share
-        )
-    except KeyboardInterrupt:  # the counts so far are kept (logged)
-        return 130
-    if args.shard is not None:
-        return shard_done(counts.path, share)
+        return options.refuse(PROG, error)
+    drawn = options.draw_models(args, problems, prompts, settings, {"calibrate": (model, counts)})
+    if drawn.exit_status is not None:
+        return drawn.exit_status
     ordered = counts.ordered(len(problems))
     try:
         chosen = select(ordered, band)
     except ValueError as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
+        return options.refuse(PROG, error)
     out = Path(args.out)
     write_heldout(out / "heldout.jsonl", problems, chosen)
-    report = summary(args, model, problems, band, chosen, ordered, settings, cost)
+    report = summary(
+        args, model, problems, band, chosen, ordered, settings, drawn.costs["calibrate"]
+    )
     (out / "calibration.json").write_text(json.dumps(report, indent=1) + "\n", encoding="utf-8")
     markdown = render(report)
     (out / "calibration.md").write_text(markdown, encoding="utf-8")

@@ -11,23 +11,14 @@ import datetime
 import logging
 import os
 import re
-import sys
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
 
-from opefo_nemo.cli.boundary_options import (
-    add_draw_options,
-    check_draw_options,
-    check_lengths,
-    draw_settings,
-)
+from opefo_nemo.cli import boundary_options as options
 from opefo_nemo.cli.sample_counts import (
     DrawSettings,
     describe_generator,
-    draw_counts,
-    shard_done,
-    shard_range,
 )
 from opefo_nemo.cli.usage import OneLineParser
 from opefo_nemo.data import Problem, load_problems
@@ -68,7 +59,7 @@ def parse_args(argv: Sequence[str]) -> argparse.Namespace:
     parser.add_argument(
         "--bootstrap-seed", type=int, default=0, help="seed of the resamples (default: 0)"
     )
-    add_draw_options(parser, samples=256, out="outputs/boundary")
+    options.add_draw_options(parser, samples=256, out="outputs/boundary")
     return parser.parse_args(argv)
 
 
@@ -125,7 +116,7 @@ def check_same_tokenizer(
 
 def prepare(args: argparse.Namespace):
     """Every input check, before any sample is drawn."""
-    check_draw_options(args)
+    options.check_draw_options(args)
     if args.resamples < 1:
         raise ValueError(f"--resamples must be >= 1, got {args.resamples}")
     try:
@@ -144,8 +135,8 @@ def prepare(args: argparse.Namespace):
     prompts = [base.encode(p) for p in problems]
     for name in names[1:]:
         check_same_tokenizer(base, PromptCodec(models[name], args.template), prompts, problems)
-    settings = draw_settings(args, models[names[0]], base, "compare")
-    check_lengths(models[names[0]], prompts, args, settings.generator)
+    settings = options.draw_settings(args, models[names[0]], base, "compare")
+    options.check_lengths(models[names[0]], prompts, args, settings.generator)
     ids = [p.prompt_id for p in problems]
     counts = {
         name: CountsFile(
@@ -205,22 +196,12 @@ def main(argv: Sequence[str]) -> int:
     try:
         ks, models, problems, prompts, settings, counts = prepare(args)
     except (ValueError, FileNotFoundError) as error:
-        print(f"{PROG}: error: {error}", file=sys.stderr)
-        return 2
-    ids = [p.prompt_id for p in problems]
-    truths = [p.ground_truth for p in problems]
-    share = shard_range(len(problems), args.shard)
-    try:
-        costs = {
-            name: draw_counts(
-                path, ids, prompts, truths, args.samples, settings, counts[name], name, share
-            )
-            for name, path in models.items()
-        }
-    except KeyboardInterrupt:  # the counts so far are kept (logged)
-        return 130
-    if args.shard is not None:
-        return shard_done(Path(args.out) / "counts", share)
+        return options.refuse(PROG, error)
+    each = {name: (path, counts[name]) for name, path in models.items()}
+    drawn = options.draw_models(args, problems, prompts, settings, each)
+    if drawn.exit_status is not None:
+        return drawn.exit_status
+    costs = drawn.costs
     report = boundary_report(
         {name: counts[name].ordered(len(problems)) for name in models},
         ks,
@@ -236,7 +217,7 @@ def main(argv: Sequence[str]) -> int:
     caption = f"{Path(args.heldout).name}, seed {args.seed}; {today}, {machine()}"
     figure = write_boundary_figure(report, out, caption)
     log.info("wrote %s, %s, %s", out / "boundary.md", out / "boundary.json", figure)
-    drawn = sum(cost.samples for cost in costs.values())
+    samples = sum(cost.samples for cost in costs.values())
     seconds = sum(cost.seconds + cost.startup_seconds for cost in costs.values())
-    log.info("this run drew %d samples in %.1f s", drawn, seconds)
+    log.info("this run drew %d samples in %.1f s", samples, seconds)
     return 0

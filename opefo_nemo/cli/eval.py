@@ -18,12 +18,17 @@ from pathlib import Path
 
 import torch
 
+from opefo_nemo.cli.sampling_options import (
+    add_defective_rows_option,
+    add_sampling_options,
+    add_server_options,
+    check_sampling_options,
+)
 from opefo_nemo.cli.usage import OneLineParser
-from opefo_nemo.config.reward import VERIFIERS, RewardConfig
+from opefo_nemo.config.reward import RewardConfig
 from opefo_nemo.config.rollout import RolloutConfig
 from opefo_nemo.data import (
     BENCHMARK_NAMES,
-    TEMPLATES,
     Problem,
     benchmark,
     load_eval_set,
@@ -87,73 +92,15 @@ def parse_args(argv: Sequence[str] | None) -> argparse.Namespace:
     parser.add_argument(
         "--max-problems", type=int, help="evaluate only the first N problems of each"
     )
-    parser.add_argument("--temperature", type=float, default=1.0, help="(default: 1.0, spec §7)")
-    parser.add_argument("--top-p", type=float, default=0.7, help="(default: 0.7, spec §7)")
-    parser.add_argument(
-        "--max-new-tokens", type=int, default=3000, help="response length limit (default: 3000)"
-    )
-    parser.add_argument(
-        "--template", default="raw", choices=TEMPLATES, help="prompt template (spec §7: raw)"
-    )
-    parser.add_argument(
-        "--verifier",
-        default="math_verify",
-        choices=VERIFIERS,
-        help="how responses are scored, named in the table (default: math_verify)",
-    )
-    parser.add_argument(
-        "--reward-function",
-        metavar="MODULE:CALLABLE",
-        help="a reward of your own in place of --verifier, as opefo-train's reward.function "
-        "(imported from PYTHONPATH; a score >= 1.0 counts as correct)",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="sampling seed (default: 0)")
-    parser.add_argument(
-        "--num-servers",
-        type=int,
-        default=1,
-        help="vLLM servers, each on its own GPU of those visible (default: 1)",
-    )
-    parser.add_argument(
-        "--python",
-        help="interpreter of vLLM's environment (default: $OPEFO_VLLM_PYTHON, else this one)",
-    )
-    parser.add_argument(
-        "--startup-timeout-s",
-        type=float,
-        default=300.0,
-        help="seconds a vLLM server may take to start (default: 300)",
-    )
-    parser.add_argument(
-        "--stop-token-ids",
-        help="comma-separated token ids that end a response (default: derived from the model: "
-        "tokenizer eos, generation_config.json eos ids, chat template end of turn)",
-    )
-    parser.add_argument(
-        "--max-model-len",
-        type=int,
-        default=4096,
-        help="vLLM context: prompt + response tokens; at most the model's "
-        "max_position_embeddings (default: 4096)",
-    )
-    parser.add_argument(
-        "--defective-rows",
-        default="error",
-        choices=("error", "skip"),
-        help="a benchmark row with an empty problem or answer: refuse the file naming every such "
-        "row, or skip them with a warning that counts and lists them (default: error)",
-    )
+    add_sampling_options(parser)
+    add_server_options(parser)
+    add_defective_rows_option(parser)
     parser.add_argument("--out", default="outputs/eval", help="where results.md/.json go")
     args = parser.parse_args(argv)
-    if args.num_servers < 1:
-        parser.error(f"--num-servers must be >= 1, got {args.num_servers}")
-    if args.startup_timeout_s <= 0:
-        parser.error(f"--startup-timeout-s must be > 0, got {args.startup_timeout_s}")
-    if args.stop_token_ids is not None:
-        try:
-            args.stop_token_ids = [int(t) for t in args.stop_token_ids.split(",")]
-        except ValueError:
-            parser.error(f"--stop-token-ids takes comma-separated integers: {args.stop_token_ids}")
+    try:
+        check_sampling_options(args)
+    except ValueError as error:
+        parser.error(str(error))
     return args
 
 

@@ -10,6 +10,8 @@ import random
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
 
+from opefo_nemo.eval.metrics import check_counts
+
 #: The interval a comparison reports: the central 95 % of the bootstrap distribution.
 CONFIDENCE = 0.95
 
@@ -20,13 +22,7 @@ def log_pass_at_k(n: int, c: int, k: int) -> float:
     no binomial coefficient is formed, so any n costs the same, and the value is within a few
     u₆₄ × Σ|lgamma| of the exact one (about 1e-12 at n = 1024). 1 exactly when n − c < k (every
     k-subset holds a correct sample), 0 exactly when c = 0 or k = 0."""
-    for name, value in (("n", n), ("c", c), ("k", k)):
-        if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"log_pass_at_k: {name} must be an int, got {value!r}")
-    if not 0 <= c <= n:
-        raise ValueError(f"log_pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
-    if not 0 <= k <= n:
-        raise ValueError(f"log_pass_at_k: need 0 <= k <= n, got n={n}, k={k}")
+    check_counts("log_pass_at_k", n, c, k, least_k=0)
     if n - c < k:
         return 1.0
     if c == 0 or k == 0:

@@ -14,15 +14,21 @@ from math import comb
 CorrectMatrix = Sequence[Sequence[bool | int | float]]
 
 
-def pass_at_k_fraction(n: int, c: int, k: int) -> Fraction:
-    """The exact pass@k = 1 − C(n−c, k)/C(n, k) for n samples with c correct, 1 ≤ k ≤ n."""
+def check_counts(function: str, n: int, c: int, k: int, least_k: int) -> None:
+    """``n``, ``c``, ``k`` are ints (not bools) with ``0 ≤ c ≤ n`` and ``least_k ≤ k ≤ n``; else
+    a :class:`TypeError` or :class:`ValueError` naming ``function`` and the argument."""
     for name, value in (("n", n), ("c", c), ("k", k)):
         if isinstance(value, bool) or not isinstance(value, int):
-            raise TypeError(f"pass_at_k: {name} must be an int, got {value!r}")
+            raise TypeError(f"{function}: {name} must be an int, got {value!r}")
     if not 0 <= c <= n:
-        raise ValueError(f"pass_at_k: need 0 <= c <= n, got n={n}, c={c}")
-    if not 1 <= k <= n:
-        raise ValueError(f"pass_at_k: need 1 <= k <= n, got n={n}, k={k}")
+        raise ValueError(f"{function}: need 0 <= c <= n, got n={n}, c={c}")
+    if not least_k <= k <= n:
+        raise ValueError(f"{function}: need {least_k} <= k <= n, got n={n}, k={k}")
+
+
+def pass_at_k_fraction(n: int, c: int, k: int) -> Fraction:
+    """The exact pass@k = 1 − C(n−c, k)/C(n, k) for n samples with c correct, 1 ≤ k ≤ n."""
+    check_counts("pass_at_k", n, c, k, least_k=1)
     return 1 - Fraction(comb(n - c, k), comb(n, k))
 
 

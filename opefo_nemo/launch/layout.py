@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from opefo_nemo.models.shape import check_positive_ints
+
 
 @dataclass(frozen=True)
 class ParallelLayout:
@@ -16,10 +18,7 @@ class ParallelLayout:
     sequence_parallel: bool = False
 
     def __post_init__(self) -> None:
-        for name in ("tensor", "pipeline", "data"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ParallelLayout.{name} must be a positive integer, got {value!r}")
+        check_positive_ints(self, ("tensor", "pipeline", "data"))
 
     @property
     def world_size(self) -> int:

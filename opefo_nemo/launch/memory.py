@@ -10,7 +10,7 @@ from dataclasses import dataclass
 
 from opefo_nemo.kernels.budgets import GRAD_BLOCKS_V, fused_backward_bytes
 from opefo_nemo.launch.layout import ParallelLayout
-from opefo_nemo.models.shape import ModelShape, padded_vocab_size
+from opefo_nemo.models.shape import ModelShape, check_positive_ints, padded_vocab_size
 
 GIB = 1024**3
 
@@ -39,19 +39,19 @@ class MemorySettings:
     overhead_bytes: int = 0
 
     def __post_init__(self) -> None:
-        for name in (
-            "sequence_length",
-            "micro_batch_size",
-            "num_micro_batches",
-            "param_bytes",
-            "grad_bytes",
-            "activation_bytes",
-            "optimizer_bytes",
-            "make_vocab_size_divisible_by",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"MemorySettings.{name} must be a positive integer, got {value!r}")
+        check_positive_ints(
+            self,
+            (
+                "sequence_length",
+                "micro_batch_size",
+                "num_micro_batches",
+                "param_bytes",
+                "grad_bytes",
+                "activation_bytes",
+                "optimizer_bytes",
+                "make_vocab_size_divisible_by",
+            ),
+        )
         budget = self.max_tokens_per_micro_batch
         if budget is not None and (not isinstance(budget, int) or budget <= 0):
             raise ValueError(

@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import json
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -28,18 +28,18 @@ class ModelShape:
     qk_norm: bool = False
 
     def __post_init__(self) -> None:
-        for name in (
-            "hidden_size",
-            "num_layers",
-            "num_attention_heads",
-            "num_key_value_heads",
-            "head_dim",
-            "intermediate_size",
-            "vocab_size",
-        ):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"ModelShape.{name} must be a positive integer, got {value!r}")
+        check_positive_ints(
+            self,
+            (
+                "hidden_size",
+                "num_layers",
+                "num_attention_heads",
+                "num_key_value_heads",
+                "head_dim",
+                "intermediate_size",
+                "vocab_size",
+            ),
+        )
 
     @classmethod
     def from_hf_config(cls, config: Mapping[str, Any]) -> ModelShape:
@@ -150,3 +150,13 @@ def padded_vocab_size(vocab_size: int, divisible_by: int, tensor_parallel: int) 
     """Megatron's vocabulary padding: up to a multiple of ``divisible_by × tensor_parallel``."""
     multiple = divisible_by * tensor_parallel
     return math.ceil(vocab_size / multiple) * multiple
+
+
+def check_positive_ints(instance: object, names: Iterable[str]) -> None:
+    """Each field ``names`` of ``instance`` is a positive int; else a :class:`ValueError` naming
+    ``Class.field`` and the value (the settings dataclasses' shared check)."""
+    for name in names:
+        value = getattr(instance, name)
+        if not isinstance(value, int) or value <= 0:
+            kind = type(instance).__name__
+            raise ValueError(f"{kind}.{name} must be a positive integer, got {value!r}")

@@ -133,8 +133,9 @@ def verdict(result: ProbeResult) -> str:
     else:
         regime = (
             f"|λ*| = {size:.3f} ≥ {STRONG}: OPEFO reshapes the update ({weights}); one side's "
-            "terms are nearly switched off. On the embedded toy (λ* ≈ 0.8) this unlearns what the "
-            "policy knows (docs/training.md): try a short run of both methods before a long one."
+            "terms are nearly switched off. On the embedded toy (λ* ≈ 0.8) this unlearns what "
+            "the policy knows (docs/studies/demo.md): try a short run of both methods before a "
+            "long one."
         )
     direction = (
         "entropy-lowering tokens dominate (N > P): strict GRPO would lower the entropy and "

@@ -10,7 +10,16 @@ from opefo_nemo.core.objectives import registered_objectives
 
 def test_every_registered_objective_has_a_method_file_with_the_paper_settings():
     assert method_names() == registered_objectives()
-    strict = {"grpo_strict", "opefo", "static", "pos_only", "neg_only", "entropy_neutral"}
+    strict = {
+        "grpo_strict",
+        "opefo",
+        "static",
+        "pos_only",
+        "neg_only",
+        "entropy_neutral",
+        "correct_only",
+        "incorrect_only",
+    }
     for name in method_names():
         cfg = load_method(name)
         assert cfg.name == name

@@ -19,6 +19,8 @@ METHOD_SETTINGS = {
     "neg_only": {"entropy_flow": {"balance": "neg_only"}},
     "entropy_neutral": {"entropy_flow": {"balance": "target", "target_entropy": 0.5}},
     "steer": {"updates_per_rollout": 8},
+    "correct_only": {},
+    "incorrect_only": {},
 }
 
 

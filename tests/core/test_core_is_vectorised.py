@@ -25,6 +25,7 @@ ALLOWED = {
     ("objectives/base.py", "coefficients"): "chunks",
     ("objectives/methods/balanced_policy_gradient.py", "coefficients"): "chunks",
     ("objectives/methods/grpo_strict.py", "corrected"): "chunks",
+    ("objectives/methods/advantage_sign.py", "coefficients"): "chunks",
     ("metrics.py", "load_state_dict"): "the fields of a running correlation",
     ("objectives/methods/clip_cov.py", "coefficients"): "chunks",
     ("objectives/methods/kl_cov.py", "coefficients"): "chunks",

@@ -26,7 +26,11 @@ METHODS = {
     "pos_only": ({"name": "pos_only", "entropy_flow": {"balance": "pos_only"}}, "pos_only"),
     "neg_only": ({"name": "neg_only", "entropy_flow": {"balance": "neg_only"}}, "neg_only"),
     "grpo_strict": ({"name": "grpo_strict"}, "none"),
+    "correct_only": ({"name": "correct_only"}, "correct"),
+    "incorrect_only": ({"name": "incorrect_only"}, "incorrect"),
 }
+#: The advantage sign each one-sided method keeps (spec §5)
+KEPT_SIGN = {"correct": 1, "incorrect": -1}
 KEYS = (
     "flow/pos_adv_pos",
     "flow/pos_adv_neg",
@@ -80,6 +84,8 @@ def loop_reference(chunk: TokenChunk, name: str, confident_prob: float) -> dict[
     pos, neg = ref.flow(dh, mask)
     if balance == "none":
         w = [1.0] * len(dh)
+    elif balance in KEPT_SIGN:
+        w = [1.0 if KEPT_SIGN[balance] * a > 0 else 0.0 for a in adv]
     else:
         static = spec.get("entropy_flow", {}).get("static_lambda", 0.001)
         w = ref.weights(dh, mask, pos, neg, balance, static)

@@ -108,11 +108,13 @@ def test_preset_layout_fits_32_a100s_for_every_method(preset, composed, tmp_path
         estimate = plan_memory(plan)
         # Headroom: the peak stays below 75 GiB of the 80.
         assert estimate is not None and estimate.peak < 75 * GIB, (preset, method)
-    # The same preset does not fit on 24 GiB GPUs, and 256 responses do not split over DP 15.
+    # The same preset does not fit on 24 GiB GPUs; 256 responses over DP 15 plan, since ranks
+    # may hold different numbers of micro-batches (docs/batch_layout.md).
     small = plan_from_config(config, world_size=32, gpu_memory_bytes=24 * GIB)
     assert [p.topic for p in plan_problems(small)] == ["memory"]
     odd = plan_from_config(config, world_size=30, gpu_memory_bytes=80 * GIB)
-    assert "batch" in [p.topic for p in plan_problems(odd)]
+    assert odd.world_size // (odd.tensor_parallel * odd.pipeline_parallel) == 15
+    assert plan_problems(odd) == []
     # engine.stats_kernel=fused_linear reaches the estimate: no logits on the last stage.
     fused_config = {**config, "engine": {**config["engine"], "stats_kernel": "fused_linear"}}
     fused = plan_memory(plan_from_config(fused_config, world_size=32, gpu_memory_bytes=80 * GIB))

@@ -3,8 +3,10 @@ layers do, for the presets' models (their published ``config.json`` shapes) and 
 
 from __future__ import annotations
 
+import pytest
 from safetensors.torch import load_file
 
+from opefo_nemo.launch.layout import ParallelLayout
 from opefo_nemo.models.shape import ModelShape
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
 
@@ -52,3 +54,23 @@ def test_attention_width_of_a_model_directory(tmp_path):
     query_width = stored["model.layers.0.self_attn.q_proj.weight"].shape[0]
     shape = ModelShape.from_model_dir(tmp_path / "tiny")
     assert shape.attention_width() == round(weights / query_width)
+
+
+@pytest.mark.parametrize("bad", [0, -2, 2.0, "4", None])
+def test_settings_refuse_a_field_that_is_not_a_positive_int_naming_it(bad):
+    fields = dict(
+        hidden_size=64,
+        num_layers=2,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        head_dim=16,
+        intermediate_size=128,
+        vocab_size=100,
+    )
+    ModelShape(**fields)  # the valid shape builds
+    with pytest.raises(
+        ValueError, match=rf"^ModelShape\.head_dim must be a positive integer, got {bad!r}$"
+    ):
+        ModelShape(**{**fields, "head_dim": bad})
+    with pytest.raises(ValueError, match=r"^ParallelLayout\.pipeline must be a positive integer"):
+        ParallelLayout(tensor=2, pipeline=bad)

@@ -74,6 +74,12 @@ def test_every_method_runs_two_steps_and_logs_its_metrics(make_trainer, tmp_path
             # weights 1: Σ ΔH against P − N, float64 sums in two orders (n·u₆₄ ≤ u₃₂ of P + N)
             bound = U32 * term_scale("flow/net", record)
             assert abs(record["flow/net_after_balance"] - record["flow/net"]) <= bound
+        if method in ("correct_only", "incorrect_only"):
+            # weight 1 on one sign of A, 0 on the other: Σ ΔH of the kept side (spec §6 split)
+            side = "adv_pos" if method == "correct_only" else "adv_neg"
+            kept = record[f"flow/pos_{side}"] - record[f"flow/neg_{side}"]
+            bound = U32 * term_scale("flow/net", record)
+            assert abs(record["flow/net_after_balance"] - kept) <= bound
         corrections = {key for key in record if key.startswith("correction/")}
         if method == "entropy_neutral":  # spec §6
             assert corrections == {

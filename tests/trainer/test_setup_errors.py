@@ -258,7 +258,7 @@ def test_opefo_train_prints_a_bad_override_as_one_line(capsys):
     assert "unknown key trainer.max_stepz" in err and "Traceback" not in err
     assert train_cli.main(["method=opefoo"]) == 2
     err = capsys.readouterr().err
-    assert "method/opefoo" in err and "grpo_strict, kl_cov" in err
+    assert "method/opefoo" in err and "grpo_strict, incorrect_only, kl_cov" in err
     assert "_defaults" not in err and "Config search path" not in err
     assert train_cli.main(["method.lr=-1"]) == 2
     assert "method.lr must be > 0" in capsys.readouterr().err

@@ -9,7 +9,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from opefo_nemo.models.shape import ModelShape, padded_vocab_size
+from opefo_nemo.models.shape import ModelShape, check_positive_ints, padded_vocab_size
 
 
 @dataclass(frozen=True)
@@ -32,10 +32,9 @@ class MegatronLayout:
     last_stage_layers: int | None = None
 
     def __post_init__(self) -> None:
-        for name in ("tensor_parallel", "pipeline_parallel", "make_vocab_size_divisible_by"):
-            value = getattr(self, name)
-            if not isinstance(value, int) or value <= 0:
-                raise ValueError(f"MegatronLayout.{name} must be a positive integer, got {value!r}")
+        check_positive_ints(
+            self, ("tensor_parallel", "pipeline_parallel", "make_vocab_size_divisible_by")
+        )
         tp, shape = self.tensor_parallel, self.shape
         for name, count in (
             ("num_attention_heads", shape.num_attention_heads),

@@ -1,4 +1,4 @@
-"""Rank function of ``test_update_layout.py``: the trainer's ``update_rollout_batch`` on
+"""Rank function of ``test_policy_update_layout.py``: the trainer's ``update_rollout_batch`` on
 ``MegatronPolicy`` (``engine=megatron``'s own builder, ``engine.device=cpu``, gloo ranks spawned by
 ``tests.parallel.world``) for every method under several batch layouts, with what each
 optimizer step's ``prepare`` decided and the gradients it stepped with."""

@@ -26,7 +26,7 @@ from opefo_nemo.core.objectives import objective_class, registered_objectives
 from tests.metric_bounds import U32, assert_grads_close, assert_metrics_close
 from tests.parallel.world import run_world
 
-from . import workers_update_layout
+from . import workers_policy_update_layout
 from .hf_reference import TP2_SP, save_hf_model
 from .tiny import random_batch
 
@@ -69,7 +69,7 @@ def runs(tmp_path_factory):
         folder = tmp_path_factory.mktemp(label)
         batch = random_batch(**BATCH)
         run_world(
-            workers_update_layout.layout_updates,
+            workers_policy_update_layout.layout_updates,
             size,
             str(hf_dir),
             engine,
@@ -88,7 +88,7 @@ def weight_bound(want: dict, got: dict, name: str, gap: float) -> float:
     rounding of each side's update (a few operations, ``8u₃₂·lr``) and of the weight it is added
     to (``2u₃₂|θ|``); per entropy correction, ``gap`` (the largest difference of the applied
     ``α g``, measured over every rank) and its rounding."""
-    lr, moved, bound = workers_update_layout.LR, 0.0, 0.0
+    lr, moved, bound = workers_policy_update_layout.LR, 0.0, 0.0
     scale = float(want["weights"][name].abs().max())
     for ours, theirs in zip(got["grads"], want["grads"], strict=True):
         moved = max(moved, float((ours[name] - theirs[name]).abs().max()))
@@ -121,7 +121,7 @@ def test_every_layout_updates_like_the_contiguous_one(runs, world, index, case):
     result = runs[world][index]
     want = result["contiguous"]
     assert want["skipped"] == 0 and len(want["grads"]) == updates
-    if name in workers_update_layout.OVERRIDES:
+    if name in workers_policy_update_layout.OVERRIDES:
         assert all(want["selected"]), want["selected"]  # every step selects tokens
     for label in ("balanced", "budget"):
         got, where = result[label], f"{name} × {updates}, {label}"
