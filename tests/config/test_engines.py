@@ -15,16 +15,9 @@ import pytest
 from opefo_nemo.config.compose import compose
 from opefo_nemo.config.engines import EngineConfig, MegatronEngineConfig
 from opefo_nemo.engines.aligner.availability import AlignerUnavailableError, build_actor
+from tests.preset_models import HF_CONFIGS
 
-QWEN_7B = {  # the published Qwen2.5-Math-7B config.json shape
-    "model_type": "qwen2",
-    "hidden_size": 3584,
-    "num_hidden_layers": 28,
-    "num_attention_heads": 28,
-    "num_key_value_heads": 4,
-    "intermediate_size": 18944,
-    "vocab_size": 152064,
-}
+QWEN_7B = HF_CONFIGS["Qwen2.5-Math-7B"]
 
 
 @pytest.fixture

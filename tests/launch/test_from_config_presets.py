@@ -20,32 +20,10 @@ from opefo_nemo.config.train import TrainConfig
 from opefo_nemo.launch import GIB
 from opefo_nemo.launch.checks import plan_memory, plan_problems
 from opefo_nemo.launch.from_config import plan_from_config
+from tests.preset_models import HF_CONFIGS
 
 CONF = Path(__file__).resolve().parents[2] / "conf"
 
-HF_CONFIGS = {
-    "Qwen2.5-Math-7B": {
-        "model_type": "qwen2",
-        "hidden_size": 3584,
-        "num_hidden_layers": 28,
-        "num_attention_heads": 28,
-        "num_key_value_heads": 4,
-        "intermediate_size": 18944,
-        "vocab_size": 152064,
-        "tie_word_embeddings": False,
-    },
-    "Qwen3-4B-Base": {
-        "model_type": "qwen3",
-        "hidden_size": 2560,
-        "num_hidden_layers": 36,
-        "num_attention_heads": 32,
-        "num_key_value_heads": 8,
-        "head_dim": 128,
-        "intermediate_size": 9728,
-        "vocab_size": 151936,
-        "tie_word_embeddings": True,
-    },
-}
 PRESETS = {"opefo_7b": ("Qwen2.5-Math-7B", 3000), "opefo_4b": ("Qwen3-4B-Base", 8000)}
 
 

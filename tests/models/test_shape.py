@@ -9,37 +9,17 @@ from safetensors.torch import load_file
 from opefo_nemo.launch.layout import ParallelLayout
 from opefo_nemo.models.shape import ModelShape
 from opefo_nemo.models.tiny import TinyModelSpec, build_tiny_model
+from tests.preset_models import HF_CONFIGS
 
 
 def test_attention_width_of_the_presets_models():
     """A layer's weights ``W`` (Q, K, V, O with Qwen2's biases; gate, up, down) over the
     query width: 2·W FLOPs a position through them against 2·H·d·w through attention at
     width ``w``, equal at ``w = W / (H·d)``."""
-    qwen25_math_7b = ModelShape.from_hf_config(
-        {
-            "model_type": "qwen2",
-            "hidden_size": 3584,
-            "num_hidden_layers": 28,
-            "num_attention_heads": 28,
-            "num_key_value_heads": 4,
-            "intermediate_size": 18944,
-            "vocab_size": 152064,
-        }
-    )
+    qwen25_math_7b = ModelShape.from_hf_config(HF_CONFIGS["Qwen2.5-Math-7B"])
     weights = 3584 * 3584 * 2 + 3584 * 512 * 2 + 3584 + 2 * 512 + 3 * 3584 * 18944
     assert qwen25_math_7b.attention_width() == round(weights / 3584) == 65025
-    qwen3_4b_base = ModelShape.from_hf_config(
-        {
-            "model_type": "qwen3",
-            "hidden_size": 2560,
-            "num_hidden_layers": 36,
-            "num_attention_heads": 32,
-            "num_key_value_heads": 8,
-            "head_dim": 128,
-            "intermediate_size": 9728,
-            "vocab_size": 151936,
-        }
-    )
+    qwen3_4b_base = ModelShape.from_hf_config(HF_CONFIGS["Qwen3-4B-Base"])
     weights = 2560 * 4096 * 2 + 2560 * 1024 * 2 + 3 * 2560 * 9728
     assert qwen3_4b_base.attention_width() == round(weights / 4096) == 24640
 
