@@ -189,6 +189,9 @@ def test_a_step_trains_on_the_groups_a_brute_force_filter_keeps(demo_model, tmp_
         batch,
         reference.config.engine.micro_batch_size,
         seed=reference.update_seed(),
+        batch_layout=reference.config.engine.batch_layout,
+        max_tokens_per_micro_batch=reference.config.engine.max_tokens_per_micro_batch,
+        attention_width=reference.attention_width,  # the work perf/pad_fraction counts
     ).metrics
     # the same operations on the same batch in this process: λ*, the token count, every flow
     assert {name: metrics[name] for name in want} == want
