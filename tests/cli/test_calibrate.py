@@ -183,7 +183,12 @@ def test_an_interrupt_keeps_the_finished_problems(demo_model, tmp_path):
     argv = command(demo_model, out, "--band", f"0-{N}", "--batch-rows", str(N))
     # a draw of minutes (2,000 problems), so that it is still running when the signal comes
     argv[argv.index("--set") + 1] = "data.arithmetic.num_validation=2000"
-    code = "import sys; from opefo_nemo.cli.eval import main; sys.exit(main(sys.argv[1:]))"
+    # SIGINT handled as at a terminal even where the suite was started in the background, whose
+    # children inherit SIGINT ignored
+    code = (
+        "import signal, sys; signal.signal(signal.SIGINT, signal.default_int_handler); "
+        "from opefo_nemo.cli.eval import main; sys.exit(main(sys.argv[1:]))"
+    )
     env = {**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)}
     child = subprocess.Popen(
         [sys.executable, "-c", code, *argv], env=env, stderr=subprocess.PIPE, text=True
