@@ -120,7 +120,6 @@ class Trainer:
         if ranks.is_main:
             log.info("generation stops at token ids %s", self.stop.describe(codec))
 
-    # ----------------------------------------------------------------- one rollout step
     def collect(self) -> CollectedRollout:
         """The rollout half of a step: sample this step's prompts, generate K responses each,
         score them (more rounds with ``trainer.dynamic_sampling``, :mod:`.dynamic_sampling`)
@@ -272,7 +271,6 @@ class Trainer:
         seed = sampling_seed(self.config.run.seed, step, round_index * responses)
         return r.sampling(self.stop.ids, seed)
 
-    # ----------------------------------------------------------------- validation
     def validate(self) -> dict[str, float]:
         """``val/avg@k`` and ``val/pass@k`` on the validation set with the validation sampling
         (spec §7): ``validation.k`` samples per problem, pass@k at every k of
@@ -299,7 +297,6 @@ class Trainer:
         ]
         return {f"val/{name}": value for name, value in sample_metrics(matrix).items()}
 
-    # ----------------------------------------------------------------- checkpoints
     def state_dict(self) -> dict[str, Any]:
         return {
             "sampler": self.sampler.state_dict(),
@@ -344,7 +341,6 @@ class Trainer:
         log.info("resumed from %s at step %d", path, self.step)
         return path
 
-    # ----------------------------------------------------------------- the run
     def run(self) -> str:
         """Train to ``trainer.max_steps``; returns ``"done"`` or ``"preempted"`` (checkpointed)."""
         cfg = self.config

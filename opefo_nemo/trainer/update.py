@@ -308,19 +308,11 @@ def update_rollout_batch(
     ``engine.max_tokens_per_micro_batch``, the model's ``attention_width``); which rows share
     one changes nothing beyond rounding (spec §11).
 
-    Strict on-policy (``updates_per_rollout == 1``): phase 1 runs the token-stats pass over the
-    whole batch (one engine call), phase 2 ``prepare`` turns the stats of *all* micro-batches
-    into coefficients with global sums (λ*, the token count), phase 3 is one optimizer step with
-    gradient accumulation over the micro-batches; ρ ≡ 1. A policy that shares its forward
-    (:func:`kept_forward`) runs phase 1 per micro-batch with the graphs kept, and phase 3
-    backpropagates through them.
-
-    Approximate on-policy (``updates_per_rollout = k > 1``): the rollout batch is cut into ``k``
-    consecutive mini-batches, each with its own optimizer step. One stats pass over the whole
-    rollout batch first gives ``old_logprob`` (the rollout policy); mini-batch ``j`` then gets a
-    fresh stats pass with the current weights (for ``j = 0`` the first pass is reused) and its
-    own ``prepare``: λ* and the Clip-Cov/KL-Cov selections are statistics of the optimizer-step
-    batch, the mini-batch (spec §3, §5). The metrics are averaged over the steps."""
+    Strict on-policy (``updates_per_rollout == 1``): one stats pass, one ``prepare`` over every
+    micro-batch (global λ*, token count), one optimizer step; ρ ≡ 1. Approximate
+    (``updates_per_rollout = k``): k consecutive mini-batches, each with a fresh stats pass (the
+    first reuses the rollout batch's, which gives ``old_logprob``), its own ``prepare`` and step;
+    metrics averaged over the steps (docs/training.md, "The loop")."""
     method = objective.config
     sums = ESTIMATOR_SUMS[method.entropy_flow.estimator]
     k = method.updates_per_rollout
