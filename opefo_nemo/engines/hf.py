@@ -4,7 +4,6 @@ device, with AdamW and the warm-up schedule of spec §8 (docs/training.md)."""
 from __future__ import annotations
 
 import math
-import shutil
 from collections.abc import Iterator, Sequence
 from pathlib import Path
 
@@ -19,6 +18,7 @@ from opefo_nemo.engines.entropy_correction import CapturedEntropyGradient, on_on
 from opefo_nemo.engines.master_weights import MasterWeights
 from opefo_nemo.engines.protocols import EngineStepResult, LossFn
 from opefo_nemo.engines.schedule import warmup_factor
+from opefo_nemo.models.directory import copy_beside_weights
 from opefo_nemo.models.transformers_compat import (
     last_logits_keyword,
     load_causal_lm,
@@ -29,7 +29,6 @@ from opefo_nemo.parallel import NonFiniteLogitsError, TokenStats, requested_sums
 _DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16}
 _STATE_FILE = "engine_state.pt"
 MODEL_SUBDIR = "model"
-TOKENIZER_SUBDIR = "tokenizer"
 
 
 class HFPolicy:
@@ -277,7 +276,7 @@ class HFPolicy:
             yield name, param.detach()
 
     def save(self, directory: Path) -> None:
-        """``model/`` (a loadable HF directory, with the tokenizer when the source has one) and
+        """``model/`` (a Hugging Face directory that loads on its own: :meth:`save_model`) and
         the optimizer and scheduler state."""
         directory.mkdir(parents=True, exist_ok=True)
         self.save_model(directory / MODEL_SUBDIR)
@@ -285,9 +284,10 @@ class HFPolicy:
         torch.save(state, directory / _STATE_FILE)
 
     def save_model(self, directory: Path) -> None:
-        """The weights alone as a Hugging Face directory that vLLM and ``opefo-eval`` can load:
+        """The weights as a Hugging Face directory that vLLM and ``opefo-eval`` load on their own:
         the fp32 masters (the parameters themselves in fp32), so a resumed run continues from
-        exactly the weights it saved."""
+        exactly the weights it saved, beside the source directory's tokenizer, chat template and
+        other files (:func:`~opefo_nemo.models.directory.copy_beside_weights`)."""
         state = self.model.state_dict()
         owners = {
             param.data_ptr(): master
@@ -296,9 +296,7 @@ class HFPolicy:
         state = {name: owners.get(t.data_ptr(), t) for name, t in state.items()}
         with quiet_progress():
             self.model.save_pretrained(directory, state_dict=state, safe_serialization=True)
-        tokenizer = self.source_dir / TOKENIZER_SUBDIR
-        if tokenizer.is_dir() and not (directory / TOKENIZER_SUBDIR).exists():
-            shutil.copytree(tokenizer, directory / TOKENIZER_SUBDIR)
+        copy_beside_weights(self.source_dir, directory)
 
     def load(self, directory: Path) -> None:
         from safetensors.torch import load_file

@@ -6,6 +6,7 @@ Each problem is one phrase naming what is missing (docs/training.md, "Errors").
 from __future__ import annotations
 
 import json
+import shutil
 from pathlib import Path
 
 WEIGHT_FILES = ("model.safetensors", "pytorch_model.bin")
@@ -23,7 +24,39 @@ TOKENIZER_FILES = (
 """Files that hold a tokenizer's vocabulary (a ``tokenizer_config.json`` alone holds none)."""
 TOKENIZER_SUBDIR = "tokenizer"
 """Where a model keeps its tokenizer when not beside ``config.json`` (the tiny models)."""
+WEIGHT_PATTERNS = (
+    "*.safetensors",
+    "*.bin",
+    "*.pt",
+    "*.pth",
+    "*.h5",
+    "*.msgpack",
+    "*.gguf",
+    "*.safetensors.index.json",
+    "*.bin.index.json",
+)
+"""Files of a model directory that hold (or index) weights in any of the formats transformers
+and llama.cpp write: never copied from a source model beside weights saved anew."""
 GGUF_MAGIC = b"GGUF"
+
+
+def copy_beside_weights(source: Path, target: Path) -> None:
+    """Every file and folder of the model directory ``source`` except its weights into
+    ``target``, where ``target`` has none of that name yet: the tokenizer (its files beside
+    ``config.json`` or its ``tokenizer/`` folder), the chat template and anything else the
+    model's loaders read, so that weights saved into ``target`` make a directory that vLLM,
+    ``opefo-eval`` and transformers load on their own. What ``target`` holds (the config the
+    weights were saved with) stays."""
+    target.mkdir(parents=True, exist_ok=True)
+    weights = shutil.ignore_patterns(*WEIGHT_PATTERNS)
+    for entry in sorted(source.iterdir()):
+        destination = target / entry.name
+        if destination.exists() or weights(str(source), [entry.name]):
+            continue
+        if entry.is_dir():
+            shutil.copytree(entry, destination, ignore=weights)
+        else:
+            shutil.copy2(entry, destination)
 
 
 def is_gguf(path: Path) -> bool:

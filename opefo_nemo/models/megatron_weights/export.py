@@ -25,6 +25,7 @@ from torch.distributed.checkpoint.metadata import (
 from torch.distributed.checkpoint.planner import LoadPlan, ReadItem
 from torch.distributed.checkpoint.planner_helpers import create_read_items_for_chunk_list
 
+from opefo_nemo.models.directory import copy_beside_weights
 from opefo_nemo.models.megatron_weights.checkpoint_files import (
     MANIFEST,
     OPTIMIZER_PREFIX,
@@ -39,17 +40,6 @@ from opefo_nemo.models.megatron_weights.weight_mapping import WeightSpec, unfuse
 log = logging.getLogger("opefo_nemo.export")
 EMBEDDING = "embedding.word_embeddings.weight"
 _LAYERS = "decoder.layers."
-#: Weight files of a Hugging Face directory, never copied from ``hf_model`` into the export.
-_WEIGHT_PATTERNS: tuple[str, ...] = (
-    "*.safetensors",
-    "*.bin",
-    "*.pt",
-    "*.pth",
-    "*.h5",
-    "*.msgpack",
-    "*.gguf",
-)
-_WEIGHT_PATTERNS += ("*.safetensors.index.json", "*.bin.index.json")
 DEFAULT_MAX_SHARD_BYTES = 5 * 10**9
 _SAFETENSORS_DTYPES = {
     "F64": torch.float64,
@@ -339,7 +329,7 @@ def write_hf_directory(
     _check_out(out, overwrite)
     staging = out.parent / f".{out.name}.partial"
     shutil.rmtree(staging, ignore_errors=True)
-    shutil.copytree(hf_model, staging, ignore=shutil.ignore_patterns(*_WEIGHT_PATTERNS))
+    copy_beside_weights(Path(hf_model), staging)
     shards = plan_shards(shapes, dtype, max_shard_bytes)
     files = (
         ["model.safetensors"]
