@@ -1,7 +1,6 @@
 """The GRPO / OPEFO training loop, one rollout step at a time: ``Trainer.train_step`` reads top to
 bottom as the algorithm, ``Trainer.run`` adds checkpoints, validation, the NaN guard and
-pre-emption (docs/training.md, "The loop"; docs/architecture.md).
-"""
+pre-emption (docs/training.md, "The loop"; docs/architecture.md)."""
 
 from __future__ import annotations
 

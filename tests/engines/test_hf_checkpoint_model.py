@@ -13,7 +13,7 @@ from safetensors.torch import load_file
 from opefo_nemo.data.prompt_codec import PromptCodec
 from opefo_nemo.engines.hf import MODEL_SUBDIR, HFPolicy
 from opefo_nemo.models.directory import TOKENIZER_SUBDIR, model_files_problem
-from tests.trainer.update_inputs import ENGINE, tiny_model
+from tests.trainer.update_inputs import ENGINE
 
 CHAT = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}{% endfor %}<assistant>"
 """A chat template of this test's own, so the checkpoint's can be told from a default."""
@@ -21,9 +21,11 @@ TEXT = "What is 18 * 7? 126"
 
 
 @pytest.fixture(scope="module", params=["beside_config", "tokenizer_folder"])
-def source(request, tmp_path_factory):
-    """The tiny model with a chat template, its tokenizer laid out as ``request.param`` says."""
-    root = tiny_model(tmp_path_factory.mktemp("source") / "tiny")
+def source(request, tiny_model_dir, tmp_path_factory):
+    """A copy of the tiny model with a chat template, its tokenizer laid out as
+    ``request.param`` says."""
+    root = tmp_path_factory.mktemp("source") / "tiny"
+    shutil.copytree(tiny_model_dir, root)
     folder = root / TOKENIZER_SUBDIR
     (folder / "chat_template.jinja").write_text(CHAT)
     if request.param == "beside_config":
